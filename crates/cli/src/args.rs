@@ -1,0 +1,174 @@
+//! Raw command-line arguments. Doc comments here are the `--help` text.
+//!
+//! Run options are all optional at this stage: a missing flag may come from the
+//! `--config` file, and defaults are applied in [`crate::config`].
+
+use crate::generate::GenerateArgs;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Turns event streams into sessions: per key, runs of activity closed by a gap of
+/// inactivity, in event time, with watermarks, allowed lateness and merging.
+#[derive(Debug, Parser)]
+#[command(name = "sessionizer", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sessionize JSON-lines events from files or stdin into JSON-lines sessions.
+    Run(Box<RunArgs>),
+    /// Write generated visit events (JSON lines) to stdout or a file.
+    Generate(GenerateArgs),
+}
+
+/// Options of `sessionizer run`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RunArgs {
+    /// Input file, or '-' for stdin. Repeat to read several files in order.
+    /// [default: -]
+    #[arg(long, value_name = "PATH")]
+    pub input: Vec<String>,
+
+    /// Session output file, or '-' for stdout. [default: -]
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<String>,
+
+    /// Field holding the session key; a dotted path reaches into nested objects.
+    /// [default: visit_id]
+    #[arg(long, value_name = "FIELD")]
+    pub key: Option<String>,
+
+    /// Field holding the event time. [default: event_time]
+    #[arg(long, value_name = "FIELD")]
+    pub time: Option<String>,
+
+    /// How the time field is written. [default: rfc3339]
+    #[arg(long, value_enum)]
+    pub time_format: Option<TimeFormatArg>,
+
+    /// Inactivity that closes a session, e.g. 30m, 1h30m, 250ms. [default: 30m]
+    #[arg(long, value_name = "DUR")]
+    pub gap: Option<String>,
+
+    /// Field that may carry an event's own gap (a duration string or integer
+    /// milliseconds); events without it use --gap.
+    #[arg(long, value_name = "FIELD")]
+    pub gap_field: Option<String>,
+
+    /// How far the watermark trails the largest event time seen. [default: 1m]
+    #[arg(long, value_name = "DUR")]
+    pub watermark_delay: Option<String>,
+
+    /// How long a complete session still accepts late events (re-emitted with the next
+    /// revision). [default: 0s]
+    #[arg(long, value_name = "DUR")]
+    pub allowed_lateness: Option<String>,
+
+    /// Event times outside START..END are invalid (START inclusive, END exclusive;
+    /// RFC 3339 times or dates). [default: 1970-01-01..2200-01-01]
+    #[arg(long, value_name = "START..END")]
+    pub valid_time_range: Option<String>,
+
+    /// Output the field's values in event-time order (ties in input order).
+    #[arg(long, value_name = "FIELD")]
+    pub collect: Vec<String>,
+
+    /// Output the first non-null value of the field (in event time).
+    #[arg(long, value_name = "FIELD")]
+    pub first: Vec<String>,
+
+    /// Output the last non-null value of the field (in event time).
+    #[arg(long, value_name = "FIELD")]
+    pub last: Vec<String>,
+
+    /// Output the number of distinct non-null values of the field.
+    #[arg(long, value_name = "FIELD")]
+    pub count_distinct: Vec<String>,
+
+    /// Output the sum of the field's numeric values.
+    #[arg(long, value_name = "FIELD")]
+    pub sum: Vec<String>,
+
+    /// Output the smallest numeric value of the field.
+    #[arg(long, value_name = "FIELD")]
+    pub min: Vec<String>,
+
+    /// Output the largest numeric value of the field.
+    #[arg(long, value_name = "FIELD")]
+    pub max: Vec<String>,
+
+    /// Drop an event identical (byte for byte) to one already in the session it joins.
+    #[arg(long, conflicts_with = "dedup_field")]
+    pub dedup: bool,
+
+    /// Drop an event whose FIELD value equals that of an event already in the session
+    /// it joins.
+    #[arg(long, value_name = "FIELD")]
+    pub dedup_field: Option<String>,
+
+    /// on-close: emit complete sessions; on-update: also emit open sessions each time
+    /// they change (records then carry "complete"). [default: on-close]
+    #[arg(long, value_enum)]
+    pub emit: Option<EmitArg>,
+
+    /// What to do with invalid records. [default: dead-letter]
+    #[arg(long, value_enum)]
+    pub on_invalid: Option<OnInvalidArg>,
+
+    /// Where invalid records go. [default: <output>.dead-letter.jsonl next to the
+    /// output file, or stderr when the output is stdout]
+    #[arg(long, value_name = "PATH")]
+    pub dead_letter: Option<String>,
+
+    /// Where too-late events go. [default: <output>.late.jsonl next to the output file,
+    /// or stderr when the output is stdout]
+    #[arg(long, value_name = "PATH")]
+    pub late_output: Option<String>,
+
+    /// Also write the run's summary as one JSON object to this file.
+    #[arg(long, value_name = "PATH")]
+    pub stats_file: Option<PathBuf>,
+
+    /// Read options from a TOML file; flags given on the command line win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Show a progress line on stderr: auto (only on a terminal), always or never.
+    /// [default: auto]
+    #[arg(long, value_enum)]
+    pub progress: Option<ProgressArg>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TimeFormatArg {
+    Rfc3339,
+    EpochMs,
+    EpochS,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EmitArg {
+    OnClose,
+    OnUpdate,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnInvalidArg {
+    DeadLetter,
+    Skip,
+    Fail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProgressArg {
+    Auto,
+    Always,
+    Never,
+}

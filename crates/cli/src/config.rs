@@ -1,0 +1,443 @@
+//! Stage two: raw arguments + the optional TOML file → a validated [`RunConfig`].
+//!
+//! Precedence: a flag on the command line, else the config file, else the default.
+//! Aggregates from the file and from flags are combined (file first); two aggregates
+//! with the same output name are refused.
+
+use crate::args::{EmitArg, OnInvalidArg, ProgressArg, RunArgs, TimeFormatArg};
+use serde::Deserialize;
+use sessionizer_connectors::{InputSource, OutputTarget};
+use sessionizer_core::decode::{DecoderConfig, DedupMode, TimeFormat};
+use sessionizer_core::json::FieldPath;
+use sessionizer_core::timefmt::{parse_duration, parse_timestamp};
+use sessionizer_core::{DurationMs, EventTime};
+use sessionizer_window::{AggKind, EmitMode, WindowConfig};
+use std::path::{Path, PathBuf};
+
+/// A problem with the options, phrased for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid {option} '{value}': {reason}")]
+    Invalid {
+        option: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    ParseFile { path: PathBuf, message: String },
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// The TOML config file: the same names as the flags (kebab-case), plus `[[aggregate]]`
+/// tables that can rename outputs.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileConfig {
+    pub input: Option<Vec<String>>,
+    pub output: Option<String>,
+    pub key: Option<String>,
+    pub time: Option<String>,
+    pub time_format: Option<TimeFormatArg>,
+    pub gap: Option<String>,
+    pub gap_field: Option<String>,
+    pub watermark_delay: Option<String>,
+    pub allowed_lateness: Option<String>,
+    pub valid_time_range: Option<String>,
+    #[serde(default)]
+    pub collect: Vec<String>,
+    #[serde(default)]
+    pub first: Vec<String>,
+    #[serde(default)]
+    pub last: Vec<String>,
+    #[serde(default)]
+    pub count_distinct: Vec<String>,
+    #[serde(default)]
+    pub sum: Vec<String>,
+    #[serde(default)]
+    pub min: Vec<String>,
+    #[serde(default)]
+    pub max: Vec<String>,
+    #[serde(default)]
+    pub aggregate: Vec<AggregateEntry>,
+    pub dedup: Option<bool>,
+    pub dedup_field: Option<String>,
+    pub emit: Option<EmitArg>,
+    pub on_invalid: Option<OnInvalidArg>,
+    pub dead_letter: Option<String>,
+    pub late_output: Option<String>,
+    pub stats_file: Option<PathBuf>,
+    pub progress: Option<ProgressArg>,
+}
+
+/// `[[aggregate]] kind = "collect", field = "page", name = "visited_pages"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AggregateEntry {
+    pub kind: AggKindArg,
+    pub field: String,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AggKindArg {
+    Collect,
+    First,
+    Last,
+    CountDistinct,
+    Sum,
+    Min,
+    Max,
+}
+
+impl From<AggKindArg> for AggKind {
+    fn from(k: AggKindArg) -> AggKind {
+        match k {
+            AggKindArg::Collect => AggKind::Collect,
+            AggKindArg::First => AggKind::First,
+            AggKindArg::Last => AggKind::Last,
+            AggKindArg::CountDistinct => AggKind::CountDistinct,
+            AggKindArg::Sum => AggKind::Sum,
+            AggKindArg::Min => AggKind::Min,
+            AggKindArg::Max => AggKind::Max,
+        }
+    }
+}
+
+/// What to do with an invalid record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnInvalid {
+    DeadLetter,
+    Skip,
+    Fail,
+}
+
+/// One aggregate of the output record.
+#[derive(Debug, Clone)]
+pub struct Aggregate {
+    pub kind: AggKind,
+    pub field: FieldPath,
+    pub name: String,
+}
+
+/// Everything a run needs, checked.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub inputs: Vec<InputSource>,
+    pub output: OutputTarget,
+    pub dead_letter: OutputTarget,
+    pub late_output: OutputTarget,
+    pub key: FieldPath,
+    pub time: FieldPath,
+    pub time_format: TimeFormat,
+    pub gap: DurationMs,
+    pub gap_field: Option<FieldPath>,
+    pub watermark_delay: DurationMs,
+    pub allowed_lateness: DurationMs,
+    pub valid_range: (EventTime, EventTime),
+    pub aggregates: Vec<Aggregate>,
+    pub dedup: DedupMode,
+    pub emit: EmitMode,
+    pub on_invalid: OnInvalid,
+    pub stats_file: Option<PathBuf>,
+    pub progress: ProgressArg,
+}
+
+impl RunConfig {
+    /// The decoder's view of the options.
+    pub fn decoder_config(&self) -> DecoderConfig {
+        DecoderConfig {
+            key: self.key.clone(),
+            time: self.time.clone(),
+            time_format: self.time_format,
+            gap_field: self.gap_field.clone(),
+            dedup: self.dedup.clone(),
+            valid_range: self.valid_range,
+            value_fields: self.aggregates.iter().map(|a| a.field.clone()).collect(),
+        }
+    }
+
+    /// The session window's view of the options.
+    pub fn window_config(&self) -> WindowConfig {
+        WindowConfig {
+            gap: self.gap,
+            allowed_lateness: self.allowed_lateness,
+            emit: self.emit,
+            aggregates: self.aggregates.iter().map(|a| a.kind).collect(),
+            dedup: !matches!(self.dedup, DedupMode::Off),
+        }
+    }
+
+    pub fn aggregate_names(&self) -> Vec<String> {
+        self.aggregates.iter().map(|a| a.name.clone()).collect()
+    }
+}
+
+/// Reads the `--config` file, if any.
+pub fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::ParseFile {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn duration(
+    option: &'static str,
+    value: Option<String>,
+    default: &str,
+) -> Result<DurationMs, ConfigError> {
+    let value = value.unwrap_or_else(|| default.to_string());
+    parse_duration(&value).map_err(|e| ConfigError::Invalid {
+        option,
+        value: value.clone(),
+        reason: e.to_string(),
+    })
+}
+
+fn field(option: &'static str, value: &str) -> Result<FieldPath, ConfigError> {
+    FieldPath::parse(value).map_err(|e| ConfigError::Invalid {
+        option,
+        value: value.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn time_range(value: &str) -> Result<(EventTime, EventTime), ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid {
+        option: "--valid-time-range",
+        value: value.to_string(),
+        reason,
+    };
+    let (a, b) = value
+        .split_once("..")
+        .ok_or_else(|| invalid("expected START..END, e.g. 2020-01-01..2030-01-01".into()))?;
+    let start = parse_timestamp(a.trim().as_bytes()).map_err(|e| invalid(format!("start: {e}")))?;
+    let end = parse_timestamp(b.trim().as_bytes()).map_err(|e| invalid(format!("end: {e}")))?;
+    if start >= end {
+        return Err(invalid("the start must be before the end".into()));
+    }
+    Ok((start, end))
+}
+
+/// The side-output path next to a file output: `sessions.jsonl` → `sessions.<what>.jsonl`.
+fn beside(output: &OutputTarget, what: &str) -> OutputTarget {
+    match output {
+        OutputTarget::File(p) => {
+            let stem = p
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "sessions".into());
+            OutputTarget::File(p.with_file_name(format!("{stem}.{what}.jsonl")))
+        }
+        OutputTarget::Stdout | OutputTarget::Stderr => OutputTarget::Stderr,
+    }
+}
+
+/// Merges flags over the config file and checks everything.
+pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
+    let file = match &args.config {
+        Some(p) => load_file(p)?,
+        None => FileConfig::default(),
+    };
+
+    let inputs: Vec<String> = if !args.input.is_empty() {
+        args.input
+    } else {
+        file.input.unwrap_or_else(|| vec!["-".into()])
+    };
+    if inputs.iter().filter(|i| *i == "-").count() > 1 {
+        return Err(ConfigError::Conflict(
+            "stdin ('-') can be given as --input only once".into(),
+        ));
+    }
+    let output = OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()));
+    let dead_letter = match args.dead_letter.or(file.dead_letter) {
+        Some(p) => OutputTarget::parse(&p),
+        None => beside(&output, "dead-letter"),
+    };
+    let late_output = match args.late_output.or(file.late_output) {
+        Some(p) => OutputTarget::parse(&p),
+        None => beside(&output, "late"),
+    };
+    let files = [&output, &dead_letter, &late_output];
+    for (i, a) in files.iter().enumerate() {
+        for b in &files[i + 1..] {
+            if matches!(a, OutputTarget::File(_)) && a == b {
+                return Err(ConfigError::Conflict(format!(
+                    "{} is named for two outputs; give --output, --dead-letter and --late-output different files",
+                    a.display_name()
+                )));
+            }
+        }
+        if let OutputTarget::File(out) = a {
+            if inputs.iter().any(|i| Path::new(i) == out) {
+                return Err(ConfigError::Conflict(format!(
+                    "{} is both an input and an output",
+                    out.display()
+                )));
+            }
+        }
+    }
+
+    let key = field(
+        "--key",
+        &args.key.or(file.key).unwrap_or_else(|| "visit_id".into()),
+    )?;
+    let time = field(
+        "--time",
+        &args
+            .time
+            .or(file.time)
+            .unwrap_or_else(|| "event_time".into()),
+    )?;
+    let time_format = match args
+        .time_format
+        .or(file.time_format)
+        .unwrap_or(TimeFormatArg::Rfc3339)
+    {
+        TimeFormatArg::Rfc3339 => TimeFormat::Rfc3339,
+        TimeFormatArg::EpochMs => TimeFormat::EpochMs,
+        TimeFormatArg::EpochS => TimeFormat::EpochS,
+    };
+    let gap = duration("--gap", args.gap.or(file.gap), "30m")?;
+    let gap_field = match args.gap_field.or(file.gap_field) {
+        Some(f) => Some(field("--gap-field", &f)?),
+        None => None,
+    };
+    let watermark_delay = duration(
+        "--watermark-delay",
+        args.watermark_delay.or(file.watermark_delay),
+        "1m",
+    )?;
+    let allowed_lateness = duration(
+        "--allowed-lateness",
+        args.allowed_lateness.or(file.allowed_lateness),
+        "0s",
+    )?;
+    let valid_range = time_range(
+        &args
+            .valid_time_range
+            .or(file.valid_time_range)
+            .unwrap_or_else(|| "1970-01-01..2200-01-01".into()),
+    )?;
+
+    let mut aggregates = Vec::new();
+    for entry in file.aggregate {
+        let path = field("aggregate field", &entry.field)?;
+        let name = entry.name.unwrap_or_else(|| last_segment(&entry.field));
+        aggregates.push(Aggregate {
+            kind: entry.kind.into(),
+            field: path,
+            name,
+        });
+    }
+    let by_kind = [
+        (AggKind::Collect, "--collect", file.collect, args.collect),
+        (AggKind::First, "--first", file.first, args.first),
+        (AggKind::Last, "--last", file.last, args.last),
+        (
+            AggKind::CountDistinct,
+            "--count-distinct",
+            file.count_distinct,
+            args.count_distinct,
+        ),
+        (AggKind::Sum, "--sum", file.sum, args.sum),
+        (AggKind::Min, "--min", file.min, args.min),
+        (AggKind::Max, "--max", file.max, args.max),
+    ];
+    for (kind, option, from_file, from_flags) in by_kind {
+        for f in from_file.into_iter().chain(from_flags) {
+            aggregates.push(Aggregate {
+                kind,
+                field: field(option, &f)?,
+                name: last_segment(&f),
+            });
+        }
+    }
+    const RESERVED: &[&str] = &[
+        "key",
+        "session_id",
+        "start",
+        "end",
+        "duration_ms",
+        "event_count",
+        "revision",
+        "complete",
+        "retract",
+    ];
+    for (i, a) in aggregates.iter().enumerate() {
+        if RESERVED.contains(&a.name.as_str()) {
+            return Err(ConfigError::Conflict(format!(
+                "aggregate output name '{}' clashes with a field of the session record; rename it in the config file ([[aggregate]] name = ...)",
+                a.name
+            )));
+        }
+        if aggregates[..i].iter().any(|b| b.name == a.name) {
+            return Err(ConfigError::Conflict(format!(
+                "two aggregates are named '{}'; rename one in the config file ([[aggregate]] name = ...)",
+                a.name
+            )));
+        }
+    }
+
+    let dedup_flag = args.dedup || file.dedup.unwrap_or(false);
+    let dedup = match (dedup_flag, args.dedup_field.or(file.dedup_field)) {
+        (true, Some(_)) => {
+            return Err(ConfigError::Conflict(
+                "--dedup and --dedup-field exclude each other".into(),
+            ));
+        }
+        (true, None) => DedupMode::Record,
+        (false, Some(f)) => DedupMode::Field(field("--dedup-field", &f)?),
+        (false, None) => DedupMode::Off,
+    };
+    let emit = match args.emit.or(file.emit).unwrap_or(EmitArg::OnClose) {
+        EmitArg::OnClose => EmitMode::OnClose,
+        EmitArg::OnUpdate => EmitMode::OnUpdate,
+    };
+    let on_invalid = match args
+        .on_invalid
+        .or(file.on_invalid)
+        .unwrap_or(OnInvalidArg::DeadLetter)
+    {
+        OnInvalidArg::DeadLetter => OnInvalid::DeadLetter,
+        OnInvalidArg::Skip => OnInvalid::Skip,
+        OnInvalidArg::Fail => OnInvalid::Fail,
+    };
+
+    Ok(RunConfig {
+        inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
+        output,
+        dead_letter,
+        late_output,
+        key,
+        time,
+        time_format,
+        gap,
+        gap_field,
+        watermark_delay,
+        allowed_lateness,
+        valid_range,
+        aggregates,
+        dedup,
+        emit,
+        on_invalid,
+        stats_file: args.stats_file.or(file.stats_file),
+        progress: args.progress.or(file.progress).unwrap_or(ProgressArg::Auto),
+    })
+}
+
+fn last_segment(path: &str) -> String {
+    path.rsplit('.').next().unwrap_or(path).to_string()
+}

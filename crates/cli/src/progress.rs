@@ -1,0 +1,54 @@
+//! The progress line on stderr for long runs: only on a terminal (or when forced).
+
+use crate::stats::human;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// A progress line, or nothing when stderr is not a terminal.
+#[derive(Debug)]
+pub struct Progress {
+    bar: Option<ProgressBar>,
+    started: Instant,
+}
+
+impl Progress {
+    /// `force`: Some(true) always, Some(false) never, None when stderr is a terminal.
+    pub fn new(force: Option<bool>) -> Progress {
+        let show = force.unwrap_or_else(|| std::io::stderr().is_terminal());
+        let bar = show.then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            bar.enable_steady_tick(Duration::from_millis(250));
+            bar
+        });
+        Progress {
+            bar,
+            started: Instant::now(),
+        }
+    }
+
+    pub fn is_shown(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Updates the line: records read, records/s, open sessions, watermark.
+    pub fn update(&self, records: u64, open_sessions: usize, watermark: &str) {
+        if let Some(bar) = &self.bar {
+            let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+            bar.set_message(format!(
+                "read {records} records | {}/s | open sessions {open_sessions} | watermark {watermark}",
+                human(records as f64 / secs)
+            ));
+        }
+    }
+
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! The run's accounting (SPEC §2): every record read ends up in exactly one of
+//! in_sessions, duplicates, late, invalid.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// The summary of a run; also the `--stats-file` JSON object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RunStats {
+    /// Records read (blank lines are not records and are counted apart).
+    pub records_read: u64,
+    pub in_sessions: u64,
+    pub duplicates: u64,
+    pub late: u64,
+    pub invalid: u64,
+    /// Empty or whitespace-only lines, skipped.
+    pub blank_lines: u64,
+    pub sessions_emitted: u64,
+    pub retractions: u64,
+    pub bytes_read: u64,
+    pub elapsed_ms: u64,
+}
+
+impl RunStats {
+    /// Whether the four outcomes add up to the records read.
+    pub fn adds_up(&self) -> bool {
+        self.in_sessions + self.duplicates + self.late + self.invalid == self.records_read
+    }
+
+    /// The human summary printed on stderr at the end of a run.
+    pub fn summary(&self, output: &str) -> String {
+        let secs = self.elapsed_ms as f64 / 1000.0;
+        let rate = if secs > 0.0 {
+            format!(" ({}/s)", human(self.records_read as f64 / secs))
+        } else {
+            String::new()
+        };
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "sessionizer: read {} records in {secs:.2}s{rate}",
+            self.records_read
+        );
+        let _ = writeln!(
+            s,
+            "  in sessions {} | duplicates {} | late {} | invalid {}",
+            self.in_sessions, self.duplicates, self.late, self.invalid
+        );
+        let _ = write!(
+            s,
+            "  sessions emitted {} (retractions {}) to {output}",
+            self.sessions_emitted, self.retractions
+        );
+        if self.blank_lines > 0 {
+            let _ = write!(s, "\n  blank lines skipped {}", self.blank_lines);
+        }
+        s
+    }
+}
+
+/// `1234567.0` → `1.23M`.
+pub fn human(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e3 {
+        format!("{:.1}K", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}

@@ -1,0 +1,265 @@
+//! The output records of SPEC §3, encoded as JSON lines into a batch buffer that is
+//! written out in large blocks.
+
+use crate::output::OutputTarget;
+use sessionizer_core::json::write_json_string;
+use sessionizer_core::timefmt::write_rfc3339_ms;
+use sessionizer_core::{EventTime, Watermark};
+use sessionizer_window::{Emit, SessionView, session_id};
+use std::io::{self, Write};
+
+const FLUSH_AT: usize = 1 << 16;
+
+/// An error writing an output, naming it.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {name}: {source}")]
+pub struct OutputError {
+    pub name: String,
+    #[source]
+    pub source: io::Error,
+}
+
+/// A JSON-lines output: records are encoded into `buf` and written in blocks. The
+/// target is opened on the first write unless [`open`](Self::open) is called first, so
+/// that side outputs nobody needed leave no empty file behind.
+pub struct RecordWriter {
+    target: OutputTarget,
+    out: Option<Box<dyn Write + Send>>,
+    /// Encoded records not yet written.
+    pub buf: Vec<u8>,
+    records: u64,
+}
+
+impl std::fmt::Debug for RecordWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordWriter")
+            .field("target", &self.target)
+            .field("buffered", &self.buf.len())
+            .field("records", &self.records)
+            .finish()
+    }
+}
+
+impl RecordWriter {
+    pub fn new(target: OutputTarget) -> RecordWriter {
+        RecordWriter {
+            target,
+            out: None,
+            buf: Vec::with_capacity(FLUSH_AT * 2),
+            records: 0,
+        }
+    }
+
+    pub fn target(&self) -> &OutputTarget {
+        &self.target
+    }
+
+    /// Opens (creates or truncates) the target now.
+    pub fn open(&mut self) -> Result<(), OutputError> {
+        if self.out.is_none() {
+            self.out = Some(self.target.open().map_err(|e| self.error(e))?);
+        }
+        Ok(())
+    }
+
+    /// Counts one more record encoded into `buf`.
+    pub fn record_added(&mut self) {
+        self.records += 1;
+    }
+
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Writes the buffer out once it is large.
+    pub fn maybe_flush(&mut self) -> Result<(), OutputError> {
+        if self.buf.len() >= FLUSH_AT {
+            self.write_buffer()?;
+        }
+        Ok(())
+    }
+
+    /// Writes everything buffered and flushes the target.
+    pub fn finish(&mut self) -> Result<(), OutputError> {
+        self.write_buffer()?;
+        if let Some(out) = &mut self.out {
+            out.flush().map_err(|e| error(&self.target, e))?;
+        }
+        Ok(())
+    }
+
+    fn write_buffer(&mut self) -> Result<(), OutputError> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        self.open()?;
+        if let Some(out) = &mut self.out {
+            out.write_all(&self.buf)
+                .map_err(|e| error(&self.target, e))?;
+        }
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn error(&self, source: io::Error) -> OutputError {
+        error(&self.target, source)
+    }
+}
+
+fn error(target: &OutputTarget, source: io::Error) -> OutputError {
+    OutputError {
+        name: target.display_name(),
+        source,
+    }
+}
+
+/// Encodes sessions and retractions (the operator's [`Emit`]) into a [`RecordWriter`].
+#[derive(Debug)]
+pub struct SessionEncoder {
+    pub writer: RecordWriter,
+    /// `,"name":` of each aggregate, pre-encoded.
+    agg_prefixes: Vec<Vec<u8>>,
+    with_complete: bool,
+    retractions: u64,
+}
+
+impl SessionEncoder {
+    /// `agg_names` are the output names of the aggregates in order; `with_complete` adds
+    /// the `complete` field (`--emit on-update`).
+    pub fn new(writer: RecordWriter, agg_names: &[String], with_complete: bool) -> Self {
+        let agg_prefixes = agg_names
+            .iter()
+            .map(|n| {
+                let mut p = b",".to_vec();
+                write_json_string(n.as_bytes(), &mut p);
+                p.push(b':');
+                p
+            })
+            .collect();
+        SessionEncoder {
+            writer,
+            agg_prefixes,
+            with_complete,
+            retractions: 0,
+        }
+    }
+
+    pub fn retractions(&self) -> u64 {
+        self.retractions
+    }
+}
+
+fn write_id(key: &[u8], start: EventTime, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"\"session_id\":\"");
+    let id = session_id(key, start.millis());
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(HEX[((id >> (shift * 4)) & 0xf) as usize]);
+    }
+    out.push(b'"');
+}
+
+fn write_time(name: &[u8], t: EventTime, out: &mut Vec<u8>) {
+    out.extend_from_slice(name);
+    out.push(b'"');
+    write_rfc3339_ms(t, out);
+    out.push(b'"');
+}
+
+impl Emit for SessionEncoder {
+    fn session(&mut self, s: &SessionView<'_>) {
+        let out = &mut self.writer.buf;
+        let mut num = itoa::Buffer::new();
+        out.extend_from_slice(b"{\"key\":");
+        write_json_string(s.key, out);
+        out.push(b',');
+        write_id(s.key, s.start, out);
+        write_time(b",\"start\":", s.start, out);
+        write_time(b",\"end\":", s.end, out);
+        out.extend_from_slice(b",\"duration_ms\":");
+        out.extend_from_slice(num.format(s.end.millis() - s.start.millis()).as_bytes());
+        out.extend_from_slice(b",\"event_count\":");
+        out.extend_from_slice(num.format(s.event_count).as_bytes());
+        out.extend_from_slice(b",\"revision\":");
+        out.extend_from_slice(num.format(s.revision).as_bytes());
+        if self.with_complete {
+            out.extend_from_slice(if s.complete {
+                b",\"complete\":true"
+            } else {
+                b",\"complete\":false"
+            });
+        }
+        for (prefix, agg) in self.agg_prefixes.iter().zip(s.aggregates) {
+            out.extend_from_slice(prefix);
+            agg.write_json(out);
+        }
+        out.extend_from_slice(b"}\n");
+        self.writer.record_added();
+    }
+
+    fn retraction(&mut self, key: &[u8], start: EventTime) {
+        let out = &mut self.writer.buf;
+        out.extend_from_slice(b"{\"key\":");
+        write_json_string(key, out);
+        out.push(b',');
+        write_id(key, start, out);
+        out.extend_from_slice(b",\"retract\":true}\n");
+        self.retractions += 1;
+        self.writer.record_added();
+    }
+}
+
+/// Where a record came from: `file:line`.
+#[derive(Debug, Clone, Copy)]
+pub struct SourcePos<'a> {
+    pub name: &'a str,
+    pub line: u64,
+}
+
+fn write_source(pos: SourcePos<'_>, out: &mut Vec<u8>) {
+    let mut s = Vec::with_capacity(pos.name.len() + 12);
+    s.extend_from_slice(pos.name.as_bytes());
+    s.push(b':');
+    s.extend_from_slice(itoa::Buffer::new().format(pos.line).as_bytes());
+    write_json_string(&s, out);
+}
+
+/// `{"reason":..,"source":"file:line","raw":"<the record as read>"}`.
+pub fn encode_dead_letter(w: &mut RecordWriter, reason: &str, pos: SourcePos<'_>, raw: &[u8]) {
+    let out = &mut w.buf;
+    out.extend_from_slice(b"{\"reason\":");
+    write_json_string(reason.as_bytes(), out);
+    out.extend_from_slice(b",\"source\":");
+    write_source(pos, out);
+    out.extend_from_slice(b",\"raw\":");
+    match std::str::from_utf8(raw) {
+        Ok(_) => write_json_string(raw, out),
+        Err(_) => write_json_string(String::from_utf8_lossy(raw).as_bytes(), out),
+    }
+    out.extend_from_slice(b"}\n");
+    w.record_added();
+}
+
+/// `{"reason":..,"source":..,"watermark":..,"behind_watermark_ms":..,"event":<as read>}`.
+pub fn encode_late(
+    w: &mut RecordWriter,
+    reason: &str,
+    pos: SourcePos<'_>,
+    watermark: Watermark,
+    time: EventTime,
+    event: &[u8],
+) {
+    let out = &mut w.buf;
+    out.extend_from_slice(b"{\"reason\":\"");
+    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(b"\",\"source\":");
+    write_source(pos, out);
+    write_time(b",\"watermark\":", watermark.as_time(), out);
+    out.extend_from_slice(b",\"behind_watermark_ms\":");
+    let behind = watermark.millis().saturating_sub(time.millis());
+    out.extend_from_slice(itoa::Buffer::new().format(behind).as_bytes());
+    out.extend_from_slice(b",\"event\":");
+    out.extend_from_slice(event.trim_ascii());
+    out.extend_from_slice(b"}\n");
+    w.record_added();
+}

@@ -1,0 +1,15 @@
+//! Sources and sinks at the edges of sessionizer.
+//!
+//! * [`input`] — JSON-lines input from files (read in the order given) or stdin, split
+//!   into lines with their file and line number, in large buffered reads.
+//! * [`encode`] — the output records of SPEC §3 (sessions, retractions, dead letters,
+//!   late events) written as JSON lines into batch buffers.
+//! * [`output`] — where those bytes go: a file or stdout.
+
+pub mod encode;
+pub mod input;
+pub mod output;
+
+pub use encode::{RecordWriter, SessionEncoder};
+pub use input::{InputSource, Inputs, Line};
+pub use output::OutputTarget;

@@ -1,0 +1,883 @@
+//! A validating, one-pass JSON scanner that pulls the values of a few dotted paths out of
+//! one JSON-lines record without building a document.
+//!
+//! [`Extractor::scan`] checks that a line is exactly one JSON value (RFC 8259), that it is
+//! an object, and records the byte [`Span`] of the value at each configured
+//! [`FieldPath`]. Nothing is allocated per line: the active paths are tracked per nesting
+//! level with a 64-bit mask, and strings are skipped eight bytes at a time.
+//!
+//! The helpers ([`kind`], [`string_content`], [`unescape_string`], [`write_json_string`])
+//! work on the raw value text that a span points at.
+//!
+//! # Agreement with `serde_json`
+//!
+//! A line is accepted exactly when `serde_json::from_slice::<serde_json::Value>` accepts it
+//! and the value is an object, with one intentional difference: a number whose magnitude
+//! overflows `f64` (`1e400`, a 400-digit integer) is valid JSON by the RFC 8259 grammar and
+//! is accepted here, while `serde_json` reports "number out of range". Like `serde_json`,
+//! the scanner rejects lone UTF-16 surrogates in `\u` escapes and more than 127 nested
+//! arrays/objects.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::ops::Range;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// The most paths one [`Extractor`] can look for.
+pub const MAX_PATHS: usize = 64;
+
+/// Arrays and objects may nest at most `MAX_DEPTH - 1` levels deep (the same limit as
+/// `serde_json`); the `MAX_DEPTH`-th level is [`JsonError::TooDeep`].
+pub const MAX_DEPTH: usize = 128;
+
+// ---------------------------------------------------------------------------------------
+// Field paths
+// ---------------------------------------------------------------------------------------
+
+/// A dotted path into nested objects, such as `context.user.login`.
+///
+/// Each segment is compared with object member names after JSON unescaping. A member
+/// whose name itself contains a `.` cannot be addressed. Cloning is cheap (reference
+/// counted).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FieldPath {
+    dotted: Arc<str>,
+}
+
+/// Why a dotted field name is not a valid [`FieldPath`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    /// The name was empty.
+    #[error("empty field name")]
+    Empty,
+    /// The name had an empty segment (`a..b`, `.a`, `a.`).
+    #[error("field name '{0}' has an empty segment (two dots in a row, or a leading or trailing dot)")]
+    EmptySegment(String),
+}
+
+impl FieldPath {
+    /// Parses a dotted name; every segment must be non-empty.
+    pub fn parse(dotted: &str) -> Result<FieldPath, PathError> {
+        if dotted.is_empty() {
+            return Err(PathError::Empty);
+        }
+        if dotted.split('.').any(str::is_empty) {
+            return Err(PathError::EmptySegment(dotted.to_owned()));
+        }
+        Ok(FieldPath {
+            dotted: Arc::from(dotted),
+        })
+    }
+
+    /// The dotted name as given.
+    pub fn as_str(&self) -> &str {
+        &self.dotted
+    }
+
+    /// The segments, outermost first.
+    pub fn segments(&self) -> impl Iterator<Item = &str> + '_ {
+        self.dotted.split('.')
+    }
+
+    /// The number of segments (at least 1).
+    pub fn depth(&self) -> usize {
+        self.segments().count()
+    }
+
+    /// The last segment: `login` for `context.user.login`.
+    pub fn last_segment(&self) -> &str {
+        self.dotted.rsplit('.').next().unwrap_or(&self.dotted)
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.dotted)
+    }
+}
+
+impl fmt::Debug for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FieldPath({:?})", &*self.dotted)
+    }
+}
+
+impl FromStr for FieldPath {
+    type Err = PathError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FieldPath::parse(s)
+    }
+}
+
+impl Serialize for FieldPath {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.dotted)
+    }
+}
+
+impl<'de> Deserialize<'de> for FieldPath {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        FieldPath::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Spans, kinds, errors
+// ---------------------------------------------------------------------------------------
+
+/// The byte range `start..end` of a raw JSON value inside its line (a string includes
+/// its quotes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// First byte of the value.
+    pub start: u32,
+    /// One past the last byte of the value.
+    pub end: u32,
+}
+
+impl Span {
+    /// The span as a `usize` range.
+    pub fn range(self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+
+    /// The raw value text inside `line` (the line that was scanned); an empty slice if
+    /// the span does not fit in `line`.
+    pub fn of(self, line: &[u8]) -> &[u8] {
+        line.get(self.range()).unwrap_or_default()
+    }
+}
+
+/// The kind of a JSON value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JsonKind {
+    /// `"..."`
+    String,
+    /// `-1.5e3` and the like.
+    Number,
+    /// `true` or `false`.
+    Bool,
+    /// `null`.
+    Null,
+    /// `{...}`
+    Object,
+    /// `[...]`
+    Array,
+}
+
+impl JsonKind {
+    /// The kind with an article, for messages: `a string`, `an array`, `null`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            JsonKind::String => "a string",
+            JsonKind::Number => "a number",
+            JsonKind::Bool => "a boolean",
+            JsonKind::Null => "null",
+            JsonKind::Object => "an object",
+            JsonKind::Array => "an array",
+        }
+    }
+}
+
+/// The kind of a validated raw JSON value, from its first byte. For text that is not a
+/// valid raw value (such as an empty slice) the answer is meaningless.
+#[inline]
+pub fn kind(raw: &[u8]) -> JsonKind {
+    match raw.first() {
+        Some(b'"') => JsonKind::String,
+        Some(b'{') => JsonKind::Object,
+        Some(b'[') => JsonKind::Array,
+        Some(b't' | b'f') => JsonKind::Bool,
+        Some(b'n') | None => JsonKind::Null,
+        Some(_) => JsonKind::Number,
+    }
+}
+
+/// Whether a validated raw JSON number is an integer as written (no fraction, no exponent).
+#[inline]
+pub fn is_integer(raw_number: &[u8]) -> bool {
+    !raw_number.is_empty() && !raw_number.iter().any(|&b| matches!(b, b'.' | b'e' | b'E'))
+}
+
+/// Why a line was rejected by [`Extractor::scan`], or a string by [`unescape_string`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum JsonError {
+    /// A syntax error at byte `offset` (0-based) of the line.
+    #[error("not valid JSON at byte {offset}: {what}")]
+    NotJson {
+        /// 0-based byte offset of the problem.
+        offset: usize,
+        /// What was wrong, e.g. `expected ':' after object key`.
+        what: &'static str,
+    },
+    /// The line is not valid UTF-8 (first bad byte at `offset`).
+    #[error("not valid UTF-8 at byte {offset}")]
+    NotUtf8 {
+        /// 0-based offset of the first byte of the invalid sequence.
+        offset: usize,
+    },
+    /// Valid JSON, but not an object; `found` is e.g. `an array`.
+    #[error("not a JSON object (found {found})")]
+    NotObject {
+        /// The kind found, with its article (see [`JsonKind::describe`]).
+        found: &'static str,
+    },
+    /// Arrays/objects nested [`MAX_DEPTH`] levels deep or more.
+    #[error("not valid JSON: nested {MAX_DEPTH} levels deep or more")]
+    TooDeep,
+}
+
+#[cold]
+#[inline(never)]
+fn syntax(offset: usize, what: &'static str) -> JsonError {
+    JsonError::NotJson { offset, what }
+}
+
+// ---------------------------------------------------------------------------------------
+// The extractor
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Name {
+    bytes: Box<[u8]>,
+    /// The paths whose segment at this level is `bytes`.
+    mask: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Level {
+    /// Distinct segment names at this level.
+    names: Vec<Name>,
+    /// The paths that end at this level.
+    ends: u64,
+}
+
+/// Finds the values of up to [`MAX_PATHS`] field paths in JSON-lines records; see
+/// [`Extractor::scan`]. Build it once, scan many lines.
+#[derive(Debug, Clone)]
+pub struct Extractor {
+    levels: Vec<Level>,
+    n_paths: usize,
+}
+
+impl Extractor {
+    /// An extractor for `paths`; `found[i]` of [`scan`](Extractor::scan) is the value of
+    /// `paths[i]`. The same path may be given twice.
+    ///
+    /// # Panics
+    ///
+    /// If more than [`MAX_PATHS`] paths are given (a configuration error).
+    pub fn new(paths: &[FieldPath]) -> Extractor {
+        assert!(
+            paths.len() <= MAX_PATHS,
+            "an Extractor takes at most {MAX_PATHS} paths, got {}",
+            paths.len()
+        );
+        let mut levels: Vec<Level> = Vec::new();
+        for (i, path) in paths.iter().enumerate() {
+            let bit = 1u64 << i;
+            let depth = path.depth();
+            for (d, seg) in path.segments().enumerate() {
+                if levels.len() <= d {
+                    levels.push(Level::default());
+                }
+                let level = &mut levels[d];
+                match level.names.iter_mut().find(|n| &*n.bytes == seg.as_bytes()) {
+                    Some(n) => n.mask |= bit,
+                    None => level.names.push(Name {
+                        bytes: seg.as_bytes().into(),
+                        mask: bit,
+                    }),
+                }
+                if d + 1 == depth {
+                    level.ends |= bit;
+                }
+            }
+        }
+        Extractor {
+            levels,
+            n_paths: paths.len(),
+        }
+    }
+
+    /// The number of paths (the minimum length of `found` for [`scan`](Extractor::scan)).
+    pub fn len(&self) -> usize {
+        self.n_paths
+    }
+
+    /// Whether there are no paths (then `scan` only validates).
+    pub fn is_empty(&self) -> bool {
+        self.n_paths == 0
+    }
+
+    /// Validates `line` and locates the paths' values.
+    ///
+    /// `line` must be exactly one JSON value per RFC 8259, optionally surrounded by JSON
+    /// whitespace, and must be an object ([`JsonError::NotObject`] otherwise). Strings must
+    /// have valid escapes (paired surrogates in `\u` escapes) and no raw control
+    /// characters; numbers follow the exact grammar; nesting is limited ([`MAX_DEPTH`]).
+    /// The line must be valid UTF-8: this is checked here, at no cost for pure-ASCII lines
+    /// (the check runs only when a string held a non-ASCII byte, or on error), and
+    /// reported as [`JsonError::NotUtf8`] ahead of any syntax error.
+    ///
+    /// `found` (at least [`len`](Extractor::len) long) is reset, then `found[i]` is set to
+    /// the span of the value at path `i`: `None` when absent, including when the path
+    /// passes through a non-object value (arrays are not indexed). When a member name
+    /// repeats, the last occurrence wins, exactly as if the object were parsed into a map.
+    /// On error the contents of `found` are unspecified.
+    ///
+    /// # Panics
+    ///
+    /// If `found` is shorter than [`len`](Extractor::len).
+    pub fn scan(&self, line: &[u8], found: &mut [Option<Span>]) -> Result<(), JsonError> {
+        assert!(
+            found.len() >= self.n_paths,
+            "`found` must hold at least {} entries",
+            self.n_paths
+        );
+        found.fill(None);
+        if line.len() > u32::MAX as usize {
+            return Err(syntax(u32::MAX as usize, "line longer than 4 GiB"));
+        }
+        let mut sc = Scanner {
+            s: line,
+            i: 0,
+            ex: self,
+            found,
+            high: 0,
+        };
+        let result = sc.document();
+        let needs_utf8_check = result.is_err() || sc.high & HI != 0;
+        if needs_utf8_check {
+            if let Err(e) = std::str::from_utf8(line) {
+                return Err(JsonError::NotUtf8 {
+                    offset: e.valid_up_to(),
+                });
+            }
+        }
+        result
+    }
+
+    /// The names at `depth` that equal the member name `key` (raw, between the quotes),
+    /// restricted to `active`.
+    #[inline]
+    fn match_key(&self, depth: usize, key: &[u8], escaped: bool, active: u64) -> u64 {
+        let Some(level) = self.levels.get(depth) else {
+            return 0;
+        };
+        for name in &level.names {
+            if name.mask & active == 0 {
+                continue;
+            }
+            let eq = if escaped {
+                eq_unescaped(key, &name.bytes)
+            } else {
+                key == &*name.bytes
+            };
+            if eq {
+                return name.mask & active;
+            }
+        }
+        0
+    }
+}
+
+const LO: u64 = 0x0101_0101_0101_0101;
+const HI: u64 = 0x8080_8080_8080_8080;
+
+/// A mask whose lowest set bit (if any) marks the first byte of `x` (little endian) that
+/// is `"`, `\` or below 0x20. Higher bits may be false positives; the lowest is exact.
+#[inline(always)]
+fn special_mask(x: u64) -> u64 {
+    #[inline(always)]
+    fn has_zero(v: u64) -> u64 {
+        v.wrapping_sub(LO) & !v & HI
+    }
+    let quote = has_zero(x ^ (LO * u64::from(b'"')));
+    let backslash = has_zero(x ^ (LO * u64::from(b'\\')));
+    let control = x.wrapping_sub(LO * 0x20) & !x & HI;
+    quote | backslash | control
+}
+
+struct Scanner<'a, 'f> {
+    s: &'a [u8],
+    i: usize,
+    ex: &'a Extractor,
+    found: &'f mut [Option<Span>],
+    /// OR of the string bytes seen, to know whether any was non-ASCII.
+    high: u64,
+}
+
+impl Scanner<'_, '_> {
+    #[inline(always)]
+    fn peek(&self) -> Option<u8> {
+        self.s.get(self.i).copied()
+    }
+
+    #[inline(always)]
+    fn ws(&mut self) {
+        while let Some(&b) = self.s.get(self.i) {
+            if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
+                self.i += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn document(&mut self) -> Result<(), JsonError> {
+        self.ws();
+        let first = match self.peek() {
+            Some(b) => b,
+            None => return Err(syntax(self.i, "empty line, expected a JSON object")),
+        };
+        let all = if self.ex.n_paths == MAX_PATHS {
+            u64::MAX
+        } else {
+            (1u64 << self.ex.n_paths) - 1
+        };
+        self.value(0, all)?;
+        self.ws();
+        if self.i != self.s.len() {
+            return Err(syntax(self.i, "unexpected characters after the JSON value"));
+        }
+        let k = kind(&[first]);
+        if k != JsonKind::Object {
+            return Err(JsonError::NotObject {
+                found: k.describe(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Parses the value at `self.i`; `depth` is the path depth of its members if it is an
+    /// object, `active` the paths still to be matched inside it.
+    fn value(&mut self, depth: usize, active: u64) -> Result<(), JsonError> {
+        match self.peek() {
+            Some(b'"') => {
+                self.i += 1;
+                self.string()?;
+                Ok(())
+            }
+            Some(b'{') => {
+                if depth >= MAX_DEPTH - 1 {
+                    return Err(JsonError::TooDeep);
+                }
+                self.i += 1;
+                self.object(depth, active)
+            }
+            Some(b'[') => {
+                if depth >= MAX_DEPTH - 1 {
+                    return Err(JsonError::TooDeep);
+                }
+                self.i += 1;
+                self.array(depth)
+            }
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(_) => Err(syntax(self.i, "expected a JSON value")),
+            None => Err(syntax(self.i, "unexpected end of line, expected a JSON value")),
+        }
+    }
+
+    #[inline]
+    fn literal(&mut self, lit: &'static [u8]) -> Result<(), JsonError> {
+        if self.s.get(self.i..self.i + lit.len()) == Some(lit) {
+            self.i += lit.len();
+            Ok(())
+        } else {
+            Err(syntax(self.i, "expected a JSON value (true, false or null?)"))
+        }
+    }
+
+    fn object(&mut self, depth: usize, active: u64) -> Result<(), JsonError> {
+        self.ws();
+        if self.peek() == Some(b'}') {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            if self.peek() != Some(b'"') {
+                return Err(syntax(self.i, "expected a string as object key"));
+            }
+            self.i += 1;
+            let key_start = self.i;
+            let escaped = self.string()?;
+            let hit = if active != 0 {
+                let key = &self.s[key_start..self.i - 1];
+                self.ex.match_key(depth, key, escaped, active)
+            } else {
+                0
+            };
+            self.ws();
+            if self.peek() != Some(b':') {
+                return Err(syntax(self.i, "expected ':' after object key"));
+            }
+            self.i += 1;
+            self.ws();
+            if hit == 0 {
+                self.value(depth + 1, 0)?;
+            } else {
+                // A repeated member replaces the earlier one, with everything below it.
+                let mut m = hit;
+                while m != 0 {
+                    let b = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    self.found[b] = None;
+                }
+                let ends = hit & self.ex.levels[depth].ends;
+                let start = self.i;
+                self.value(depth + 1, hit & !ends)?;
+                let span = Some(Span {
+                    start: start as u32,
+                    end: self.i as u32,
+                });
+                let mut m = ends;
+                while m != 0 {
+                    let b = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    self.found[b] = span;
+                }
+            }
+            self.ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.i += 1;
+                    self.ws();
+                }
+                Some(b'}') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(syntax(self.i, "expected ',' or '}' after object member")),
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Result<(), JsonError> {
+        self.ws();
+        if self.peek() == Some(b']') {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            self.value(depth + 1, 0)?;
+            self.ws();
+            match self.peek() {
+                Some(b',') => {
+                    self.i += 1;
+                    self.ws();
+                }
+                Some(b']') => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(syntax(self.i, "expected ',' or ']' after array element")),
+            }
+        }
+    }
+
+    /// Scans a string body; `self.i` is just after the opening quote and ends just after
+    /// the closing one. Returns whether the string contains an escape.
+    #[inline]
+    fn string(&mut self) -> Result<bool, JsonError> {
+        let s = self.s;
+        let mut i = self.i;
+        let mut high = 0u64;
+        let mut escaped = false;
+        loop {
+            // Find the next '"', '\\' or control character.
+            let b = loop {
+                if let Some(chunk) = s.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+                    let x = u64::from_le_bytes(*chunk);
+                    high |= x;
+                    let m = special_mask(x);
+                    if m != 0 {
+                        let k = (m.trailing_zeros() / 8) as usize;
+                        i += k;
+                        break chunk[k];
+                    }
+                    i += 8;
+                } else {
+                    match s.get(i) {
+                        None => {
+                            self.high |= high;
+                            return Err(syntax(i, "unterminated string"));
+                        }
+                        Some(&b) => {
+                            high |= u64::from(b);
+                            if b == b'"' || b == b'\\' || b < 0x20 {
+                                break b;
+                            }
+                            i += 1;
+                        }
+                    }
+                }
+            };
+            match b {
+                b'"' => {
+                    self.i = i + 1;
+                    self.high |= high;
+                    return Ok(escaped);
+                }
+                b'\\' => {
+                    escaped = true;
+                    i = validate_escape(s, i)?;
+                }
+                _ => return Err(syntax(i, "control character in string (must be escaped)")),
+            }
+        }
+    }
+
+    #[inline]
+    fn number(&mut self) -> Result<(), JsonError> {
+        let s = self.s;
+        let mut i = self.i;
+        if s.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        match s.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => {
+                i += 1;
+                while s.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+            }
+            _ => return Err(syntax(i, "expected a digit in number")),
+        }
+        if s.get(i) == Some(&b'.') {
+            i += 1;
+            if !s.get(i).is_some_and(u8::is_ascii_digit) {
+                return Err(syntax(i, "expected a digit after the decimal point"));
+            }
+            while s.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        if matches!(s.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            if matches!(s.get(i), Some(b'+' | b'-')) {
+                i += 1;
+            }
+            if !s.get(i).is_some_and(u8::is_ascii_digit) {
+                return Err(syntax(i, "expected a digit in the exponent"));
+            }
+            while s.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        self.i = i;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Escapes
+// ---------------------------------------------------------------------------------------
+
+#[inline]
+fn hex4(s: &[u8], i: usize) -> Option<u32> {
+    let h = s.get(i..i + 4)?;
+    let mut v = 0u32;
+    for &b in h {
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return None,
+        };
+        v = (v << 4) | u32::from(d);
+    }
+    Some(v)
+}
+
+/// Decodes the escape at `s[i] == b'\\'`: the code point and the index after the escape.
+#[inline]
+fn decode_escape(s: &[u8], i: usize) -> Result<(char, usize), JsonError> {
+    let c = match s.get(i + 1) {
+        Some(b'"') => '"',
+        Some(b'\\') => '\\',
+        Some(b'/') => '/',
+        Some(b'b') => '\u{8}',
+        Some(b'f') => '\u{c}',
+        Some(b'n') => '\n',
+        Some(b'r') => '\r',
+        Some(b't') => '\t',
+        Some(b'u') => {
+            let Some(hi) = hex4(s, i + 2) else {
+                return Err(syntax(i, "expected 4 hex digits after \\u"));
+            };
+            if (0xDC00..=0xDFFF).contains(&hi) {
+                return Err(syntax(i, "lone low surrogate in \\u escape"));
+            }
+            if (0xD800..=0xDBFF).contains(&hi) {
+                if s.get(i + 6) != Some(&b'\\') || s.get(i + 7) != Some(&b'u') {
+                    return Err(syntax(i, "lone high surrogate in \\u escape"));
+                }
+                let Some(lo) = hex4(s, i + 8) else {
+                    return Err(syntax(i + 6, "expected 4 hex digits after \\u"));
+                };
+                if !(0xDC00..=0xDFFF).contains(&lo) {
+                    return Err(syntax(i, "lone high surrogate in \\u escape"));
+                }
+                let cp = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+                let c = char::from_u32(cp).ok_or_else(|| syntax(i, "invalid \\u escape"))?;
+                return Ok((c, i + 12));
+            }
+            let c = char::from_u32(hi).ok_or_else(|| syntax(i, "invalid \\u escape"))?;
+            return Ok((c, i + 6));
+        }
+        Some(_) => return Err(syntax(i, "invalid escape in string")),
+        None => return Err(syntax(i, "unterminated string")),
+    };
+    Ok((c, i + 2))
+}
+
+#[inline]
+fn validate_escape(s: &[u8], i: usize) -> Result<usize, JsonError> {
+    match s.get(i + 1) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(i + 2),
+        _ => decode_escape(s, i).map(|(_, next)| next),
+    }
+}
+
+/// Whether the raw (escaped, unquoted) string content `raw` decodes to `target`.
+fn eq_unescaped(raw: &[u8], target: &[u8]) -> bool {
+    let mut i = 0;
+    let mut t = 0;
+    while let Some(&b) = raw.get(i) {
+        if b != b'\\' {
+            if target.get(t) != Some(&b) {
+                return false;
+            }
+            i += 1;
+            t += 1;
+            continue;
+        }
+        let Ok((c, next)) = decode_escape(raw, i) else {
+            return false;
+        };
+        let mut buf = [0u8; 4];
+        let enc = c.encode_utf8(&mut buf).as_bytes();
+        if target.get(t..t + enc.len()) != Some(enc) {
+            return false;
+        }
+        t += enc.len();
+        i = next;
+    }
+    t == target.len()
+}
+
+/// The content of a raw JSON string (with quotes) when it has no escapes, borrowed from
+/// `raw_with_quotes`; `None` when it has a backslash or is not a quoted string.
+#[inline]
+pub fn string_content(raw_with_quotes: &[u8]) -> Option<&[u8]> {
+    let inner = raw_with_quotes
+        .strip_prefix(b"\"")?
+        .strip_suffix(b"\"")?;
+    if memchr::memchr(b'\\', inner).is_some() {
+        None
+    } else {
+        Some(inner)
+    }
+}
+
+/// Appends the decoded content of a raw JSON string (with quotes) to `out`: escapes are
+/// resolved, surrogate pairs combined into one UTF-8 character. A lone surrogate, a bad
+/// escape, a raw control character or missing quotes are errors (offsets are relative to
+/// `raw_with_quotes`). Non-ASCII bytes are copied as they are (the line was UTF-8).
+pub fn unescape_string(raw_with_quotes: &[u8], out: &mut Vec<u8>) -> Result<(), JsonError> {
+    let n = raw_with_quotes.len();
+    if n < 2 || raw_with_quotes[0] != b'"' || raw_with_quotes[n - 1] != b'"' {
+        return Err(syntax(0, "expected a quoted string"));
+    }
+    let s = &raw_with_quotes[..n - 1];
+    let mut i = 1;
+    while i < s.len() {
+        let rest = &s[i..];
+        let run = memchr::memchr(b'\\', rest).unwrap_or(rest.len());
+        let plain = &rest[..run];
+        if let Some(p) = plain.iter().position(|&b| b < 0x20 || b == b'"') {
+            return Err(syntax(i + p, "unescaped control character or quote in string"));
+        }
+        out.extend_from_slice(plain);
+        i += run;
+        if i < s.len() {
+            let (c, next) = decode_escape(s, i)?;
+            let mut buf = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            i = next;
+        }
+    }
+    Ok(())
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `s` (UTF-8 text) as a JSON string with quotes, escaping `"`, `\` and control
+/// characters (`\n`, `\r`, `\t`, `\b`, `\f`, others as `\u00XX`).
+pub fn write_json_string(s: &[u8], out: &mut Vec<u8>) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => &[],
+            _ => continue,
+        };
+        out.extend_from_slice(&s[start..i]);
+        if esc.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        } else {
+            out.extend_from_slice(esc);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&s[start..]);
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn special_mask_finds_first() {
+        let cases: &[(&[u8; 8], Option<usize>)] = &[
+            (b"abcdefgh", None),
+            (b"abc\"efgh", Some(3)),
+            (b"\\bcdefgh", Some(0)),
+            (b"abcdefg\n", Some(7)),
+            (b"\x01\"\\\x00\x1f\x7f\xff\x80", Some(0)),
+            (b"\xff\xfe\x80\x7f\x20!#\"", Some(7)),
+        ];
+        for (bytes, want) in cases {
+            let m = special_mask(u64::from_le_bytes(**bytes));
+            let got = (m != 0).then(|| (m.trailing_zeros() / 8) as usize);
+            assert_eq!(got, *want, "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn eq_unescaped_cases() {
+        assert!(eq_unescaped(br"visit\u005fid", b"visit_id"));
+        assert!(eq_unescaped(br"a\/b", b"a/b"));
+        assert!(!eq_unescaped(br"a\/b", b"a/bc"));
+        assert!(!eq_unescaped(br"a\/bc", b"a/b"));
+        assert!(eq_unescaped(br"\ud83d\ude00", "😀".as_bytes()));
+    }
+}

@@ -1,0 +1,405 @@
+//! Per-session aggregates. Sessions merge, so every aggregate is mergeable: `add` one
+//! value, `merge` another session's state, `write_json` the result.
+//!
+//! Values arrive as the raw JSON text of a field (already validated by the scanner); a
+//! missing or null value is skipped before it gets here (SPEC §3). Order-sensitive
+//! aggregates order by `(event time, input sequence number)`, so the result does not
+//! depend on arrival order or on how sessions merged.
+
+use hashbrown::HashSet;
+use std::cmp::Ordering;
+
+/// Which aggregate to compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AggKind {
+    /// All values in event-time order (ties in input order); `[]` when none.
+    Collect,
+    /// The value of the earliest event that has one; `null` when none.
+    First,
+    /// The value of the latest event that has one; `null` when none.
+    Last,
+    /// The number of distinct values (compared as JSON text); `0` when none.
+    CountDistinct,
+    /// The sum of the numeric values; other values are skipped; `null` when none.
+    Sum,
+    /// The smallest numeric value, as written; `null` when none.
+    Min,
+    /// The largest numeric value, as written; `null` when none.
+    Max,
+}
+
+impl AggKind {
+    /// The flag / config name of this aggregate (`collect`, `count-distinct`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            AggKind::Collect => "collect",
+            AggKind::First => "first",
+            AggKind::Last => "last",
+            AggKind::CountDistinct => "count-distinct",
+            AggKind::Sum => "sum",
+            AggKind::Min => "min",
+            AggKind::Max => "max",
+        }
+    }
+}
+
+/// Where a value stands in a session: `(event time, input sequence number)`.
+type Position = (i64, u64);
+
+type FastSet<T> = HashSet<T, foldhash::fast::FixedState>;
+
+/// The running state of one aggregate in one session.
+#[derive(Debug, Clone)]
+pub enum AggState {
+    Collect(Collected),
+    First(Option<Picked>),
+    Last(Option<Picked>),
+    CountDistinct(FastSet<u128>),
+    Sum(Sum),
+    Min(Option<Extreme>),
+    Max(Option<Extreme>),
+}
+
+/// Values kept in `(time, seq)` order; their bytes live in one buffer.
+#[derive(Debug, Clone, Default)]
+pub struct Collected {
+    items: Vec<CollectedItem>,
+    bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CollectedItem {
+    at: Position,
+    offset: u32,
+    len: u32,
+}
+
+/// One value chosen by position (first / last).
+#[derive(Debug, Clone)]
+pub struct Picked {
+    at: Position,
+    raw: Vec<u8>,
+}
+
+/// The smallest or largest number, kept as written.
+#[derive(Debug, Clone)]
+pub struct Extreme {
+    value: f64,
+    at: Position,
+    raw: Vec<u8>,
+}
+
+/// A sum that stays an exact integer until a non-integer shows up.
+#[derive(Debug, Clone, Default)]
+pub struct Sum {
+    int: i128,
+    float: f64,
+    any: bool,
+    any_float: bool,
+}
+
+fn is_number(raw: &[u8]) -> bool {
+    matches!(raw.first(), Some(b'-' | b'0'..=b'9'))
+}
+
+fn parse_f64(raw: &[u8]) -> Option<f64> {
+    std::str::from_utf8(raw).ok()?.parse::<f64>().ok()
+}
+
+impl AggState {
+    pub fn new(kind: AggKind) -> AggState {
+        match kind {
+            AggKind::Collect => AggState::Collect(Collected::default()),
+            AggKind::First => AggState::First(None),
+            AggKind::Last => AggState::Last(None),
+            AggKind::CountDistinct => AggState::CountDistinct(FastSet::default()),
+            AggKind::Sum => AggState::Sum(Sum::default()),
+            AggKind::Min => AggState::Min(None),
+            AggKind::Max => AggState::Max(None),
+        }
+    }
+
+    /// Adds the value of the event at `(time, seq)`; `raw` is present and not null.
+    pub fn add(&mut self, time: i64, seq: u64, raw: &[u8]) {
+        let at = (time, seq);
+        match self {
+            AggState::Collect(c) => c.add(at, raw),
+            AggState::First(p) => pick(p, at, raw, Ordering::Less),
+            AggState::Last(p) => pick(p, at, raw, Ordering::Greater),
+            AggState::CountDistinct(set) => {
+                set.insert(xxhash_rust::xxh3::xxh3_128(raw));
+            }
+            AggState::Sum(s) => s.add(raw),
+            AggState::Min(e) => extreme(e, at, raw, Ordering::Less),
+            AggState::Max(e) => extreme(e, at, raw, Ordering::Greater),
+        }
+    }
+
+    /// Folds another session's state of the same aggregate into this one.
+    pub fn merge(&mut self, other: AggState) {
+        match (self, other) {
+            (AggState::Collect(a), AggState::Collect(b)) => a.merge(b),
+            (AggState::First(a), AggState::First(Some(b))) => pick(a, b.at, &b.raw, Ordering::Less),
+            (AggState::Last(a), AggState::Last(Some(b))) => {
+                pick(a, b.at, &b.raw, Ordering::Greater)
+            }
+            (AggState::CountDistinct(a), AggState::CountDistinct(b)) => a.extend(b),
+            (AggState::Sum(a), AggState::Sum(b)) => a.merge(&b),
+            (AggState::Min(a), AggState::Min(Some(b))) => extreme(a, b.at, &b.raw, Ordering::Less),
+            (AggState::Max(a), AggState::Max(Some(b))) => {
+                extreme(a, b.at, &b.raw, Ordering::Greater)
+            }
+            (AggState::First(_) | AggState::Last(_) | AggState::Min(_) | AggState::Max(_), _) => {}
+            (a, b) => unreachable!("merging different aggregates {a:?} and {b:?}"),
+        }
+    }
+
+    /// Writes the result as JSON.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            AggState::Collect(c) => c.write_json(out),
+            AggState::First(p) | AggState::Last(p) => match p {
+                Some(p) => out.extend_from_slice(&p.raw),
+                None => out.extend_from_slice(b"null"),
+            },
+            AggState::CountDistinct(set) => {
+                out.extend_from_slice(itoa::Buffer::new().format(set.len()).as_bytes())
+            }
+            AggState::Sum(s) => s.write_json(out),
+            AggState::Min(e) | AggState::Max(e) => match e {
+                Some(e) => out.extend_from_slice(&e.raw),
+                None => out.extend_from_slice(b"null"),
+            },
+        }
+    }
+
+    /// Heap bytes held by this aggregate (for memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            AggState::Collect(c) => {
+                c.items.capacity() * std::mem::size_of::<CollectedItem>() + c.bytes.capacity()
+            }
+            AggState::First(p) | AggState::Last(p) => p.as_ref().map_or(0, |p| p.raw.capacity()),
+            AggState::CountDistinct(s) => s.capacity() * 17,
+            AggState::Sum(_) => 0,
+            AggState::Min(e) | AggState::Max(e) => e.as_ref().map_or(0, |e| e.raw.capacity()),
+        }
+    }
+}
+
+/// Keeps the value whose position compares as `wanted` (Less: earliest, Greater: latest).
+fn pick(slot: &mut Option<Picked>, at: Position, raw: &[u8], wanted: Ordering) {
+    match slot {
+        Some(p) if at.cmp(&p.at) != wanted => {}
+        Some(p) => {
+            p.at = at;
+            p.raw.clear();
+            p.raw.extend_from_slice(raw);
+        }
+        None => {
+            *slot = Some(Picked {
+                at,
+                raw: raw.to_vec(),
+            })
+        }
+    }
+}
+
+/// Keeps the numeric value comparing as `wanted`; ties go to the earliest position, so
+/// the result does not depend on merge order.
+fn extreme(slot: &mut Option<Extreme>, at: Position, raw: &[u8], wanted: Ordering) {
+    if !is_number(raw) {
+        return;
+    }
+    let Some(value) = parse_f64(raw) else { return };
+    let better = match slot {
+        None => true,
+        Some(e) => match value.partial_cmp(&e.value) {
+            Some(Ordering::Equal) => at < e.at,
+            Some(o) => o == wanted,
+            None => false,
+        },
+    };
+    if better {
+        *slot = Some(Extreme {
+            value,
+            at,
+            raw: raw.to_vec(),
+        });
+    }
+}
+
+impl Collected {
+    fn add(&mut self, at: Position, raw: &[u8]) {
+        let item = CollectedItem {
+            at,
+            offset: u32::try_from(self.bytes.len()).expect("collected values exceed 4 GiB"),
+            len: u32::try_from(raw.len()).expect("value exceeds 4 GiB"),
+        };
+        self.bytes.extend_from_slice(raw);
+        // Mostly in order: append; otherwise insert at its place.
+        match self.items.last() {
+            Some(last) if last.at > at => {
+                let pos = self.items.partition_point(|i| i.at < at);
+                self.items.insert(pos, item);
+            }
+            _ => self.items.push(item),
+        }
+    }
+
+    fn merge(&mut self, other: Collected) {
+        let base = u32::try_from(self.bytes.len()).expect("collected values exceed 4 GiB");
+        self.bytes.extend_from_slice(&other.bytes);
+        self.items.extend(other.items.into_iter().map(|mut i| {
+            i.offset += base;
+            i
+        }));
+        // Positions are unique, so an unstable sort is deterministic.
+        self.items.sort_unstable_by_key(|i| i.at);
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        out.push(b'[');
+        for (n, item) in self.items.iter().enumerate() {
+            if n > 0 {
+                out.push(b',');
+            }
+            let start = item.offset as usize;
+            out.extend_from_slice(&self.bytes[start..start + item.len as usize]);
+        }
+        out.push(b']');
+    }
+}
+
+impl Sum {
+    fn add(&mut self, raw: &[u8]) {
+        if !is_number(raw) {
+            return;
+        }
+        let integral = !raw.iter().any(|b| matches!(b, b'.' | b'e' | b'E'));
+        let as_int = if integral {
+            std::str::from_utf8(raw)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+        } else {
+            None
+        };
+        match as_int {
+            Some(i) => self.int += i128::from(i),
+            None => match parse_f64(raw) {
+                Some(f) => {
+                    self.float += f;
+                    self.any_float = true;
+                }
+                None => return,
+            },
+        }
+        self.any = true;
+    }
+
+    fn merge(&mut self, other: &Sum) {
+        self.int += other.int;
+        self.float += other.float;
+        self.any |= other.any;
+        self.any_float |= other.any_float;
+    }
+
+    fn write_json(&self, out: &mut Vec<u8>) {
+        if !self.any {
+            out.extend_from_slice(b"null");
+        } else if !self.any_float {
+            out.extend_from_slice(itoa::Buffer::new().format(self.int).as_bytes());
+        } else {
+            let total = self.int as f64 + self.float;
+            if total.is_finite() {
+                out.extend_from_slice(ryu::Buffer::new().format_finite(total).as_bytes());
+            } else {
+                out.extend_from_slice(b"null");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(a: &AggState) -> String {
+        let mut out = Vec::new();
+        a.write_json(&mut out);
+        String::from_utf8(out).expect("utf8")
+    }
+
+    #[test]
+    fn collect_orders_by_time_then_input_order() {
+        let mut a = AggState::new(AggKind::Collect);
+        a.add(20, 0, b"\"b\"");
+        a.add(10, 1, b"\"a\"");
+        a.add(20, 2, b"\"c\"");
+        assert_eq!(render(&a), r#"["a","b","c"]"#);
+    }
+
+    #[test]
+    fn collect_merge_equals_adding_everything_to_one() {
+        let mut a = AggState::new(AggKind::Collect);
+        a.add(30, 3, b"3");
+        a.add(10, 0, b"1");
+        let mut b = AggState::new(AggKind::Collect);
+        b.add(20, 1, b"2");
+        b.add(30, 2, b"4");
+        a.merge(b);
+        assert_eq!(render(&a), "[1,2,4,3]");
+    }
+
+    #[test]
+    fn first_and_last_follow_event_time_not_arrival() {
+        let mut f = AggState::new(AggKind::First);
+        let mut l = AggState::new(AggKind::Last);
+        for (t, seq, v) in [
+            (5, 0, "\"x\""),
+            (1, 1, "\"y\""),
+            (9, 2, "\"z\""),
+            (9, 3, "\"w\""),
+        ] {
+            f.add(t, seq, v.as_bytes());
+            l.add(t, seq, v.as_bytes());
+        }
+        assert_eq!(render(&f), "\"y\"");
+        assert_eq!(render(&l), "\"w\"");
+        assert_eq!(render(&AggState::new(AggKind::First)), "null");
+    }
+
+    #[test]
+    fn sum_stays_integer_until_a_fraction_appears() {
+        let mut s = AggState::new(AggKind::Sum);
+        assert_eq!(render(&s), "null");
+        s.add(0, 0, b"2");
+        s.add(0, 1, b"\"7\"");
+        s.add(0, 2, b"40");
+        assert_eq!(render(&s), "42");
+        s.add(0, 3, b"0.5");
+        assert_eq!(render(&s), "42.5");
+    }
+
+    #[test]
+    fn min_max_keep_the_number_as_written_and_skip_non_numbers() {
+        let mut lo = AggState::new(AggKind::Min);
+        let mut hi = AggState::new(AggKind::Max);
+        for (i, v) in ["3", "1.50", "true", "\"0\"", "1e1"].iter().enumerate() {
+            lo.add(0, i as u64, v.as_bytes());
+            hi.add(0, i as u64, v.as_bytes());
+        }
+        assert_eq!(render(&lo), "1.50");
+        assert_eq!(render(&hi), "1e1");
+    }
+
+    #[test]
+    fn count_distinct_compares_json_text() {
+        let mut c = AggState::new(AggKind::CountDistinct);
+        for v in ["\"a\"", "\"b\"", "\"a\"", "1", "1"] {
+            c.add(0, 0, v.as_bytes());
+        }
+        assert_eq!(render(&c), "3");
+        assert_eq!(render(&AggState::new(AggKind::CountDistinct)), "0");
+    }
+}

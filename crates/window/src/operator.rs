@@ -1,0 +1,393 @@
+//! The session window operator: pure and synchronous.
+//!
+//! The caller drives it one step per event: [`SessionOperator::on_event`] judges the
+//! event against the watermark as it stood before it, then
+//! [`SessionOperator::advance_to`] moves the watermark and emits what became due. The
+//! operator keeps its per-key state in a [`KeyedStore`] and asks it for a timer per key;
+//! it never reads a clock, a file or a socket.
+
+use crate::aggregate::{AggKind, AggState};
+use crate::keyed::{KeyedStore, SlotId};
+use crate::session::{Arrival, KeySessions, Session};
+use sessionizer_core::{DurationMs, EventTime, Watermark};
+use smallvec::SmallVec;
+
+/// When sessions are emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EmitMode {
+    /// Once when complete, again (next revision) when a late event changed it.
+    #[default]
+    OnClose,
+    /// Also after every step that changed an open session.
+    OnUpdate,
+}
+
+/// What shapes the window's state.
+#[derive(Debug, Clone)]
+pub struct WindowConfig {
+    /// The default gap `G` (an event may bring its own, see [`Event::gap`]).
+    pub gap: DurationMs,
+    /// How long a complete session still accepts late events (`A`).
+    pub allowed_lateness: DurationMs,
+    pub emit: EmitMode,
+    /// One aggregate per entry; it reads `Event::values[i]`.
+    pub aggregates: Vec<AggKind>,
+    /// Whether events carry a dedup value to check ([`Event::dedup`]).
+    pub dedup: bool,
+}
+
+/// One valid event, as the operator needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Event<'a> {
+    /// The key's text.
+    pub key: &'a [u8],
+    pub time: EventTime,
+    /// This event's gap (`G` unless the event brings its own).
+    pub gap: DurationMs,
+    /// Input sequence number: orders values of equal event time.
+    pub seq: u64,
+    /// Hash of the dedup value (record or field), when dedup is on and the event has one.
+    pub dedup: Option<u128>,
+    /// Raw JSON of each aggregate's field; `None` when missing or null.
+    pub values: &'a [Option<&'a [u8]>],
+}
+
+/// What became of an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Applied,
+    Duplicate,
+    Late(LateReason),
+}
+
+/// Why an event was too late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateReason {
+    /// The session it would produce closed more than the allowed lateness ago.
+    WindowClosed,
+    /// It would join or merge a session that is already final.
+    SessionFinal,
+}
+
+impl LateReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LateReason::WindowClosed => "window_closed",
+            LateReason::SessionFinal => "session_final",
+        }
+    }
+}
+
+/// A session being emitted.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionView<'a> {
+    pub key: &'a [u8],
+    pub start: EventTime,
+    /// The last event time.
+    pub end: EventTime,
+    /// When the session completes (largest `t + gap`).
+    pub close: EventTime,
+    pub event_count: u64,
+    pub revision: u32,
+    /// False only for `on-update` records of a session still open.
+    pub complete: bool,
+    pub aggregates: &'a [AggState],
+}
+
+/// Where the operator's output goes.
+pub trait Emit {
+    fn session(&mut self, session: &SessionView<'_>);
+    /// A session that was emitted before has disappeared (merged away, or its start moved).
+    fn retraction(&mut self, key: &[u8], start: EventTime);
+}
+
+/// Counts kept by the operator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OperatorCounts {
+    pub sessions_emitted: u64,
+    pub retractions: u64,
+}
+
+/// The event-time session window (SPEC §2).
+#[derive(Debug)]
+pub struct SessionOperator {
+    cfg: WindowConfig,
+    store: KeyedStore<KeySessions>,
+    watermark: Watermark,
+    /// Largest gap of any valid event so far: how long final bounds are remembered.
+    largest_gap: i64,
+    /// The session the current step changed (key slot, start), for `on-update`.
+    changed: Option<(SlotId, i64)>,
+    open_sessions: usize,
+    counts: OperatorCounts,
+    fired: Vec<SlotId>,
+    due: Vec<(i64, SlotId, i64)>,
+}
+
+impl SessionOperator {
+    pub fn new(cfg: WindowConfig) -> SessionOperator {
+        SessionOperator {
+            largest_gap: cfg.gap.millis(),
+            cfg,
+            store: KeyedStore::default(),
+            watermark: Watermark::MIN,
+            changed: None,
+            open_sessions: 0,
+            counts: OperatorCounts::default(),
+            fired: Vec::new(),
+            due: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &WindowConfig {
+        &self.cfg
+    }
+
+    /// The watermark every next event is judged against.
+    pub fn watermark(&self) -> Watermark {
+        self.watermark
+    }
+
+    /// Sessions not yet final (open, or complete and kept for lateness).
+    pub fn open_sessions(&self) -> usize {
+        self.open_sessions
+    }
+
+    /// Keys with any state (open or final sessions).
+    pub fn keys(&self) -> usize {
+        self.store.len()
+    }
+
+    pub fn counts(&self) -> OperatorCounts {
+        self.counts
+    }
+
+    /// The keyed state, for inspection.
+    pub fn store(&self) -> &KeyedStore<KeySessions> {
+        &self.store
+    }
+
+    /// Judges one valid event against the current watermark and applies it if it is
+    /// neither too late nor a duplicate. Retractions caused by the event are emitted
+    /// right away; everything else waits for [`advance_to`](Self::advance_to).
+    pub fn on_event(&mut self, ev: &Event<'_>, out: &mut impl Emit) -> Verdict {
+        let gap = ev.gap.millis();
+        self.largest_gap = self.largest_gap.max(gap);
+        let arrival = Arrival {
+            time: ev.time.millis(),
+            end: ev.time.millis().saturating_add(gap),
+            seq: ev.seq,
+            dedup: ev.dedup,
+            values: ev.values,
+        };
+
+        let slot = self.store.find(ev.key);
+        if let Some(id) = slot {
+            if let Some(verdict) = self.judge(id, &arrival) {
+                return verdict;
+            }
+        } else if arrival
+            .end
+            .saturating_add(self.cfg.allowed_lateness.millis())
+            <= self.watermark.millis()
+        {
+            return Verdict::Late(LateReason::WindowClosed);
+        }
+
+        let id = match slot {
+            Some(id) => id,
+            None => self.store.slot_for(ev.key),
+        };
+        let (start, close) = self.apply(id, &arrival, out);
+        self.store.schedule(id, EventTime(close));
+        self.changed = Some((id, start));
+        Verdict::Applied
+    }
+
+    /// Lateness and dedup verdict for a key that has state; `None` means apply.
+    fn judge(&self, id: SlotId, ev: &Arrival<'_>) -> Option<Verdict> {
+        let sessions = &self.store.state(id).sessions;
+        let mut close = ev.end;
+        let mut touches_final = false;
+        for s in sessions.iter().filter(|s| s.touches(ev.time, ev.end)) {
+            if s.is_final() {
+                touches_final = true;
+            } else {
+                close = close.max(s.close());
+            }
+        }
+        if close.saturating_add(self.cfg.allowed_lateness.millis()) <= self.watermark.millis() {
+            return Some(Verdict::Late(LateReason::WindowClosed));
+        }
+        if touches_final {
+            return Some(Verdict::Late(LateReason::SessionFinal));
+        }
+        if let Some(h) = ev.dedup.filter(|_| self.cfg.dedup) {
+            let seen = sessions
+                .iter()
+                .any(|s| !s.is_final() && s.touches(ev.time, ev.end) && s.has_seen(h));
+            if seen {
+                return Some(Verdict::Duplicate);
+            }
+        }
+        None
+    }
+
+    /// Creates, extends or merges; returns the resulting session's `(start, close)`.
+    fn apply(&mut self, id: SlotId, ev: &Arrival<'_>, out: &mut impl Emit) -> (i64, i64) {
+        let (key, state) = self.store.key_and_state_mut(id);
+        let sessions = &mut state.sessions;
+        let mut touched: SmallVec<[usize; 4]> = sessions
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.touches(ev.time, ev.end))
+            .map(|(i, _)| i)
+            .collect();
+
+        if touched.is_empty() {
+            sessions.push(Session::new(ev, &self.cfg.aggregates, self.cfg.dedup));
+            self.open_sessions += 1;
+            return (ev.time, ev.end);
+        }
+
+        touched.sort_by_key(|&i| sessions[i].start());
+        let new_start = ev.time.min(sessions[touched[0]].start());
+        for &i in &touched {
+            let s = &sessions[i];
+            if s.was_emitted() && s.start() != new_start {
+                out.retraction(key, EventTime(s.start()));
+                self.counts.retractions += 1;
+            }
+        }
+        let keeps_id =
+            sessions[touched[0]].was_emitted() && sessions[touched[0]].start() == new_start;
+
+        // Take the absorbed sessions out from the back so indices stay valid, then fold
+        // them into the earliest one in start order.
+        let mut absorbed: SmallVec<[Session; 2]> = SmallVec::new();
+        let mut by_index = touched[1..].to_vec();
+        by_index.sort_unstable_by(|a, b| b.cmp(a));
+        for i in by_index {
+            absorbed.push(sessions.swap_remove(i));
+        }
+        absorbed.sort_by_key(Session::start);
+        let survivor_start = sessions[touched[0]].start();
+        let target = sessions
+            .iter()
+            .position(|s| s.start() == survivor_start && !s.is_final())
+            .expect("the earliest touched session is still there");
+        let merged = &mut sessions[target];
+        self.open_sessions -= absorbed.len();
+        for other in absorbed {
+            merged.absorb_session(other);
+        }
+        merged.absorb_event(ev);
+        merged.set_emitted(keeps_id);
+        (merged.start(), merged.close())
+    }
+
+    /// Moves the watermark to `w` (never backwards) and emits what the step made due:
+    /// the `on-update` record of the session this step changed, then every completed
+    /// session in `(close, key, start)` order. Then sessions past their lateness become
+    /// final, and final bounds past their retention are forgotten.
+    pub fn advance_to(&mut self, w: Watermark, out: &mut impl Emit) {
+        if w > self.watermark {
+            self.watermark = w;
+        }
+        let w = self.watermark;
+        if let Some((id, start)) = self.changed.take() {
+            if self.cfg.emit == EmitMode::OnUpdate {
+                self.emit_update(id, start, w, out);
+            }
+        }
+
+        self.fired.clear();
+        while let Some(id) = self.store.pop_due(w) {
+            self.fired.push(id);
+        }
+        if self.fired.is_empty() {
+            return;
+        }
+
+        self.due.clear();
+        for &id in &self.fired {
+            for s in self.store.state(id).sessions() {
+                if !s.is_final() && s.is_dirty() && w.has_reached(EventTime(s.close())) {
+                    self.due.push((s.close(), id, s.start()));
+                }
+            }
+        }
+        let store = &self.store;
+        self.due
+            .sort_unstable_by(|a, b| (a.0, store.key(a.1), a.2).cmp(&(b.0, store.key(b.1), b.2)));
+        for i in 0..self.due.len() {
+            let (_, id, start) = self.due[i];
+            self.emit(id, start, true, out);
+        }
+
+        let lateness = self.cfg.allowed_lateness.millis();
+        let retention = lateness.saturating_add(self.largest_gap);
+        for i in 0..self.fired.len() {
+            let id = self.fired[i];
+            let sessions = &mut self.store.state_mut(id).sessions;
+            let mut next = i64::MAX;
+            let mut finalized = 0;
+            sessions.retain(|s| {
+                if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
+                    s.finalize();
+                    finalized += 1;
+                }
+                if s.is_final() {
+                    let forget_at = s.close().saturating_add(retention);
+                    if w.millis() >= forget_at {
+                        return false;
+                    }
+                    next = next.min(forget_at);
+                } else if s.is_dirty() {
+                    next = next.min(s.close());
+                } else {
+                    next = next.min(s.close().saturating_add(lateness));
+                }
+                true
+            });
+            self.open_sessions -= finalized;
+            if sessions.is_empty() {
+                self.store.remove(id);
+            } else {
+                self.store.schedule(id, EventTime(next));
+            }
+        }
+    }
+
+    fn emit_update(&mut self, id: SlotId, start: i64, w: Watermark, out: &mut impl Emit) {
+        let still_open = self
+            .store
+            .state(id)
+            .position_of(start)
+            .map(|i| &self.store.state(id).sessions()[i])
+            .is_some_and(|s| !w.has_reached(EventTime(s.close())));
+        if still_open {
+            self.emit(id, start, false, out);
+        }
+    }
+
+    fn emit(&mut self, id: SlotId, start: i64, complete: bool, out: &mut impl Emit) {
+        let (key, state) = self.store.key_and_state_mut(id);
+        let Some(i) = state.position_of(start) else {
+            return;
+        };
+        let s = &mut state.sessions[i];
+        let revision = s.take_revision(complete);
+        out.session(&SessionView {
+            key,
+            start: EventTime(s.start()),
+            end: EventTime(s.last()),
+            close: EventTime(s.close()),
+            event_count: s.event_count(),
+            revision,
+            complete,
+            aggregates: s.aggregates(),
+        });
+        self.counts.sessions_emitted += 1;
+    }
+}
