@@ -259,8 +259,8 @@ impl SessionOperator {
                 self.counts.retractions += 1;
             }
         }
-        let keeps_id =
-            sessions[touched[0]].was_emitted() && sessions[touched[0]].start() == new_start;
+        let survivor_start = sessions[touched[0]].start();
+        let keeps_id = sessions[touched[0]].was_emitted() && survivor_start == new_start;
 
         // Take the absorbed sessions out from the back so indices stay valid, then fold
         // them into the earliest one in start order.
@@ -271,7 +271,6 @@ impl SessionOperator {
             absorbed.push(sessions.swap_remove(i));
         }
         absorbed.sort_by_key(Session::start);
-        let survivor_start = sessions[touched[0]].start();
         let target = sessions
             .iter()
             .position(|s| s.start() == survivor_start && !s.is_final())

@@ -1,0 +1,362 @@
+//! End-to-end tests of the `sessionizer` binary on real files.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+}
+
+fn run_ok(args: &[&str]) -> Output {
+    let out = bin().args(args).output().expect("spawn sessionizer");
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .expect("read output")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn json_lines(path: &Path) -> Vec<Value> {
+    lines(path)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l}: {e}")))
+        .collect()
+}
+
+fn stats(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("stats file")).expect("stats JSON")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+struct Dirty {
+    _dir: tempfile::TempDir,
+    input: PathBuf,
+    out: PathBuf,
+    dead: PathBuf,
+    late: PathBuf,
+    stats: PathBuf,
+}
+
+/// Generates a dirty file (out of order, late, duplicate and invalid lines) and runs it.
+fn dirty_run(extra: &[&str]) -> Dirty {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("visits.jsonl");
+    run_ok(&[
+        "generate",
+        "--events",
+        "20000",
+        "--keys",
+        "200",
+        "--out-of-order",
+        "40s",
+        "--late-fraction",
+        "0.01",
+        "--late-by",
+        "60s",
+        "--duplicate-fraction",
+        "0.01",
+        "--invalid-fraction",
+        "0.01",
+        "--output",
+        s(&input),
+    ]);
+    let out = dir.path().join("sessions.jsonl");
+    let stats = dir.path().join("stats.json");
+    let mut args = vec![
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&out),
+        "--stats-file",
+        s(&stats),
+        "--collect",
+        "page",
+    ];
+    args.extend_from_slice(extra);
+    run_ok(&args);
+    Dirty {
+        dead: dir.path().join("sessions.dead-letter.jsonl"),
+        late: dir.path().join("sessions.late.jsonl"),
+        input,
+        out,
+        stats,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn accounting_adds_up_on_dirty_generated_data() {
+    let d = dirty_run(&[
+        "--dedup",
+        "--gap",
+        "30s",
+        "--watermark-delay",
+        "5s",
+        "--allowed-lateness",
+        "30s",
+    ]);
+    let st = stats(&d.stats);
+    let n = |k: &str| st[k].as_u64().unwrap_or_else(|| panic!("missing {k}"));
+    assert_eq!(
+        n("in_sessions") + n("duplicates") + n("late") + n("invalid"),
+        n("records_read")
+    );
+    assert_eq!(n("records_read") as usize, lines(&d.input).len());
+    assert!(n("duplicates") > 0 && n("late") > 0 && n("invalid") > 0, "{st}");
+    assert_eq!(lines(&d.dead).len() as u64, n("invalid"));
+    assert_eq!(lines(&d.late).len() as u64, n("late"));
+
+    // The latest revision of every session that was not retracted holds every applied
+    // event exactly once.
+    let mut latest: HashMap<String, Value> = HashMap::new();
+    for rec in json_lines(&d.out) {
+        let id = rec["session_id"].as_str().expect("id").to_owned();
+        if rec["retract"] == Value::Bool(true) {
+            assert!(latest.remove(&id).is_some(), "retraction of unknown {id}");
+        } else {
+            latest.insert(id, rec);
+        }
+    }
+    let total: u64 = latest.values().map(|r| r["event_count"].as_u64().expect("count")).sum();
+    assert_eq!(total, n("in_sessions"));
+    let pages: usize = latest.values().map(|r| r["page"].as_array().expect("pages").len()).sum();
+    assert_eq!(pages as u64, n("in_sessions"), "every applied event has a page");
+    assert_eq!(n("sessions_emitted") + n("retractions"), lines(&d.out).len() as u64);
+    let revised = json_lines(&d.out)
+        .iter()
+        .filter(|r| r["revision"].as_u64().is_some_and(|v| v > 0))
+        .count();
+    assert!(revised > 0, "late events within the allowed lateness re-emit sessions");
+}
+
+#[test]
+fn every_invalid_line_is_in_the_dead_letter_file_with_reason_and_position() {
+    let d = dirty_run(&["--gap", "30s", "--watermark-delay", "5s"]);
+    let input = lines(&d.input);
+    let name = s(&d.input).to_owned();
+    let dead = json_lines(&d.dead);
+    assert!(!dead.is_empty());
+    let mut reasons = HashSet::new();
+    for rec in &dead {
+        let source = rec["source"].as_str().expect("source");
+        let (file, line) = source.rsplit_once(':').expect("file:line");
+        assert_eq!(file, name);
+        let line: usize = line.parse().expect("line number");
+        assert_eq!(rec["raw"].as_str().expect("raw"), input[line - 1], "raw is the line as read");
+        let reason = rec["reason"].as_str().expect("reason");
+        reasons.insert(reason.split([':', ' ']).take(3).collect::<Vec<_>>().join(" "));
+    }
+    // The generator cycles through several kinds of invalid lines.
+    assert!(reasons.len() >= 4, "{reasons:?}");
+    // And every late record names the event as read.
+    let mut late = 0;
+    for rec in json_lines(&d.late) {
+        let source = rec["source"].as_str().expect("source");
+        let line: usize = source.rsplit_once(':').expect("pos").1.parse().expect("n");
+        let event: Value = serde_json::from_str(&input[line - 1]).expect("event");
+        assert_eq!(rec["event"], event);
+        assert!(rec["behind_watermark_ms"].as_i64().expect("behind") >= 0);
+        let reason = rec["reason"].as_str().expect("reason");
+        assert!(reason == "window_closed" || reason == "session_final", "{reason}");
+        late += 1;
+    }
+    assert!(late > 0);
+}
+
+#[test]
+fn several_inputs_read_in_order_equal_one_concatenated_input() {
+    let d = dirty_run(&["--allowed-lateness", "1m"]);
+    let all = lines(&d.input);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
+    let cut = all.len() / 3;
+    std::fs::write(&a, all[..cut].join("\n") + "\n").expect("write a");
+    std::fs::write(&b, all[cut..].join("\n") + "\n").expect("write b");
+    let out = dir.path().join("out.jsonl");
+    run_ok(&[
+        "run", "--input", s(&a), "--input", s(&b), "--output", s(&out), "--collect", "page",
+        "--allowed-lateness", "1m",
+    ]);
+    assert_eq!(std::fs::read(&out).expect("out"), std::fs::read(&d.out).expect("ref"));
+    // Dead letters name the file they came from.
+    let sources: HashSet<String> = json_lines(&dir.path().join("out.dead-letter.jsonl"))
+        .iter()
+        .map(|r| r["source"].as_str().expect("src").rsplit_once(':').expect("p").0.to_owned())
+        .collect();
+    assert_eq!(sources, HashSet::from([s(&a).to_owned(), s(&b).to_owned()]));
+}
+
+fn run_stdin(args: &[&str], input: &str) -> (String, String, i32) {
+    let mut child = bin()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The program may exit before reading (bad options): a closed pipe is fine then.
+    let _ = child.stdin.take().expect("stdin").write_all(input.as_bytes());
+    let out = child.wait_with_output().expect("wait");
+    (
+        String::from_utf8(out.stdout).expect("utf8"),
+        String::from_utf8(out.stderr).expect("utf8"),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+#[test]
+fn stdin_to_stdout_with_time_zones_integer_keys_and_nested_fields() {
+    let input = r#"{"u":{"id":7},"ts":"2024-01-01T01:00:00+01:00","p":"/a","n":2,"q":{"r":"x"}}
+{"u":{"id":8},"ts":"2023-12-31T19:00:00-05:00","p":"/c"}
+{"u":{"id":"7"},"ts":"2024-01-01T00:10:00.5Z","p":"/b","n":"3","q":{"r":"y"}}
+{"u":{"id":7},"ts":"2024-01-01 00:45:00.500","p":null,"n":1.5}
+"#;
+    let (stdout, stderr, code) = run_stdin(
+        &[
+            "run", "--key", "u.id", "--time", "ts", "--gap", "35m", "--collect", "p", "--last", "q.r",
+            "--sum", "n",
+        ],
+        input,
+    );
+    assert_eq!(code, 0, "{stderr}");
+    // Key 7 (integer) and "7" (string) are one key. 00:00, 00:10:00.5, 00:45:00.5 chain
+    // with a 35m gap; key 8 is at 00:00 too and completes (close 00:35) when the last
+    // event moves the watermark to 00:44:00.5; key 7 completes at the end of input.
+    // Nulls and strings are skipped by the aggregates.
+    let expected = [
+        r#"{"key":"8","session_id":"ID","start":"2024-01-01T00:00:00.000Z","end":"2024-01-01T00:00:00.000Z","duration_ms":0,"event_count":1,"revision":0,"p":["/c"],"r":null,"n":null}"#,
+        r#"{"key":"7","session_id":"ID","start":"2024-01-01T00:00:00.000Z","end":"2024-01-01T00:45:00.500Z","duration_ms":2700500,"event_count":3,"revision":0,"p":["/a","/b"],"r":"y","n":3.5}"#,
+    ];
+    let got: Vec<&str> = stdout.lines().collect();
+    assert_eq!(got.len(), 2, "{stdout}");
+    for (g, e) in got.iter().zip(expected) {
+        let v: Value = serde_json::from_str(g).expect("json");
+        let id = v["session_id"].as_str().expect("id");
+        assert_eq!(id.len(), 16);
+        assert_eq!(*g, e.replace("ID", id));
+    }
+    assert!(stderr.contains("in sessions 4 | duplicates 0 | late 0 | invalid 0"), "{stderr}");
+}
+
+#[test]
+fn same_options_give_byte_identical_output_and_ids_depend_on_key_and_start_only() {
+    let d1 = dirty_run(&["--allowed-lateness", "2m"]);
+    let d2 = dirty_run(&["--allowed-lateness", "2m"]);
+    assert_eq!(std::fs::read(&d1.out).expect("a"), std::fs::read(&d2.out).expect("b"));
+    let mut ids: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for rec in json_lines(&d1.out).into_iter().filter(|r| r.get("start").is_some()) {
+        let id = rec["session_id"].as_str().expect("id").to_owned();
+        let ks = (rec["key"].to_string(), rec["start"].to_string());
+        if let Some(prev) = ids.insert(id, ks.clone()) {
+            assert_eq!(prev, ks, "one id, one (key, start)");
+        }
+    }
+}
+
+#[test]
+fn on_update_emits_open_sessions_with_growing_revisions() {
+    let input = r#"{"visit_id":"a","event_time":"2024-01-01T00:00:00Z"}
+{"visit_id":"a","event_time":"2024-01-01T00:01:00Z"}
+{"visit_id":"a","event_time":"2024-01-01T00:02:00Z"}
+"#;
+    let (stdout, stderr, code) = run_stdin(&["run", "--emit", "on-update", "--gap", "10m"], input);
+    assert_eq!(code, 0, "{stderr}");
+    let recs: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let summary: Vec<(u64, u64, bool)> = recs
+        .iter()
+        .map(|r| {
+            (
+                r["revision"].as_u64().expect("rev"),
+                r["event_count"].as_u64().expect("count"),
+                r["complete"].as_bool().expect("complete"),
+            )
+        })
+        .collect();
+    assert_eq!(summary, vec![(0, 1, false), (1, 2, false), (2, 3, false), (3, 3, true)]);
+}
+
+#[test]
+fn config_file_supplies_options_and_flags_override_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("job.toml");
+    std::fs::write(
+        &cfg,
+        r#"
+key = "user"
+gap = "1m"
+watermark-delay = "0s"
+[[aggregate]]
+kind = "collect"
+field = "page"
+name = "visited_pages"
+"#,
+    )
+    .expect("write config");
+    let input = r#"{"user":"x","event_time":"2024-01-01T00:00:00Z","page":"/1"}
+{"user":"x","event_time":"2024-01-01T00:02:00Z","page":"/2"}
+"#;
+    let (stdout, stderr, code) = run_stdin(&["run", "--config", s(&cfg)], input);
+    assert_eq!(code, 0, "{stderr}");
+    let recs: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    assert_eq!(recs.len(), 2, "a 1m gap splits: {stdout}");
+    assert_eq!(recs[0]["visited_pages"], serde_json::json!(["/1"]));
+    // The flag wins over the file's gap.
+    let (stdout, _, code) = run_stdin(&["run", "--config", s(&cfg), "--gap", "5m"], input);
+    assert_eq!(code, 0);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+
+    std::fs::write(&cfg, "gapp = \"1m\"\n").expect("write config");
+    let (_, stderr, code) = run_stdin(&["run", "--config", s(&cfg)], input);
+    assert_eq!(code, 2);
+    assert!(stderr.contains("gapp"), "unknown keys are named: {stderr}");
+}
+
+#[test]
+fn bad_options_and_inputs_give_clear_errors_and_exit_codes() {
+    let (_, stderr, code) = run_stdin(&["run", "--gap", "10"], "");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("--gap") && stderr.contains("unit"), "{stderr}");
+
+    let (_, stderr, code) = run_stdin(&["run", "--input", "/nonexistent/visits.jsonl"], "");
+    assert_eq!(code, 1);
+    assert!(stderr.contains("/nonexistent/visits.jsonl"), "{stderr}");
+
+    let (_, stderr, code) = run_stdin(&["run", "--collect", "page", "--last", "x.page"], "");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("two aggregates are named 'page'"), "{stderr}");
+
+    let input = "{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\nnot json\n";
+    let (_, stderr, code) = run_stdin(&["run", "--on-invalid", "fail"], input);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("stdin:2") && stderr.contains("not valid JSON"), "{stderr}");
+
+    let (stdout, stderr, code) = run_stdin(&["run", "--on-invalid", "skip"], input);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 1);
+    assert!(stderr.contains("invalid 1"), "{stderr}");
+}
+
+#[test]
+fn blank_lines_are_skipped_and_counted_apart() {
+    let input = "\n{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n   \n";
+    let (stdout, stderr, code) = run_stdin(&["run"], input);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(stdout.lines().count(), 1);
+    assert!(stderr.contains("read 1 records") && stderr.contains("blank lines skipped 2"), "{stderr}");
+}
