@@ -156,6 +156,7 @@ pub fn run(cfg: &RunConfig, progress: &Progress) -> Result<RunStats, RunError> {
     stats.retractions = counts.retractions;
     stats.bytes_read = inputs.bytes_read();
     stats.elapsed_ms = started.elapsed().as_millis() as u64;
+    stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
     debug_assert!(stats.adds_up(), "accounting does not add up: {stats:?}");
     Ok(stats)
 }

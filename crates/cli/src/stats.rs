@@ -19,6 +19,9 @@ pub struct RunStats {
     pub retractions: u64,
     pub bytes_read: u64,
     pub elapsed_ms: u64,
+    /// Peak resident set size of the process (Linux; absent elsewhere).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl RunStats {
@@ -67,4 +70,18 @@ pub fn human(x: f64) -> String {
     } else {
         format!("{x:.0}")
     }
+}
+
+/// The process's peak resident set size, from `/proc/self/status` (Linux only).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
 }

@@ -118,7 +118,10 @@ fn accounting_adds_up_on_dirty_generated_data() {
         n("records_read")
     );
     assert_eq!(n("records_read") as usize, lines(&d.input).len());
-    assert!(n("duplicates") > 0 && n("late") > 0 && n("invalid") > 0, "{st}");
+    assert!(
+        n("duplicates") > 0 && n("late") > 0 && n("invalid") > 0,
+        "{st}"
+    );
     assert_eq!(lines(&d.dead).len() as u64, n("invalid"));
     assert_eq!(lines(&d.late).len() as u64, n("late"));
 
@@ -133,16 +136,32 @@ fn accounting_adds_up_on_dirty_generated_data() {
             latest.insert(id, rec);
         }
     }
-    let total: u64 = latest.values().map(|r| r["event_count"].as_u64().expect("count")).sum();
+    let total: u64 = latest
+        .values()
+        .map(|r| r["event_count"].as_u64().expect("count"))
+        .sum();
     assert_eq!(total, n("in_sessions"));
-    let pages: usize = latest.values().map(|r| r["page"].as_array().expect("pages").len()).sum();
-    assert_eq!(pages as u64, n("in_sessions"), "every applied event has a page");
-    assert_eq!(n("sessions_emitted") + n("retractions"), lines(&d.out).len() as u64);
+    let pages: usize = latest
+        .values()
+        .map(|r| r["page"].as_array().expect("pages").len())
+        .sum();
+    assert_eq!(
+        pages as u64,
+        n("in_sessions"),
+        "every applied event has a page"
+    );
+    assert_eq!(
+        n("sessions_emitted") + n("retractions"),
+        lines(&d.out).len() as u64
+    );
     let revised = json_lines(&d.out)
         .iter()
         .filter(|r| r["revision"].as_u64().is_some_and(|v| v > 0))
         .count();
-    assert!(revised > 0, "late events within the allowed lateness re-emit sessions");
+    assert!(
+        revised > 0,
+        "late events within the allowed lateness re-emit sessions"
+    );
 }
 
 #[test]
@@ -158,9 +177,19 @@ fn every_invalid_line_is_in_the_dead_letter_file_with_reason_and_position() {
         let (file, line) = source.rsplit_once(':').expect("file:line");
         assert_eq!(file, name);
         let line: usize = line.parse().expect("line number");
-        assert_eq!(rec["raw"].as_str().expect("raw"), input[line - 1], "raw is the line as read");
+        assert_eq!(
+            rec["raw"].as_str().expect("raw"),
+            input[line - 1],
+            "raw is the line as read"
+        );
         let reason = rec["reason"].as_str().expect("reason");
-        reasons.insert(reason.split([':', ' ']).take(3).collect::<Vec<_>>().join(" "));
+        reasons.insert(
+            reason
+                .split([':', ' '])
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
     }
     // The generator cycles through several kinds of invalid lines.
     assert!(reasons.len() >= 4, "{reasons:?}");
@@ -173,7 +202,10 @@ fn every_invalid_line_is_in_the_dead_letter_file_with_reason_and_position() {
         assert_eq!(rec["event"], event);
         assert!(rec["behind_watermark_ms"].as_i64().expect("behind") >= 0);
         let reason = rec["reason"].as_str().expect("reason");
-        assert!(reason == "window_closed" || reason == "session_final", "{reason}");
+        assert!(
+            reason == "window_closed" || reason == "session_final",
+            "{reason}"
+        );
         late += 1;
     }
     assert!(late > 0);
@@ -190,14 +222,34 @@ fn several_inputs_read_in_order_equal_one_concatenated_input() {
     std::fs::write(&b, all[cut..].join("\n") + "\n").expect("write b");
     let out = dir.path().join("out.jsonl");
     run_ok(&[
-        "run", "--input", s(&a), "--input", s(&b), "--output", s(&out), "--collect", "page",
-        "--allowed-lateness", "1m",
+        "run",
+        "--input",
+        s(&a),
+        "--input",
+        s(&b),
+        "--output",
+        s(&out),
+        "--collect",
+        "page",
+        "--allowed-lateness",
+        "1m",
     ]);
-    assert_eq!(std::fs::read(&out).expect("out"), std::fs::read(&d.out).expect("ref"));
+    assert_eq!(
+        std::fs::read(&out).expect("out"),
+        std::fs::read(&d.out).expect("ref")
+    );
     // Dead letters name the file they came from.
     let sources: HashSet<String> = json_lines(&dir.path().join("out.dead-letter.jsonl"))
         .iter()
-        .map(|r| r["source"].as_str().expect("src").rsplit_once(':').expect("p").0.to_owned())
+        .map(|r| {
+            r["source"]
+                .as_str()
+                .expect("src")
+                .rsplit_once(':')
+                .expect("p")
+                .0
+                .to_owned()
+        })
         .collect();
     assert_eq!(sources, HashSet::from([s(&a).to_owned(), s(&b).to_owned()]));
 }
@@ -211,7 +263,11 @@ fn run_stdin(args: &[&str], input: &str) -> (String, String, i32) {
         .spawn()
         .expect("spawn");
     // The program may exit before reading (bad options): a closed pipe is fine then.
-    let _ = child.stdin.take().expect("stdin").write_all(input.as_bytes());
+    let _ = child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes());
     let out = child.wait_with_output().expect("wait");
     (
         String::from_utf8(out.stdout).expect("utf8"),
@@ -229,8 +285,19 @@ fn stdin_to_stdout_with_time_zones_integer_keys_and_nested_fields() {
 "#;
     let (stdout, stderr, code) = run_stdin(
         &[
-            "run", "--key", "u.id", "--time", "ts", "--gap", "35m", "--collect", "p", "--last", "q.r",
-            "--sum", "n",
+            "run",
+            "--key",
+            "u.id",
+            "--time",
+            "ts",
+            "--gap",
+            "35m",
+            "--collect",
+            "p",
+            "--last",
+            "q.r",
+            "--sum",
+            "n",
         ],
         input,
     );
@@ -251,16 +318,25 @@ fn stdin_to_stdout_with_time_zones_integer_keys_and_nested_fields() {
         assert_eq!(id.len(), 16);
         assert_eq!(*g, e.replace("ID", id));
     }
-    assert!(stderr.contains("in sessions 4 | duplicates 0 | late 0 | invalid 0"), "{stderr}");
+    assert!(
+        stderr.contains("in sessions 4 | duplicates 0 | late 0 | invalid 0"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn same_options_give_byte_identical_output_and_ids_depend_on_key_and_start_only() {
     let d1 = dirty_run(&["--allowed-lateness", "2m"]);
     let d2 = dirty_run(&["--allowed-lateness", "2m"]);
-    assert_eq!(std::fs::read(&d1.out).expect("a"), std::fs::read(&d2.out).expect("b"));
+    assert_eq!(
+        std::fs::read(&d1.out).expect("a"),
+        std::fs::read(&d2.out).expect("b")
+    );
     let mut ids: BTreeMap<String, (String, String)> = BTreeMap::new();
-    for rec in json_lines(&d1.out).into_iter().filter(|r| r.get("start").is_some()) {
+    for rec in json_lines(&d1.out)
+        .into_iter()
+        .filter(|r| r.get("start").is_some())
+    {
         let id = rec["session_id"].as_str().expect("id").to_owned();
         let ks = (rec["key"].to_string(), rec["start"].to_string());
         if let Some(prev) = ids.insert(id, ks.clone()) {
@@ -277,7 +353,10 @@ fn on_update_emits_open_sessions_with_growing_revisions() {
 "#;
     let (stdout, stderr, code) = run_stdin(&["run", "--emit", "on-update", "--gap", "10m"], input);
     assert_eq!(code, 0, "{stderr}");
-    let recs: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let recs: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
     let summary: Vec<(u64, u64, bool)> = recs
         .iter()
         .map(|r| {
@@ -288,7 +367,10 @@ fn on_update_emits_open_sessions_with_growing_revisions() {
             )
         })
         .collect();
-    assert_eq!(summary, vec![(0, 1, false), (1, 2, false), (2, 3, false), (3, 3, true)]);
+    assert_eq!(
+        summary,
+        vec![(0, 1, false), (1, 2, false), (2, 3, false), (3, 3, true)]
+    );
 }
 
 #[test]
@@ -313,7 +395,10 @@ name = "visited_pages"
 "#;
     let (stdout, stderr, code) = run_stdin(&["run", "--config", s(&cfg)], input);
     assert_eq!(code, 0, "{stderr}");
-    let recs: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).expect("json")).collect();
+    let recs: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
     assert_eq!(recs.len(), 2, "a 1m gap splits: {stdout}");
     assert_eq!(recs[0]["visited_pages"], serde_json::json!(["/1"]));
     // The flag wins over the file's gap.
@@ -331,7 +416,10 @@ name = "visited_pages"
 fn bad_options_and_inputs_give_clear_errors_and_exit_codes() {
     let (_, stderr, code) = run_stdin(&["run", "--gap", "10"], "");
     assert_eq!(code, 2);
-    assert!(stderr.contains("--gap") && stderr.contains("unit"), "{stderr}");
+    assert!(
+        stderr.contains("--gap") && stderr.contains("unit"),
+        "{stderr}"
+    );
 
     let (_, stderr, code) = run_stdin(&["run", "--input", "/nonexistent/visits.jsonl"], "");
     assert_eq!(code, 1);
@@ -339,12 +427,18 @@ fn bad_options_and_inputs_give_clear_errors_and_exit_codes() {
 
     let (_, stderr, code) = run_stdin(&["run", "--collect", "page", "--last", "x.page"], "");
     assert_eq!(code, 2);
-    assert!(stderr.contains("two aggregates are named 'page'"), "{stderr}");
+    assert!(
+        stderr.contains("two aggregates are named 'page'"),
+        "{stderr}"
+    );
 
     let input = "{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\nnot json\n";
     let (_, stderr, code) = run_stdin(&["run", "--on-invalid", "fail"], input);
     assert_eq!(code, 1);
-    assert!(stderr.contains("stdin:2") && stderr.contains("not valid JSON"), "{stderr}");
+    assert!(
+        stderr.contains("stdin:2") && stderr.contains("not valid JSON"),
+        "{stderr}"
+    );
 
     let (stdout, stderr, code) = run_stdin(&["run", "--on-invalid", "skip"], input);
     assert_eq!(code, 0, "{stderr}");
@@ -358,5 +452,51 @@ fn blank_lines_are_skipped_and_counted_apart() {
     let (stdout, stderr, code) = run_stdin(&["run"], input);
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(stdout.lines().count(), 1);
-    assert!(stderr.contains("read 1 records") && stderr.contains("blank lines skipped 2"), "{stderr}");
+    assert!(
+        stderr.contains("read 1 records") && stderr.contains("blank lines skipped 2"),
+        "{stderr}"
+    );
+}
+
+/// The worked example in the README shows real output: keep the two in step.
+#[test]
+fn readme_worked_example_matches_the_real_output() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let block = readme
+        .split("<!-- example-output -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```json\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("README has the example output block");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out.jsonl");
+    let input = root.join("examples/data/visits.jsonl");
+    let run = run_ok(&[
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&out),
+        "--gap",
+        "10m",
+        "--watermark-delay",
+        "2m",
+        "--allowed-lateness",
+        "5m",
+        "--dedup",
+        "--collect",
+        "page",
+    ]);
+    assert_eq!(std::fs::read_to_string(&out).expect("out"), block);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains("in sessions 8 | duplicates 1 | late 1 | invalid 1"),
+        "{stderr}"
+    );
+    let late = json_lines(&dir.path().join("out.late.jsonl"));
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0]["reason"], "session_final");
+    let dead = json_lines(&dir.path().join("out.dead-letter.jsonl"));
+    assert_eq!(dead[0]["source"], format!("{}:11", s(&input)));
 }
