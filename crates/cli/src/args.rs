@@ -136,7 +136,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Show a progress line on stderr: auto (only on a terminal), always or never.
+    /// Progress line on stderr: auto (only when stderr is a terminal) or never.
     /// [default: auto]
     #[arg(long, value_enum)]
     pub progress: Option<ProgressArg>,
@@ -169,6 +169,5 @@ pub enum OnInvalidArg {
 #[serde(rename_all = "kebab-case")]
 pub enum ProgressArg {
     Auto,
-    Always,
     Never,
 }

@@ -29,6 +29,8 @@ use std::path::PathBuf;
 
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
+use sessionizer_core::timefmt::{parse_duration, parse_timestamp, write_rfc3339_ms};
+use sessionizer_core::{DurationMs, EventTime};
 
 /// How `event_time` is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -355,7 +357,6 @@ struct Generator<'a> {
     id_salt: u64,
     users: u64,
     page: Vec<u8>,
-    time_buf: TimeBuf,
     /// The fields of the last event, for the invalid line derived from it.
     last_slot: u32,
     last_time: i64,
@@ -377,7 +378,6 @@ impl<'a> Generator<'a> {
             id_salt,
             users: (u64::from(args.keys) * 10).max(1000),
             page: Vec::with_capacity(64),
-            time_buf: TimeBuf::default(),
             last_slot: 0,
             last_time: args.start,
         };
@@ -522,7 +522,6 @@ impl<'a> Generator<'a> {
         line.clear();
         write_event(
             line,
-            &mut self.time_buf,
             args.time_format,
             &EventFields {
                 visit_id: Some(&v.id),
@@ -614,7 +613,7 @@ impl<'a> Generator<'a> {
         match n % 6 {
             0 => {
                 // Truncated JSON: a torn write, cut somewhere in the middle.
-                write_event(line, &mut self.time_buf, args.time_format, &fields);
+                write_event(line, args.time_format, &fields);
                 let len = line.len();
                 let cut = self.rng.random_range(len / 4..len * 3 / 4);
                 line.truncate(cut);
@@ -623,28 +622,26 @@ impl<'a> Generator<'a> {
             1 => {
                 // A JSON array instead of an object.
                 line.push(b'[');
-                write_event(line, &mut self.time_buf, args.time_format, &fields);
+                write_event(line, args.time_format, &fields);
                 line.pop(); // newline
                 line.extend_from_slice(b"]\n");
             }
             2 => {
                 fields.visit_id = None;
-                write_event(line, &mut self.time_buf, args.time_format, &fields);
+                write_event(line, args.time_format, &fields);
             }
             3 => {
                 fields.time = TimeField::Null;
-                write_event(line, &mut self.time_buf, args.time_format, &fields);
+                write_event(line, args.time_format, &fields);
             }
             4 => {
                 fields.time = TimeField::Text("yesterday");
-                write_event(line, &mut self.time_buf, args.time_format, &fields);
+                write_event(line, args.time_format, &fields);
             }
             _ => {
                 // The same instant of the year, in 2500 (past any sane --valid-time-range).
-                let (y, _, _) = civil_from_days(t.div_euclid(86_400_000));
-                let shift = days_from_civil(2500, 1, 1) - days_from_civil(y, 1, 1);
-                fields.time = TimeField::Ms(t + shift * 86_400_000);
-                write_event(line, &mut self.time_buf, args.time_format, &fields);
+                fields.time = TimeField::Ms(in_year_2500(t));
+                write_event(line, args.time_format, &fields);
             }
         }
         self.slots[self.last_slot as usize] = v;
@@ -686,7 +683,7 @@ struct EventFields<'a> {
     duration_ms: u32,
 }
 
-fn write_event(out: &mut Vec<u8>, tb: &mut TimeBuf, format: GenTimeFormat, f: &EventFields<'_>) {
+fn write_event(out: &mut Vec<u8>, format: GenTimeFormat, f: &EventFields<'_>) {
     out.push(b'{');
     if let Some(id) = f.visit_id {
         out.extend_from_slice(b"\"visit_id\":\"");
@@ -698,7 +695,7 @@ fn write_event(out: &mut Vec<u8>, tb: &mut TimeBuf, format: GenTimeFormat, f: &E
         TimeField::Ms(ms) => match format {
             GenTimeFormat::Rfc3339 => {
                 out.push(b'"');
-                tb.write_rfc3339_ms(out, ms);
+                write_rfc3339_ms(EventTime(ms), out);
                 out.push(b'"');
             }
             GenTimeFormat::EpochMs => {
@@ -777,189 +774,51 @@ fn mix64(mut z: u64) -> u64 {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Time helpers.
-// TODO(lead): use sessionizer_core::timefmt (parse_duration, parse_timestamp, write_rfc3339_ms)
-// instead of the private versions below; only `parse_duration_arg`, `parse_timestamp_arg` and
-// `TimeBuf::write_rfc3339_ms` are used by the code above.
+// Time helpers: thin wrappers over `sessionizer_core::timefmt`.
 
-/// Formats RFC 3339 times, remembering the date of the last day formatted.
-#[derive(Default)]
-struct TimeBuf {
-    day: Option<i64>,
-    date: Vec<u8>,
-}
+const MS_PER_DAY: i64 = 86_400_000;
 
-impl TimeBuf {
-    /// Appends `ms` as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
-    // TODO(lead): use sessionizer_core::timefmt::write_rfc3339_ms
-    fn write_rfc3339_ms(&mut self, out: &mut Vec<u8>, ms: i64) {
-        let day = ms.div_euclid(86_400_000);
-        let in_day = ms.rem_euclid(86_400_000);
-        if self.day != Some(day) {
-            let (y, m, d) = civil_from_days(day);
-            self.date.clear();
-            push_padded(&mut self.date, y.max(0) as u64, 4);
-            self.date.push(b'-');
-            push_padded(&mut self.date, u64::from(m), 2);
-            self.date.push(b'-');
-            push_padded(&mut self.date, u64::from(d), 2);
-            self.date.push(b'T');
-            self.day = Some(day);
-        }
-        out.extend_from_slice(&self.date);
-        let secs = in_day / 1000;
-        let two = |out: &mut Vec<u8>, n: i64| {
-            out.push(b'0' + (n / 10) as u8);
-            out.push(b'0' + (n % 10) as u8);
-        };
-        two(out, secs / 3600);
-        out.push(b':');
-        two(out, secs / 60 % 60);
-        out.push(b':');
-        two(out, secs % 60);
-        out.push(b'.');
-        let milli = in_day % 1000;
-        out.push(b'0' + (milli / 100) as u8);
-        two(out, milli % 100);
-        out.push(b'Z');
-    }
-}
+/// The Gregorian calendar repeats every 400 years, which are exactly 146 097 days.
+const GREGORIAN_CYCLE_MS: i64 = 146_097 * MS_PER_DAY;
 
 /// clap value parser for durations: `20s`, `1h30m`, `250ms`, `2d`, `0`.
-// TODO(lead): use sessionizer_core::timefmt::parse_duration
 fn parse_duration_arg(s: &str) -> Result<i64, String> {
-    let err = || format!("invalid duration {s:?} (examples: 20s, 1h30m, 250ms)");
-    if s == "0" {
+    // A bare `0` needs no unit.
+    if s.trim() == "0" {
         return Ok(0);
     }
-    let b = s.as_bytes();
-    if b.is_empty() {
-        return Err(err());
-    }
-    let mut i = 0;
-    let mut total: i64 = 0;
-    while i < b.len() {
-        let start = i;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start {
-            return Err(err());
-        }
-        let n: i64 = s[start..i].parse().map_err(|_| err())?;
-        let unit_start = i;
-        while i < b.len() && b[i].is_ascii_alphabetic() {
-            i += 1;
-        }
-        let unit = match &s[unit_start..i] {
-            "ms" => 1,
-            "s" => 1000,
-            "m" => MINUTE,
-            "h" => 60 * MINUTE,
-            "d" => 24 * 60 * MINUTE,
-            _ => return Err(err()),
-        };
-        total = n
-            .checked_mul(unit)
-            .and_then(|x| total.checked_add(x))
-            .ok_or_else(err)?;
-    }
-    Ok(total)
+    parse_duration(s)
+        .map(DurationMs::millis)
+        .map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
 /// clap value parser for RFC 3339 times: `2024-01-01T00:00:00Z`, `2024-01-01T01:00:00.5+01:00`,
 /// a space instead of `T`, no zone meaning UTC. Returns milliseconds since the epoch.
-// TODO(lead): use sessionizer_core::timefmt::parse_timestamp
 fn parse_timestamp_arg(s: &str) -> Result<i64, String> {
-    let err = || format!("invalid time {s:?} (expected RFC 3339, like 2024-01-01T00:00:00Z)");
-    let b = s.as_bytes();
-    let num = |from: usize, len: usize| -> Result<i64, String> {
-        let part = b.get(from..from + len).ok_or_else(err)?;
-        if !part.iter().all(u8::is_ascii_digit) {
-            return Err(err());
-        }
-        Ok(part.iter().fold(0i64, |a, &c| a * 10 + i64::from(c - b'0')))
-    };
-    if b.len() < 19
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !matches!(b[10], b'T' | b't' | b' ')
-        || b[13] != b':'
-        || b[16] != b':'
-    {
-        return Err(err());
-    }
-    let (y, mo, d) = (num(0, 4)?, num(5, 2)?, num(8, 2)?);
-    let (h, mi, sec) = (num(11, 2)?, num(14, 2)?, num(17, 2)?);
-    let days_in_month = match mo {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 => 29,
-        2 => 28,
-        _ => return Err(err()),
-    };
-    if d < 1 || d > days_in_month || h > 23 || mi > 59 || sec > 60 {
-        return Err(err());
-    }
-    let mut i = 19;
-    let mut ms = 0;
-    if b.get(i) == Some(&b'.') {
-        i += 1;
-        let start = i;
-        while i < b.len() && b[i].is_ascii_digit() {
-            if i - start < 3 {
-                ms = ms * 10 + i64::from(b[i] - b'0');
-            }
-            i += 1;
-        }
-        if i == start {
-            return Err(err());
-        }
-        for _ in (i - start)..3 {
-            ms *= 10;
-        }
-    }
-    let offset_min = match b.get(i) {
-        None => 0,
-        Some(b'Z' | b'z') if i + 1 == b.len() => 0,
-        Some(&c @ (b'+' | b'-')) if i + 6 == b.len() && b[i + 3] == b':' => {
-            let (oh, om) = (num(i + 1, 2)?, num(i + 4, 2)?);
-            if oh > 23 || om > 59 {
-                return Err(err());
-            }
-            let m = oh * 60 + om;
-            if c == b'-' { -m } else { m }
-        }
-        _ => return Err(err()),
-    };
-    let days = days_from_civil(y, mo as u32, d as u32);
-    let secs = days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60;
-    Ok(secs * 1000 + ms)
+    parse_timestamp(s.as_bytes())
+        .map(EventTime::millis)
+        .map_err(|e| {
+            format!("invalid time {s:?}: {e} (expected RFC 3339, like 2024-01-01T00:00:00Z)")
+        })
 }
 
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(m);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+/// Start of year `yyyy` (4 ASCII digits) in epoch milliseconds.
+fn year_start(yyyy: &[u8]) -> i64 {
+    let mut date = [0u8; 10];
+    date[..4].copy_from_slice(yyyy);
+    date[4..].copy_from_slice(b"-01-01");
+    parse_timestamp(&date).map_or(0, EventTime::millis)
 }
 
-/// The date of a day number (days since 1970-01-01).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+/// The same instant of the year as `t`, in the year 2500.
+fn in_year_2500(t: i64) -> i64 {
+    // Move `t` into 2000..2400 by whole 400-year cycles (which keeps its instant of the year),
+    // so that its year has four digits.
+    let y2000 = year_start(b"2000");
+    let t = t - (t - y2000).div_euclid(GREGORIAN_CYCLE_MS) * GREGORIAN_CYCLE_MS;
+    let mut text = Vec::with_capacity(24);
+    write_rfc3339_ms(EventTime(t), &mut text);
+    t - year_start(&text[..4]) + year_start(b"2500")
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
@@ -1023,7 +882,6 @@ mod tests {
 
     #[test]
     fn rfc3339_round_trip() {
-        let mut tb = TimeBuf::default();
         for ms in [
             0i64,
             1_704_067_380_250,
@@ -1032,20 +890,38 @@ mod tests {
             16_725_225_600_123,
         ] {
             let mut out = Vec::new();
-            tb.write_rfc3339_ms(&mut out, ms);
+            write_rfc3339_ms(EventTime(ms), &mut out);
             let s = String::from_utf8(out).unwrap();
             assert_eq!(parse_timestamp_arg(&s), Ok(ms), "{s}");
         }
         let mut out = Vec::new();
-        tb.write_rfc3339_ms(&mut out, 1_704_067_380_250);
+        write_rfc3339_ms(EventTime(1_704_067_380_250), &mut out);
         assert_eq!(out, b"2024-01-01T00:03:00.250Z");
     }
 
     #[test]
-    fn civil_round_trip() {
-        for z in (-800_000..800_000).step_by(97) {
-            let (y, m, d) = civil_from_days(z);
-            assert_eq!(days_from_civil(y, m, d), z);
-        }
+    fn far_future() {
+        let y2500 = 16_725_225_600_000;
+        let at = |s: &str| parse_timestamp_arg(s).unwrap();
+        assert_eq!(in_year_2500(at("2024-01-01T00:00:00Z")), y2500);
+        assert_eq!(
+            in_year_2500(at("2024-03-05T06:07:08.009Z")),
+            at("2500-03-05T06:07:08.009Z") + MS_PER_DAY
+        );
+        assert_eq!(
+            in_year_2500(at("2023-12-31T23:59:59.999Z")),
+            at("2500-12-31T23:59:59.999Z")
+        );
+        assert_eq!(in_year_2500(at("0000-01-01T00:00:00Z")), y2500);
+        assert_eq!(
+            in_year_2500(at("9999-07-01T00:00:00Z")),
+            at("2500-07-01T00:00:00Z")
+        );
+        // Year 10000 and year -1, beyond what parse_timestamp reads.
+        assert_eq!(in_year_2500(253_402_300_800_000 + 5), y2500 + 5);
+        assert_eq!(
+            in_year_2500(-62_167_219_200_000 - 1),
+            at("2500-12-31T23:59:59.999Z")
+        );
     }
 }

@@ -32,11 +32,7 @@ fn run(args: sessionizer::args::RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let progress = Progress::new(match cfg.progress {
-        ProgressArg::Auto => None,
-        ProgressArg::Always => Some(true),
-        ProgressArg::Never => Some(false),
-    });
+    let progress = Progress::new(cfg.progress == ProgressArg::Auto);
     let result = pipeline::run(&cfg, &progress);
     progress.finish();
     let stats = match result {

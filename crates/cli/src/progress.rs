@@ -1,4 +1,4 @@
-//! The progress line on stderr for long runs: only on a terminal (or when forced).
+//! The progress line on stderr for long runs: only when stderr is a terminal.
 
 use crate::stats::human;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -13,9 +13,9 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// `force`: Some(true) always, Some(false) never, None when stderr is a terminal.
-    pub fn new(force: Option<bool>) -> Progress {
-        let show = force.unwrap_or_else(|| std::io::stderr().is_terminal());
+    /// A progress line when `wanted` and stderr is a terminal.
+    pub fn new(wanted: bool) -> Progress {
+        let show = wanted && std::io::stderr().is_terminal();
         let bar = show.then(|| {
             let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
             bar.set_style(

@@ -242,6 +242,8 @@ fn syntax(offset: usize, what: &'static str) -> JsonError {
 #[derive(Debug, Clone)]
 struct Name {
     bytes: Box<[u8]>,
+    /// The first (up to) 8 bytes of `bytes`, little endian, zero padded.
+    head: u64,
     /// The paths whose segment at this level is `bytes`.
     mask: u64,
 }
@@ -260,6 +262,32 @@ struct Level {
 pub struct Extractor {
     levels: Vec<Level>,
     n_paths: usize,
+}
+
+/// The mask of the low `len` bytes of a `u64` (all of it for `len >= 8`).
+#[inline(always)]
+fn head_mask(len: usize) -> u64 {
+    if len >= 8 {
+        u64::MAX
+    } else {
+        (1u64 << (len * 8)) - 1
+    }
+}
+
+/// The first `min(len, 8)` bytes of `s[start..]` as a little-endian `u64`, zero padded.
+#[inline(always)]
+fn head_at(s: &[u8], start: usize, len: usize) -> u64 {
+    match s.get(start..).and_then(<[u8]>::first_chunk::<8>) {
+        Some(c) => u64::from_le_bytes(*c) & head_mask(len),
+        None => {
+            let mut buf = [0u8; 8];
+            let n = len.min(8);
+            if let Some(src) = s.get(start..start + n) {
+                buf[..n].copy_from_slice(src);
+            }
+            u64::from_le_bytes(buf)
+        }
+    }
 }
 
 impl Extractor {
@@ -284,10 +312,12 @@ impl Extractor {
                     levels.push(Level::default());
                 }
                 let level = &mut levels[d];
-                match level.names.iter_mut().find(|n| &*n.bytes == seg.as_bytes()) {
+                let seg = seg.as_bytes();
+                match level.names.iter_mut().find(|n| &*n.bytes == seg) {
                     Some(n) => n.mask |= bit,
                     None => level.names.push(Name {
-                        bytes: seg.as_bytes().into(),
+                        bytes: seg.into(),
+                        head: head_at(seg, 0, seg.len()),
                         mask: bit,
                     }),
                 }
@@ -343,14 +373,14 @@ impl Extractor {
         }
         let mut sc = Scanner {
             s: line,
-            i: 0,
             ex: self,
             found,
             high: 0,
+            escaped: false,
+            err: JsonError::TooDeep,
         };
         let result = sc.document();
-        let needs_utf8_check = result.is_err() || sc.high & HI != 0;
-        if needs_utf8_check {
+        if result.is_err() || sc.high & HI != 0 {
             if let Err(e) = std::str::from_utf8(line) {
                 return Err(JsonError::NotUtf8 {
                     offset: e.valid_up_to(),
@@ -360,23 +390,38 @@ impl Extractor {
         result
     }
 
-    /// The names at `depth` that equal the member name `key` (raw, between the quotes),
-    /// restricted to `active`.
+    /// The paths among `active` whose segment at `depth` equals the member name
+    /// `s[start..end]` (raw, between the quotes; `escaped` if it holds a backslash).
     #[inline]
-    fn match_key(&self, depth: usize, key: &[u8], escaped: bool, active: u64) -> u64 {
+    fn match_key(
+        &self,
+        depth: usize,
+        s: &[u8],
+        start: usize,
+        end: usize,
+        escaped: bool,
+        active: u64,
+    ) -> u64 {
         let Some(level) = self.levels.get(depth) else {
             return 0;
         };
-        for name in &level.names {
-            if name.mask & active == 0 {
-                continue;
+        let len = end - start;
+        if !escaped {
+            let head = head_at(s, start, len);
+            for name in &level.names {
+                if name.mask & active != 0
+                    && name.head == head
+                    && name.bytes.len() == len
+                    && (len <= 8 || name.bytes.get(8..) == s.get(start + 8..end))
+                {
+                    return name.mask & active;
+                }
             }
-            let eq = if escaped {
-                eq_unescaped(key, &name.bytes)
-            } else {
-                key == &*name.bytes
-            };
-            if eq {
+            return 0;
+        }
+        let raw = s.get(start..end).unwrap_or_default();
+        for name in &level.names {
+            if name.mask & active != 0 && eq_unescaped(raw, &name.bytes) {
                 return name.mask & active;
             }
         }
@@ -401,242 +446,266 @@ fn special_mask(x: u64) -> u64 {
     quote | backslash | control
 }
 
+#[inline(always)]
+fn is_ws(b: u8) -> bool {
+    b == b' ' || b == b'\n' || b == b'\r' || b == b'\t'
+}
+
+/// The index of the first non-whitespace byte at or after `i`.
+#[inline(always)]
+fn skip_ws(s: &[u8], i: usize) -> usize {
+    match s.get(i) {
+        Some(&b) if b <= b' ' => skip_ws_slow(s, i),
+        _ => i,
+    }
+}
+
+#[inline(never)]
+fn skip_ws_slow(s: &[u8], mut i: usize) -> usize {
+    while s.get(i).is_some_and(|&b| is_ws(b)) {
+        i += 1;
+    }
+    i
+}
+
+/// The scanner's state for one line. The hot functions take and return the position
+/// (`Option<usize>`, `None` on error with the error stored in `err`) so that it stays in a
+/// register.
 struct Scanner<'a, 'f> {
     s: &'a [u8],
-    i: usize,
     ex: &'a Extractor,
     found: &'f mut [Option<Span>],
     /// OR of the string bytes seen, to know whether any was non-ASCII.
     high: u64,
+    /// Set when a string with an escape was scanned.
+    escaped: bool,
+    /// The error, when a function returned `None`.
+    err: JsonError,
 }
 
 impl Scanner<'_, '_> {
-    #[inline(always)]
-    fn peek(&self) -> Option<u8> {
-        self.s.get(self.i).copied()
+    #[cold]
+    #[inline(never)]
+    fn fail(&mut self, offset: usize, what: &'static str) -> Option<usize> {
+        self.err = JsonError::NotJson { offset, what };
+        None
     }
 
-    #[inline(always)]
-    fn ws(&mut self) {
-        while let Some(&b) = self.s.get(self.i) {
-            if b == b' ' || b == b'\n' || b == b'\r' || b == b'\t' {
-                self.i += 1;
-            } else {
-                break;
-            }
-        }
+    #[cold]
+    #[inline(never)]
+    fn too_deep(&mut self) -> Option<usize> {
+        self.err = JsonError::TooDeep;
+        None
     }
 
     fn document(&mut self) -> Result<(), JsonError> {
-        self.ws();
-        let first = match self.peek() {
-            Some(b) => b,
-            None => return Err(syntax(self.i, "empty line, expected a JSON object")),
+        let s = self.s;
+        let i = skip_ws(s, 0);
+        let Some(&first) = s.get(i) else {
+            return Err(syntax(i, "empty line, expected a JSON object"));
         };
         let all = if self.ex.n_paths == MAX_PATHS {
             u64::MAX
         } else {
             (1u64 << self.ex.n_paths) - 1
         };
-        self.value(0, all)?;
-        self.ws();
-        if self.i != self.s.len() {
-            return Err(syntax(self.i, "unexpected characters after the JSON value"));
+        let end = match first {
+            b'{' => self.object(i + 1, 0, all),
+            b'[' => self.array(i + 1, 0),
+            _ => self.scalar(i),
+        };
+        let Some(end) = end else {
+            return Err(self.err);
+        };
+        let end = skip_ws(s, end);
+        if end != s.len() {
+            return Err(syntax(end, "unexpected characters after the JSON value"));
         }
-        let k = kind(&[first]);
-        if k != JsonKind::Object {
-            return Err(JsonError::NotObject {
+        match kind(&[first]) {
+            JsonKind::Object => Ok(()),
+            k => Err(JsonError::NotObject {
                 found: k.describe(),
-            });
+            }),
         }
-        Ok(())
     }
 
-    /// Parses the value at `self.i`; `depth` is the path depth of its members if it is an
-    /// object, `active` the paths still to be matched inside it.
-    fn value(&mut self, depth: usize, active: u64) -> Result<(), JsonError> {
-        match self.peek() {
-            Some(b'"') => {
-                self.i += 1;
-                self.string()?;
-                Ok(())
-            }
+    /// A string, number or literal at `i`; the index after it.
+    #[inline(always)]
+    fn scalar(&mut self, i: usize) -> Option<usize> {
+        match self.s.get(i) {
+            Some(b'"') => self.string(i + 1),
+            Some(b'-' | b'0'..=b'9') => self.number(i),
+            Some(b't') => self.literal(i, b"true"),
+            Some(b'f') => self.literal(i, b"false"),
+            Some(b'n') => self.literal(i, b"null"),
+            Some(_) => self.fail(i, "expected a JSON value"),
+            None => self.fail(i, "unexpected end of line, expected a JSON value"),
+        }
+    }
+
+    /// Any value at `i` inside a container at nesting `depth`; the index after it.
+    #[inline(always)]
+    fn value(&mut self, i: usize, depth: usize, active: u64) -> Option<usize> {
+        match self.s.get(i) {
             Some(b'{') => {
-                if depth >= MAX_DEPTH - 1 {
-                    return Err(JsonError::TooDeep);
+                if depth + 1 >= MAX_DEPTH - 1 {
+                    return self.too_deep();
                 }
-                self.i += 1;
-                self.object(depth, active)
+                self.object(i + 1, depth + 1, active)
             }
             Some(b'[') => {
-                if depth >= MAX_DEPTH - 1 {
-                    return Err(JsonError::TooDeep);
+                if depth + 1 >= MAX_DEPTH - 1 {
+                    return self.too_deep();
                 }
-                self.i += 1;
-                self.array(depth)
+                self.array(i + 1, depth + 1)
             }
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'n') => self.literal(b"null"),
-            Some(_) => Err(syntax(self.i, "expected a JSON value")),
-            None => Err(syntax(self.i, "unexpected end of line, expected a JSON value")),
+            _ => self.scalar(i),
         }
     }
 
-    #[inline]
-    fn literal(&mut self, lit: &'static [u8]) -> Result<(), JsonError> {
-        if self.s.get(self.i..self.i + lit.len()) == Some(lit) {
-            self.i += lit.len();
-            Ok(())
+    #[inline(always)]
+    fn literal(&mut self, i: usize, lit: &'static [u8]) -> Option<usize> {
+        if self.s.get(i..i + lit.len()) == Some(lit) {
+            Some(i + lit.len())
         } else {
-            Err(syntax(self.i, "expected a JSON value (true, false or null?)"))
+            self.fail(i, "expected a JSON value (true, false or null?)")
         }
     }
 
-    fn object(&mut self, depth: usize, active: u64) -> Result<(), JsonError> {
-        self.ws();
-        if self.peek() == Some(b'}') {
-            self.i += 1;
-            return Ok(());
+    /// The members of an object whose `{` was just before `i`, at path depth `depth`;
+    /// `active` holds the paths that may continue here. Returns the index after `}`.
+    fn object(&mut self, i: usize, depth: usize, active: u64) -> Option<usize> {
+        let s = self.s;
+        let mut i = skip_ws(s, i);
+        if s.get(i) == Some(&b'}') {
+            return Some(i + 1);
         }
         loop {
-            if self.peek() != Some(b'"') {
-                return Err(syntax(self.i, "expected a string as object key"));
+            if s.get(i) != Some(&b'"') {
+                return self.fail(i, "expected a string as object key");
             }
-            self.i += 1;
-            let key_start = self.i;
-            let escaped = self.string()?;
-            let hit = if active != 0 {
-                let key = &self.s[key_start..self.i - 1];
-                self.ex.match_key(depth, key, escaped, active)
-            } else {
+            let key_start = i + 1;
+            self.escaped = false;
+            i = self.string(key_start)?;
+            let hit = if active == 0 {
                 0
-            };
-            self.ws();
-            if self.peek() != Some(b':') {
-                return Err(syntax(self.i, "expected ':' after object key"));
-            }
-            self.i += 1;
-            self.ws();
-            if hit == 0 {
-                self.value(depth + 1, 0)?;
             } else {
-                // A repeated member replaces the earlier one, with everything below it.
-                let mut m = hit;
-                while m != 0 {
-                    let b = m.trailing_zeros() as usize;
-                    m &= m - 1;
-                    self.found[b] = None;
-                }
-                let ends = hit & self.ex.levels[depth].ends;
-                let start = self.i;
-                self.value(depth + 1, hit & !ends)?;
-                let span = Some(Span {
-                    start: start as u32,
-                    end: self.i as u32,
-                });
-                let mut m = ends;
-                while m != 0 {
-                    let b = m.trailing_zeros() as usize;
-                    m &= m - 1;
-                    self.found[b] = span;
-                }
-            }
-            self.ws();
-            match self.peek() {
-                Some(b',') => {
-                    self.i += 1;
-                    self.ws();
-                }
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                _ => return Err(syntax(self.i, "expected ',' or '}' after object member")),
-            }
-        }
-    }
-
-    fn array(&mut self, depth: usize) -> Result<(), JsonError> {
-        self.ws();
-        if self.peek() == Some(b']') {
-            self.i += 1;
-            return Ok(());
-        }
-        loop {
-            self.value(depth + 1, 0)?;
-            self.ws();
-            match self.peek() {
-                Some(b',') => {
-                    self.i += 1;
-                    self.ws();
-                }
-                Some(b']') => {
-                    self.i += 1;
-                    return Ok(());
-                }
-                _ => return Err(syntax(self.i, "expected ',' or ']' after array element")),
-            }
-        }
-    }
-
-    /// Scans a string body; `self.i` is just after the opening quote and ends just after
-    /// the closing one. Returns whether the string contains an escape.
-    #[inline]
-    fn string(&mut self) -> Result<bool, JsonError> {
-        let s = self.s;
-        let mut i = self.i;
-        let mut high = 0u64;
-        let mut escaped = false;
-        loop {
-            // Find the next '"', '\\' or control character.
-            let b = loop {
-                if let Some(chunk) = s.get(i..).and_then(<[u8]>::first_chunk::<8>) {
-                    let x = u64::from_le_bytes(*chunk);
-                    high |= x;
-                    let m = special_mask(x);
-                    if m != 0 {
-                        let k = (m.trailing_zeros() / 8) as usize;
-                        i += k;
-                        break chunk[k];
-                    }
-                    i += 8;
-                } else {
-                    match s.get(i) {
-                        None => {
-                            self.high |= high;
-                            return Err(syntax(i, "unterminated string"));
-                        }
-                        Some(&b) => {
-                            high |= u64::from(b);
-                            if b == b'"' || b == b'\\' || b < 0x20 {
-                                break b;
-                            }
-                            i += 1;
-                        }
-                    }
-                }
+                self.ex
+                    .match_key(depth, s, key_start, i - 1, self.escaped, active)
             };
-            match b {
-                b'"' => {
-                    self.i = i + 1;
-                    self.high |= high;
-                    return Ok(escaped);
-                }
-                b'\\' => {
-                    escaped = true;
-                    i = validate_escape(s, i)?;
-                }
-                _ => return Err(syntax(i, "control character in string (must be escaped)")),
+            i = skip_ws(s, i);
+            if s.get(i) != Some(&b':') {
+                return self.fail(i, "expected ':' after object key");
+            }
+            i = skip_ws(s, i + 1);
+            if hit == 0 {
+                i = self.value(i, depth, 0)?;
+            } else {
+                i = self.matched_value(i, depth, hit)?;
+            }
+            i = skip_ws(s, i);
+            match s.get(i) {
+                Some(b',') => i = skip_ws(s, i + 1),
+                Some(b'}') => return Some(i + 1),
+                _ => return self.fail(i, "expected ',' or '}' after object member"),
             }
         }
     }
 
-    #[inline]
-    fn number(&mut self) -> Result<(), JsonError> {
+    /// The value at `i` of a member whose name matched the paths `hit`.
+    #[inline(never)]
+    fn matched_value(&mut self, i: usize, depth: usize, hit: u64) -> Option<usize> {
+        // A repeated member replaces the earlier one, with everything below it.
+        let mut m = hit;
+        while m != 0 {
+            let b = m.trailing_zeros() as usize;
+            m &= m - 1;
+            self.found[b] = None;
+        }
+        let ends = self.ex.levels.get(depth).map_or(0, |l| l.ends) & hit;
+        let end = self.value(i, depth, hit & !ends)?;
+        let span = Some(Span {
+            start: i as u32,
+            end: end as u32,
+        });
+        let mut m = ends;
+        while m != 0 {
+            let b = m.trailing_zeros() as usize;
+            m &= m - 1;
+            self.found[b] = span;
+        }
+        Some(end)
+    }
+
+    /// The elements of an array whose `[` was just before `i`, at nesting `depth`.
+    fn array(&mut self, i: usize, depth: usize) -> Option<usize> {
         let s = self.s;
-        let mut i = self.i;
+        let mut i = skip_ws(s, i);
+        if s.get(i) == Some(&b']') {
+            return Some(i + 1);
+        }
+        loop {
+            i = self.value(i, depth, 0)?;
+            i = skip_ws(s, i);
+            match s.get(i) {
+                Some(b',') => i = skip_ws(s, i + 1),
+                Some(b']') => return Some(i + 1),
+                _ => return self.fail(i, "expected ',' or ']' after array element"),
+            }
+        }
+    }
+
+    /// A string whose opening quote was just before `i`; the index after the closing
+    /// quote. Escapes, control characters and the end of the line go to the slow path.
+    #[inline(always)]
+    fn string(&mut self, mut i: usize) -> Option<usize> {
+        let s = self.s;
+        while let Some(chunk) = s.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+            let x = u64::from_le_bytes(*chunk);
+            self.high |= x;
+            let m = special_mask(x);
+            if m != 0 {
+                let k = (m.trailing_zeros() / 8) as usize;
+                if chunk[k] == b'"' {
+                    return Some(i + k + 1);
+                }
+                return self.string_slow(i + k);
+            }
+            i += 8;
+        }
+        self.string_slow(i)
+    }
+
+    /// The rest of a string from `i`, one byte at a time.
+    #[inline(never)]
+    fn string_slow(&mut self, mut i: usize) -> Option<usize> {
+        let s = self.s;
+        loop {
+            let Some(&b) = s.get(i) else {
+                return self.fail(i, "unterminated string");
+            };
+            self.high |= u64::from(b);
+            match b {
+                b'"' => return Some(i + 1),
+                b'\\' => {
+                    self.escaped = true;
+                    match validate_escape(s, i) {
+                        Ok(next) => i = next,
+                        Err(e) => {
+                            self.err = e;
+                            return None;
+                        }
+                    }
+                }
+                0..=0x1f => return self.fail(i, "control character in string (must be escaped)"),
+                _ => i += 1,
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn number(&mut self, mut i: usize) -> Option<usize> {
+        let s = self.s;
         if s.get(i) == Some(&b'-') {
             i += 1;
         }
@@ -648,12 +717,22 @@ impl Scanner<'_, '_> {
                     i += 1;
                 }
             }
-            _ => return Err(syntax(i, "expected a digit in number")),
+            _ => return self.fail(i, "expected a digit in number"),
         }
+        match s.get(i) {
+            Some(b'.' | b'e' | b'E') => self.number_tail(i),
+            _ => Some(i),
+        }
+    }
+
+    /// Fraction and exponent of a number, from `i` at `.`, `e` or `E`.
+    #[inline(never)]
+    fn number_tail(&mut self, mut i: usize) -> Option<usize> {
+        let s = self.s;
         if s.get(i) == Some(&b'.') {
             i += 1;
             if !s.get(i).is_some_and(u8::is_ascii_digit) {
-                return Err(syntax(i, "expected a digit after the decimal point"));
+                return self.fail(i, "expected a digit after the decimal point");
             }
             while s.get(i).is_some_and(u8::is_ascii_digit) {
                 i += 1;
@@ -665,14 +744,13 @@ impl Scanner<'_, '_> {
                 i += 1;
             }
             if !s.get(i).is_some_and(u8::is_ascii_digit) {
-                return Err(syntax(i, "expected a digit in the exponent"));
+                return self.fail(i, "expected a digit in the exponent");
             }
             while s.get(i).is_some_and(u8::is_ascii_digit) {
                 i += 1;
             }
         }
-        self.i = i;
-        Ok(())
+        Some(i)
     }
 }
 
