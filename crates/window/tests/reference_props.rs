@@ -1,0 +1,273 @@
+//! The naive reference model (tests/support/reference.rs): hand-worked self-tests, and a
+//! property test comparing the engine with it record for record.
+
+mod support;
+
+use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
+use support::*;
+
+// ---------------------------------------------------------------------------------------
+// Self-tests of the reference: each hand-worked scenario (derivations in support/mod.rs).
+// ---------------------------------------------------------------------------------------
+
+fn check_reference(s: Scenario) {
+    let got = run_reference(&s.events, &s.params);
+    assert_eq!(
+        got, s.expected,
+        "reference disagrees with the hand-worked scenario {}",
+        s.name
+    );
+}
+
+#[test]
+fn ref_exact_gap_is_one_session() {
+    check_reference(exact_gap());
+}
+
+#[test]
+fn ref_gap_plus_one_is_two_sessions() {
+    check_reference(gap_plus_one());
+}
+
+#[test]
+fn ref_bridge_merges_open_sessions() {
+    check_reference(bridge_open());
+}
+
+#[test]
+fn ref_bridge_on_update_retracts_and_continues_revisions() {
+    check_reference(bridge_open_on_update());
+}
+
+#[test]
+fn ref_on_update_record_precedes_completions() {
+    check_reference(on_update_order());
+}
+
+#[test]
+fn ref_on_update_late_applied_only_completes() {
+    check_reference(on_update_late_applied());
+}
+
+#[test]
+fn ref_window_end_at_watermark() {
+    check_reference(window_end_at_watermark());
+}
+
+#[test]
+fn ref_lateness_within_and_beyond() {
+    check_reference(lateness_within_and_beyond());
+}
+
+#[test]
+fn ref_late_event_moves_start() {
+    check_reference(late_moves_start());
+}
+
+#[test]
+fn ref_late_event_merges_emitted_sessions() {
+    check_reference(late_merges_emitted());
+}
+
+#[test]
+fn ref_dedup_basic() {
+    check_reference(dedup_basic());
+}
+
+#[test]
+fn ref_dedup_across_merge() {
+    check_reference(dedup_across_merge());
+}
+
+#[test]
+fn ref_dedup_off() {
+    check_reference(dedup_off());
+}
+
+#[test]
+fn ref_per_event_gaps() {
+    check_reference(per_event_gaps());
+}
+
+#[test]
+fn ref_session_final_rejection() {
+    check_reference(session_final_rejection());
+}
+
+#[test]
+fn ref_aggregates() {
+    check_reference(aggregates());
+}
+
+#[test]
+fn ref_completion_order() {
+    check_reference(completion_order());
+}
+
+#[test]
+fn ref_retracted_id_not_retracted_again() {
+    check_reference(retracted_id_not_retracted_again());
+}
+
+#[test]
+fn ref_final_forgotten_at_boundary() {
+    check_reference(final_forgotten_at_boundary());
+}
+
+#[test]
+fn ref_final_remembered_before_boundary() {
+    check_reference(final_remembered_before_boundary());
+}
+
+#[test]
+fn ref_bridge_created_out_of_order() {
+    check_reference(bridge_created_out_of_order());
+}
+
+#[test]
+fn ref_bridge_emitted_created_out_of_order() {
+    check_reference(bridge_emitted_created_out_of_order());
+}
+
+#[test]
+fn ref_all_scenarios_listed() {
+    // Every scenario is exercised (guards against a scenario added but not wired up).
+    assert_eq!(all_scenarios().len(), 22);
+}
+
+// ---------------------------------------------------------------------------------------
+// Property test: engine == reference.
+// ---------------------------------------------------------------------------------------
+
+const KEYS: [&str; 4] = ["a", "b", "c", "d"];
+
+/// How one event is generated: key index, clock step, displacement, gap, dedup, value.
+type RawEvent = (usize, i64, i64, Option<i64>, Option<u64>, Option<i64>);
+
+fn raw_event(n_keys: usize) -> impl Strategy<Value = RawEvent> {
+    (
+        0..n_keys,
+        0i64..=12,
+        // Out-of-order jitter most of the time, occasionally far late.
+        prop_oneof![6 => Just(0i64), 6 => 0i64..=25, 1 => 40i64..=200],
+        prop_oneof![6 => Just(None), 1 => prop::sample::select(vec![0i64, 3, 10, 25, 45]).prop_map(Some)],
+        prop_oneof![2 => Just(None), 3 => (0u64..4).prop_map(Some)],
+        prop_oneof![1 => Just(None), 3 => (-2i64..=6).prop_map(Some)],
+    )
+}
+
+fn stream() -> impl Strategy<Value = Vec<RefEvent>> {
+    (1usize..=4)
+        .prop_flat_map(|n_keys| prop::collection::vec(raw_event(n_keys), 1..=60))
+        .prop_map(|raws| {
+            let mut clock = 1_000i64;
+            raws.into_iter()
+                .map(|(k, step, back, gap, dedup, value)| {
+                    clock += step;
+                    RefEvent {
+                        key: KEYS[k].to_string(),
+                        time: clock - back,
+                        gap,
+                        dedup,
+                        value,
+                    }
+                })
+                .collect()
+        })
+}
+
+fn params_strategy() -> impl Strategy<Value = RefParams> {
+    (
+        0i64..=50,
+        0i64..=30,
+        0i64..=60,
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(|(gap, delay, lateness, on_update, dedup)| RefParams {
+            gap,
+            delay,
+            lateness,
+            on_update,
+            dedup,
+        })
+}
+
+/// Where two runs first differ, for a readable failure.
+fn first_difference(engine: &RefRun, reference: &RefRun) -> Option<String> {
+    let n = engine.out.len().max(reference.out.len());
+    for i in 0..n {
+        let (e, r) = (engine.out.get(i), reference.out.get(i));
+        if e != r {
+            return Some(format!(
+                "output record #{i}:\n  engine:    {e:?}\n  reference: {r:?}"
+            ));
+        }
+    }
+    let n = engine.late.len().max(reference.late.len());
+    for i in 0..n {
+        let (e, r) = (engine.late.get(i), reference.late.get(i));
+        if e != r {
+            return Some(format!(
+                "late record #{i}:\n  engine:    {e:?}\n  reference: {r:?}"
+            ));
+        }
+    }
+    let counts = |r: &RefRun| (r.applied, r.duplicates, r.late_count);
+    if counts(engine) != counts(reference) {
+        return Some(format!(
+            "counts (applied, duplicates, late): engine {:?}, reference {:?}",
+            counts(engine),
+            counts(reference)
+        ));
+    }
+    None
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(512)
+}
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: cases(),
+        // SourceParallel cannot place files for an integration test (no lib.rs above
+        // tests/); `cargo test` runs in the package root, so this is
+        // crates/window/proptest-regressions/reference_props.txt.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "proptest-regressions/reference_props.txt",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn engine_matches_reference(events in stream(), p in params_strategy()) {
+        let reference = run_reference(&events, &p);
+        prop_assert_eq!(
+            reference.applied + reference.duplicates + reference.late_count,
+            events.len() as u64,
+            "reference accounting"
+        );
+        if p.lateness == 0 && !p.on_update {
+            // SPEC §2: "With A = 0 nothing is ever emitted twice or retracted."
+            for o in &reference.out {
+                prop_assert!(
+                    matches!(o, RefOut::Session { revision: 0, .. }),
+                    "A = 0 but {:?}", o
+                );
+            }
+        }
+        let engine = run_engine(&events, &p);
+        if let Some(diff) = first_difference(&engine, &reference) {
+            prop_assert!(false, "engine != reference at {}\nparams: {:?}\nevents: {:?}", diff, p, events);
+        }
+    }
+}

@@ -1,0 +1,940 @@
+//! Shared test support: the naive reference model, builders, the hand-worked rule
+//! scenarios (run against the reference in `reference_props.rs` and against the engine
+//! in `rules.rs`), and the engine adapter.
+#![allow(dead_code, unused_imports)]
+
+pub mod reference;
+
+pub use engine::run_engine;
+pub use reference::{RefEvent, RefLate, RefOut, RefParams, RefRun, run_reference};
+
+// ---------------------------------------------------------------------------------------
+// Builders
+// ---------------------------------------------------------------------------------------
+
+pub fn ev(key: &str, time: i64) -> RefEvent {
+    RefEvent {
+        key: key.to_string(),
+        time,
+        gap: None,
+        dedup: None,
+        value: None,
+    }
+}
+
+pub trait EvExt {
+    fn gap(self, g: i64) -> Self;
+    fn dedup(self, d: u64) -> Self;
+    fn val(self, v: i64) -> Self;
+}
+
+impl EvExt for RefEvent {
+    fn gap(mut self, g: i64) -> Self {
+        self.gap = Some(g);
+        self
+    }
+    fn dedup(mut self, d: u64) -> Self {
+        self.dedup = Some(d);
+        self
+    }
+    fn val(mut self, v: i64) -> Self {
+        self.value = Some(v);
+        self
+    }
+}
+
+pub fn params(gap: i64, delay: i64, lateness: i64) -> RefParams {
+    RefParams {
+        gap,
+        delay,
+        lateness,
+        on_update: false,
+        dedup: false,
+    }
+}
+
+/// A complete session record whose events carry no values.
+pub fn sess(key: &str, start: i64, end: i64, close: i64, count: u64, revision: u32) -> RefOut {
+    RefOut::Session {
+        key: key.to_string(),
+        start,
+        end,
+        close,
+        count,
+        revision,
+        complete: true,
+        collect: vec![],
+        first: None,
+        last: None,
+        sum: None,
+        count_distinct: 0,
+        min: None,
+        max: None,
+    }
+}
+
+/// The same as an on-update record of a still-open session.
+pub fn open(key: &str, start: i64, end: i64, close: i64, count: u64, revision: u32) -> RefOut {
+    match sess(key, start, end, close, count, revision) {
+        RefOut::Session {
+            key,
+            start,
+            end,
+            close,
+            count,
+            revision,
+            collect,
+            first,
+            last,
+            sum,
+            count_distinct,
+            min,
+            max,
+            ..
+        } => RefOut::Session {
+            key,
+            start,
+            end,
+            close,
+            count,
+            revision,
+            complete: false,
+            collect,
+            first,
+            last,
+            sum,
+            count_distinct,
+            min,
+            max,
+        },
+        RefOut::Retract { .. } => unreachable!(),
+    }
+}
+
+pub fn retract(key: &str, start: i64) -> RefOut {
+    RefOut::Retract {
+        key: key.to_string(),
+        start,
+    }
+}
+
+pub fn late(index: usize, reason: &'static str, watermark: i64) -> RefLate {
+    RefLate {
+        index,
+        reason,
+        watermark,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hand-worked scenarios. Every expected output below was derived by hand from SPEC §2/§3
+// and docs/semantics-draft-for-helpers.md (the derivation is in the comments), never by
+// running code. Notation: "W" is the watermark before an event, "W'" the one after it.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub params: RefParams,
+    pub events: Vec<RefEvent>,
+    pub expected: RefRun,
+}
+
+fn run(out: Vec<RefOut>, late: Vec<RefLate>, applied: u64, duplicates: u64) -> RefRun {
+    let late_count = late.len() as u64;
+    RefRun {
+        out,
+        late,
+        applied,
+        duplicates,
+        late_count,
+    }
+}
+
+/// Events exactly G apart chain into one session (the gap rule is inclusive).
+pub fn exact_gap() -> Scenario {
+    // G=10 D=0 A=0.
+    // k@0: applied, W'=0; session [0] close 10 > 0.
+    // k@10: W=0; touches [0..10] (10 <= 10); R={0,10} close 20; 20 > 0: applied. W'=10.
+    // end: the one session, close 20.
+    Scenario {
+        name: "exact_gap",
+        params: params(10, 0, 0),
+        events: vec![ev("k", 0), ev("k", 10)],
+        expected: run(vec![sess("k", 0, 10, 20, 2, 0)], vec![], 2, 0),
+    }
+}
+
+/// Events G+1 apart are two sessions; the first completes when W reaches its close.
+pub fn gap_plus_one() -> Scenario {
+    // G=10 D=0 A=0.
+    // k@0: W'=0. k@11: 11 > close 10: new session; W'=11 >= 10: [0] completes (rev 0),
+    // and becomes final (10+0 <= 11). end: [11] close 21.
+    Scenario {
+        name: "gap_plus_one",
+        params: params(10, 0, 0),
+        events: vec![ev("k", 0), ev("k", 11)],
+        expected: run(
+            vec![sess("k", 0, 0, 10, 1, 0), sess("k", 11, 11, 21, 1, 0)],
+            vec![],
+            2,
+            0,
+        ),
+    }
+}
+
+/// An out-of-order event bridging two open sessions merges them; aggregates follow
+/// event-time order.
+pub fn bridge_open() -> Scenario {
+    // G=10 D=100 A=0: W stays far behind, nothing completes before the end.
+    // k@0 v1 -> [0] close 10. k@15 v2: 15 > 10 -> new [15] close 25.
+    // k@8 v3: touches [0] (8 <= 10) and [15] (15 <= 18) -> one session {0,8,15} close 25.
+    // Nothing was emitted: no retraction. end: collect in time order [1,3,2].
+    Scenario {
+        name: "bridge_open",
+        params: params(10, 100, 0),
+        events: vec![ev("k", 0).val(1), ev("k", 15).val(2), ev("k", 8).val(3)],
+        expected: run(
+            vec![RefOut::Session {
+                key: "k".into(),
+                start: 0,
+                end: 15,
+                close: 25,
+                count: 3,
+                revision: 0,
+                complete: true,
+                collect: vec![1, 3, 2],
+                first: Some(1),
+                last: Some(2),
+                sum: Some(6),
+                count_distinct: 3,
+                min: Some(1),
+                max: Some(3),
+            }],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+/// The same bridge in on-update mode: both parts were emitted as updates, so the part
+/// whose start is not the merged start is retracted; the merged session continues the
+/// revisions of the part that keeps its id.
+pub fn bridge_open_on_update() -> Scenario {
+    // G=10 D=100 A=0 on-update.
+    // k@0: update [0] rev 0 (close 10 > W'=-100). k@15: update [15] rev 0.
+    // k@8: R={0,8,15}; both parts emitted; [15] start != 0 -> retract(k,15);
+    //      R keeps the emitted mark (part [0] has start 0), next rev = max(1,1) = 1;
+    //      update rev 1 (close 25 > W'=-85).
+    // end: completion rev 2.
+    let mut p = params(10, 100, 0);
+    p.on_update = true;
+    Scenario {
+        name: "bridge_open_on_update",
+        params: p,
+        events: vec![ev("k", 0), ev("k", 15), ev("k", 8)],
+        expected: run(
+            vec![
+                open("k", 0, 0, 10, 1, 0),
+                open("k", 15, 15, 25, 1, 0),
+                retract("k", 15),
+                open("k", 0, 15, 25, 3, 1),
+                sess("k", 0, 15, 25, 3, 2),
+            ],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+/// In one step the update record of the changed session comes before the completions.
+pub fn on_update_order() -> Scenario {
+    // G=10 D=0 A=0 on-update.
+    // k@0: W'=0, update [0] rev0. k@10: R={0,10} close 20 > W'=10: update rev1.
+    // k@25: 25 > 20, new [25] close 35 > W'=25: update [25] rev0; then completion of
+    //       {0,10} (close 20 <= 25) rev 2.
+    // end: completion of [25] rev 1.
+    let mut p = params(10, 0, 0);
+    p.on_update = true;
+    Scenario {
+        name: "on_update_order",
+        params: p,
+        events: vec![ev("k", 0), ev("k", 10), ev("k", 25)],
+        expected: run(
+            vec![
+                open("k", 0, 0, 10, 1, 0),
+                open("k", 0, 10, 20, 2, 1),
+                open("k", 25, 25, 35, 1, 0),
+                sess("k", 0, 10, 20, 2, 2),
+                sess("k", 25, 25, 35, 1, 1),
+            ],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+/// On-update: a late event applied to a complete session (close stays <= W') gets only a
+/// completion record, no update record.
+pub fn on_update_late_applied() -> Scenario {
+    // G=10 D=0 A=20 on-update.
+    // k@0: update [0] rev0 (close 10 > 0).
+    // x@25: update [x25] rev0 (close 35 > 25); completion k[0] (10 <= 25) rev1.
+    // k@5: W=25; R={0,5} close 15; 15+20=35 > 25 applied; same start, no retraction;
+    //      close 15 <= W'=25 -> no update; completion rev 2.
+    // end: x[25] completion rev 1.
+    let mut p = params(10, 0, 20);
+    p.on_update = true;
+    Scenario {
+        name: "on_update_late_applied",
+        params: p,
+        events: vec![ev("k", 0), ev("x", 25), ev("k", 5)],
+        expected: run(
+            vec![
+                open("k", 0, 0, 10, 1, 0),
+                open("x", 25, 25, 35, 1, 0),
+                sess("k", 0, 0, 10, 1, 1),
+                sess("k", 0, 5, 15, 2, 2),
+                sess("x", 25, 25, 35, 1, 1),
+            ],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+/// close(R) + A == W is too late; close(R) + A == W + 1 is applied. Completions at the
+/// end come in (close, key, start) order.
+pub fn window_end_at_watermark() -> Scenario {
+    // G=10 D=0 A=0.
+    // a@100: W'=100.
+    // b@90: W=100; R={90} close 100; 100+0 <= 100 -> too late, window_closed, W 100.
+    //       maxT stays 100.
+    // b@91: W=100; close 101 > 100 -> applied; 101 > W'=100, nothing completes.
+    // end: b (close 101) before a (close 110).
+    Scenario {
+        name: "window_end_at_watermark",
+        params: params(10, 0, 0),
+        events: vec![ev("a", 100), ev("b", 90), ev("b", 91)],
+        expected: run(
+            vec![sess("b", 91, 91, 101, 1, 0), sess("a", 100, 100, 110, 1, 0)],
+            vec![late(1, "window_closed", 100)],
+            2,
+            0,
+        ),
+    }
+}
+
+/// Late events within the allowed lateness are applied (and re-emitted with the next
+/// revision); beyond it they are too late.
+pub fn lateness_within_and_beyond() -> Scenario {
+    // G=10 D=0 A=20.
+    // 0 k@0: W'=0.
+    // 1 x@25: W'=25; k[0] close 10 <= 25 -> completion rev0; 10+20=30 > 25, not final.
+    // 2 k@5: W=25; R={0,5} close 15; 35 > 25 -> applied; same start; completion rev1
+    //        (15 <= 25).
+    // 3 x@50: new x[50] (50 > 35); W'=50: x[25] completes rev0 (35 <= 50);
+    //        k{0,5} final (15+20 <= 50) and forgotten in the same step (15+20+10 <= 50);
+    //        x[25]: 35+20=55 > 50 stays.
+    // 4 k@8: W=50; R={8} close 18; 38 <= 50 -> window_closed, W 50.
+    // 5 x@30: W=50; touches x[25] (30 <= 35): R={25,30} close 40; 60 > 50 -> applied;
+    //        same start; completion rev1 (40 <= 50).
+    // end: x[50] close 60 rev0.
+    Scenario {
+        name: "lateness_within_and_beyond",
+        params: params(10, 0, 20),
+        events: vec![
+            ev("k", 0),
+            ev("x", 25),
+            ev("k", 5),
+            ev("x", 50),
+            ev("k", 8),
+            ev("x", 30),
+        ],
+        expected: run(
+            vec![
+                sess("k", 0, 0, 10, 1, 0),
+                sess("k", 0, 5, 15, 2, 1),
+                sess("x", 25, 25, 35, 1, 0),
+                sess("x", 25, 30, 40, 2, 1),
+                sess("x", 50, 50, 60, 1, 0),
+            ],
+            vec![late(4, "window_closed", 50)],
+            5,
+            0,
+        ),
+    }
+}
+
+/// A late event that moves an emitted session's start: retraction of the old id, the
+/// session under its new id with revision 1.
+pub fn late_moves_start() -> Scenario {
+    // G=10 D=0 A=20.
+    // k@10: W'=10. x@25: W'=25; k[10] completes rev0 (20 <= 25); 40 > 25 not final.
+    // k@5: W=25; touches k[10] (5 <= 20, 10 <= 15): R={5,10} close 20; 40 > 25 applied;
+    //      old start 10 != 5 and emitted -> retract(k,10); next rev 1; completes now
+    //      (20 <= 25) with rev 1.
+    // end: x[25] close 35.
+    Scenario {
+        name: "late_moves_start",
+        params: params(10, 0, 20),
+        events: vec![ev("k", 10), ev("x", 25), ev("k", 5)],
+        expected: run(
+            vec![
+                sess("k", 10, 10, 20, 1, 0),
+                retract("k", 10),
+                sess("k", 5, 10, 20, 2, 1),
+                sess("x", 25, 25, 35, 1, 0),
+            ],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+/// A late event that merges two emitted sessions: one retraction (the later start), the
+/// merged session with revision 1.
+pub fn late_merges_emitted() -> Scenario {
+    // G=10 D=0 A=30.
+    // k@0: W'=0. k@15: new [15]; W'=15: k[0] completes rev0 (10 <= 15).
+    // x@30: W'=30: k[15] completes rev0 (25 <= 30). No finals (10+30 > 30).
+    // k@8: W=30; touches [0] and [15]; R={0,8,15} close 25; 55 > 30 applied;
+    //      retract(k,15); next rev max(1,1) = 1; completes (25 <= 30) rev 1.
+    // end: x[30] close 40.
+    Scenario {
+        name: "late_merges_emitted",
+        params: params(10, 0, 30),
+        events: vec![ev("k", 0), ev("k", 15), ev("x", 30), ev("k", 8)],
+        expected: run(
+            vec![
+                sess("k", 0, 0, 10, 1, 0),
+                sess("k", 15, 15, 25, 1, 0),
+                retract("k", 15),
+                sess("k", 0, 15, 25, 3, 1),
+                sess("x", 30, 30, 40, 1, 0),
+            ],
+            vec![],
+            4,
+            0,
+        ),
+    }
+}
+
+/// Duplicates: same dedup value within the session it would join; no dedup value is
+/// never a duplicate; a different session is no duplicate; lateness is judged first.
+pub fn dedup_basic() -> Scenario {
+    // G=10 D=0 A=0 dedup.
+    // 0 k@0 d7: applied, W'=0. 1 k@5 d7: joins [0] which holds d7 -> duplicate, W'=5.
+    // 2 k@6 (none): applied. 3 k@7 (none): applied (no value, never a duplicate).
+    // 4 k@30 d7: 30 > 17 -> new session, no duplicate; W'=30: {0,6,7} completes
+    //   (close 17), then final.
+    // 5 k@1 d7: W=30; R={1} close 11 <= 30 -> window_closed (before any dedup check).
+    // end: [30].
+    let mut p = params(10, 0, 0);
+    p.dedup = true;
+    Scenario {
+        name: "dedup_basic",
+        params: p,
+        events: vec![
+            ev("k", 0).dedup(7),
+            ev("k", 5).dedup(7),
+            ev("k", 6),
+            ev("k", 7),
+            ev("k", 30).dedup(7),
+            ev("k", 1).dedup(7),
+        ],
+        expected: run(
+            vec![sess("k", 0, 7, 17, 3, 0), sess("k", 30, 30, 40, 1, 0)],
+            vec![late(5, "window_closed", 30)],
+            4,
+            1,
+        ),
+    }
+}
+
+/// Duplicate detection looks into every session the event would merge.
+pub fn dedup_across_merge() -> Scenario {
+    // G=10 D=100 A=0 dedup.
+    // m@0 d1 -> [0]. m@15 d2 -> [15]. m@8 d2: would merge [0] and [15]; [15] holds d2
+    // -> duplicate. m@8 d3: applied, merges. end: {0,8,15} close 25.
+    let mut p = params(10, 100, 0);
+    p.dedup = true;
+    Scenario {
+        name: "dedup_across_merge",
+        params: p,
+        events: vec![
+            ev("m", 0).dedup(1),
+            ev("m", 15).dedup(2),
+            ev("m", 8).dedup(2),
+            ev("m", 8).dedup(3),
+        ],
+        expected: run(vec![sess("m", 0, 15, 25, 3, 0)], vec![], 3, 1),
+    }
+}
+
+/// Without dedup the same stream applies everything.
+pub fn dedup_off() -> Scenario {
+    let mut s = dedup_across_merge();
+    s.name = "dedup_off";
+    s.params.dedup = false;
+    s.expected = run(vec![sess("m", 0, 15, 25, 4, 0)], vec![], 4, 0);
+    s
+}
+
+/// Per-event gaps: each event covers [t, t+g]; close = max(t+g).
+pub fn per_event_gaps() -> Scenario {
+    // G=10 D=100 A=0: nothing completes before the end.
+    // k@0 g30 -> [0,30]. k@25 (g10) -> 25 <= 30 joins; close max(30,35)=35.
+    // k@50 g5 -> [50,55], new. k@40 g2 -> [40,42]: 40 > 35, and [50..55] starts after 42:
+    // new. k@44 g6 -> [44,50]: 44 > 42; touches [50..55] (50 <= 50): {44,50} close 55.
+    // j@0 g50 -> [0,50]; j@10 (g10) joins; close stays 50.
+    // end, by close: k{0,25} 35, k{40} 42, j{0,10} 50, k{44,50} 55.
+    Scenario {
+        name: "per_event_gaps",
+        params: params(10, 100, 0),
+        events: vec![
+            ev("k", 0).gap(30),
+            ev("k", 25),
+            ev("k", 50).gap(5),
+            ev("k", 40).gap(2),
+            ev("k", 44).gap(6),
+            ev("j", 0).gap(50),
+            ev("j", 10),
+        ],
+        expected: run(
+            vec![
+                sess("k", 0, 25, 35, 2, 0),
+                sess("k", 40, 40, 42, 1, 0),
+                sess("j", 0, 10, 50, 2, 0),
+                sess("k", 44, 50, 55, 2, 0),
+            ],
+            vec![],
+            7,
+            0,
+        ),
+    }
+}
+
+/// An event that would join a final session is too late ("session_final") even though
+/// its own window is still open; one just past the final session is applied.
+pub fn session_final_rejection() -> Scenario {
+    // G=10 D=0 A=5.
+    // k@0: W'=0. x@20: W'=20; k[0] completes rev0 (10 <= 20) and is final (15 <= 20);
+    //      remembered until W >= 10+5+10 = 25.
+    // k@10: W=20; R={10} close 20; 25 > 20 so not window_closed; touches final [0,10]
+    //       (10 <= 10) -> session_final, W 20.
+    // k@12: W=20; close 22; 27 > 20; [12,22] does not touch [0,10] -> applied.
+    // end by close: k[12] 22, x[20] 30.
+    Scenario {
+        name: "session_final_rejection",
+        params: params(10, 0, 5),
+        events: vec![ev("k", 0), ev("x", 20), ev("k", 10), ev("k", 12)],
+        expected: run(
+            vec![
+                sess("k", 0, 0, 10, 1, 0),
+                sess("k", 12, 12, 22, 1, 0),
+                sess("x", 20, 20, 30, 1, 0),
+            ],
+            vec![late(2, "session_final", 20)],
+            3,
+            0,
+        ),
+    }
+}
+
+/// Aggregates: (time, input order) order, nulls skipped, empty results.
+pub fn aggregates() -> Scenario {
+    // G=10 D=100 A=0.
+    // k: (5,#0,3) (0,#1,-) (5,#2,1) (2,#3,3) (8,#4,-); order by (time, index):
+    //    (0,#1,-) (2,#3,3) (5,#0,3) (5,#2,1) (8,#4,-) -> collect [3,3,1], first 3, last 1,
+    //    sum 7, distinct 2, min 1, max 3. close 18.
+    // e@100 without value: collect [], everything null, distinct 0. close 110.
+    Scenario {
+        name: "aggregates",
+        params: params(10, 100, 0),
+        events: vec![
+            ev("k", 5).val(3),
+            ev("k", 0),
+            ev("k", 5).val(1),
+            ev("k", 2).val(3),
+            ev("k", 8),
+            ev("e", 100),
+        ],
+        expected: run(
+            vec![
+                RefOut::Session {
+                    key: "k".into(),
+                    start: 0,
+                    end: 8,
+                    close: 18,
+                    count: 5,
+                    revision: 0,
+                    complete: true,
+                    collect: vec![3, 3, 1],
+                    first: Some(3),
+                    last: Some(1),
+                    sum: Some(7),
+                    count_distinct: 2,
+                    min: Some(1),
+                    max: Some(3),
+                },
+                sess("e", 100, 100, 110, 1, 0),
+            ],
+            vec![],
+            6,
+            0,
+        ),
+    }
+}
+
+/// Completions of one step come in (close, key bytes, start) order.
+pub fn completion_order() -> Scenario {
+    // G=10 D=0 A=0, per-event gaps to get equal closes (input in time order, D=0).
+    // b@0 g20: [0,20], W'=0. a@5 g15: [5,20], W'=5. c@8 g5: [8,13], W'=8.
+    // a@19 g1: [19,20] touches a[5,20] -> close max(20,20)=20; W'=19: c (13 <= 19)
+    // completes.
+    // z@40: W'=40: a{5,19} close 20 and b[0] close 20 complete: order (20,"a",5),
+    // (20,"b",0). end: z.
+    Scenario {
+        name: "completion_order",
+        params: params(10, 0, 0),
+        events: vec![
+            ev("b", 0).gap(20),
+            ev("a", 5).gap(15),
+            ev("c", 8).gap(5),
+            ev("a", 19).gap(1),
+            ev("z", 40),
+        ],
+        expected: run(
+            vec![
+                sess("c", 8, 8, 13, 1, 0),
+                sess("a", 5, 19, 20, 2, 0),
+                sess("b", 0, 0, 20, 1, 0),
+                sess("z", 40, 40, 50, 1, 0),
+            ],
+            vec![],
+            5,
+            0,
+        ),
+    }
+}
+
+/// A session whose emitted id was retracted does not carry the "emitted" mark: when its
+/// start moves again before it is emitted, nothing more is retracted.
+pub fn retracted_id_not_retracted_again() -> Scenario {
+    // G=10 D=0 A=100.
+    // 0 k@10: W'=10. 1 x@30: W'=30; k[10] completes rev0 (close 20 <= 30).
+    // 2 k@5 g40: W=30; touches k[10] (5 <= 20, 10 <= 45): R={5,10} close 45; 145 > 30
+    //   applied; emitted part start 10 != 5 -> retract(k,10); R not emitted (no emitted
+    //   part starts at 5), next rev 1; 45 > W'=30: not complete.
+    // 3 k@2: W=30; touches R [5,45] (2 <= 45, 5 <= 12): R'={2,5,10} close 45; applied;
+    //   R was never emitted -> no retraction; next rev stays 1.
+    // end by close: x[30] 40, k{2,5,10} 45 rev 1.
+    Scenario {
+        name: "retracted_id_not_retracted_again",
+        params: params(10, 0, 100),
+        events: vec![ev("k", 10), ev("x", 30), ev("k", 5).gap(40), ev("k", 2)],
+        expected: run(
+            vec![
+                sess("k", 10, 10, 20, 1, 0),
+                retract("k", 10),
+                sess("x", 30, 30, 40, 1, 0),
+                sess("k", 2, 10, 45, 3, 1),
+            ],
+            vec![],
+            4,
+            0,
+        ),
+    }
+}
+
+/// A final session's bounds are forgotten at W >= close + A + Gmax; from then on an event
+/// that would have touched it is judged on its own.
+pub fn final_forgotten_at_boundary() -> Scenario {
+    // G=10 D=0 A=5, Gmax = 10 until event 3.
+    // 0 k@0: W'=0. 1 x@20: W'=20; k[0] completes rev0 (10 <= 20) and is final (15 <= 20);
+    //   forgotten at W >= 10+5+10 = 25.
+    // 2 y@25: W'=25: k's final bounds forgotten (x[20] close 30 still open).
+    // 3 k@10 g40: W=25; Gmax=40; R={10} close 50; 55 > 25; no final bounds left ->
+    //   applied.
+    // end by close: x 30, y 35, k 50.
+    Scenario {
+        name: "final_forgotten_at_boundary",
+        params: params(10, 0, 5),
+        events: vec![ev("k", 0), ev("x", 20), ev("y", 25), ev("k", 10).gap(40)],
+        expected: run(
+            vec![
+                sess("k", 0, 0, 10, 1, 0),
+                sess("x", 20, 20, 30, 1, 0),
+                sess("y", 25, 25, 35, 1, 0),
+                sess("k", 10, 10, 50, 1, 0),
+            ],
+            vec![],
+            4,
+            0,
+        ),
+    }
+}
+
+/// One millisecond earlier the final bounds are still remembered: "session_final".
+pub fn final_remembered_before_boundary() -> Scenario {
+    // As final_forgotten_at_boundary with y@24: at W'=24 < 25 k's final [0,10] stays.
+    // 3 k@10 g40: W=24; close 50+5 > 24; touches final [0,10] (10 <= 10) ->
+    //   session_final, W 24.
+    // end by close: x 30, y 34.
+    Scenario {
+        name: "final_remembered_before_boundary",
+        params: params(10, 0, 5),
+        events: vec![ev("k", 0), ev("x", 20), ev("y", 24), ev("k", 10).gap(40)],
+        expected: run(
+            vec![
+                sess("k", 0, 0, 10, 1, 0),
+                sess("x", 20, 20, 30, 1, 0),
+                sess("y", 24, 24, 34, 1, 0),
+            ],
+            vec![late(3, "session_final", 24)],
+            3,
+            0,
+        ),
+    }
+}
+
+/// The same bridge when the later session was created first (the key's sessions are not
+/// stored in start order).
+pub fn bridge_created_out_of_order() -> Scenario {
+    // G=10 D=100 A=0.
+    // k@15 v2 -> [15] close 25. k@0 v1: [0,10] does not reach 15 -> new [0] close 10.
+    // k@8 v3: touches [0] (8 <= 10) and [15] (15 <= 18) -> {0,8,15} close 25.
+    // end: collect in time order [1,3,2].
+    Scenario {
+        name: "bridge_created_out_of_order",
+        params: params(10, 100, 0),
+        events: vec![ev("k", 15).val(2), ev("k", 0).val(1), ev("k", 8).val(3)],
+        expected: run(
+            vec![RefOut::Session {
+                key: "k".into(),
+                start: 0,
+                end: 15,
+                close: 25,
+                count: 3,
+                revision: 0,
+                complete: true,
+                collect: vec![1, 3, 2],
+                first: Some(1),
+                last: Some(2),
+                sum: Some(6),
+                count_distinct: 3,
+                min: Some(1),
+                max: Some(3),
+            }],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+/// The bridge of an emitted earlier session and an open later one, the earlier created
+/// second (the property test's first minimal failure).
+pub fn bridge_emitted_created_out_of_order() -> Scenario {
+    // G=2 D=0 A=2.
+    // a@1000: W'=1000; [1000] close 1002.
+    // a@997: W=1000; [997,999] does not reach 1000 -> new session; 999+2 > 1000 applied;
+    //   W'=1000: [997] completes rev0 (999 <= 1000), not final (1001 > 1000).
+    // a@999: W=1000; touches [997] (999 <= 999) and [1000] (1000 <= 1001) ->
+    //   {997,999,1000} close 1002; 1004 > 1000 applied; the emitted part keeps the start
+    //   -> no retraction, next rev 1; 1002 > W'=1000: open.
+    // end: rev 1.
+    Scenario {
+        name: "bridge_emitted_created_out_of_order",
+        params: params(2, 0, 2),
+        events: vec![ev("a", 1000), ev("a", 997), ev("a", 999)],
+        expected: run(
+            vec![
+                sess("a", 997, 997, 999, 1, 0),
+                sess("a", 997, 1000, 1002, 3, 1),
+            ],
+            vec![],
+            3,
+            0,
+        ),
+    }
+}
+
+pub fn all_scenarios() -> Vec<Scenario> {
+    vec![
+        exact_gap(),
+        gap_plus_one(),
+        bridge_open(),
+        bridge_open_on_update(),
+        on_update_order(),
+        on_update_late_applied(),
+        window_end_at_watermark(),
+        lateness_within_and_beyond(),
+        late_moves_start(),
+        late_merges_emitted(),
+        dedup_basic(),
+        dedup_across_merge(),
+        dedup_off(),
+        per_event_gaps(),
+        session_final_rejection(),
+        aggregates(),
+        completion_order(),
+        retracted_id_not_retracted_again(),
+        final_forgotten_at_boundary(),
+        final_remembered_before_boundary(),
+        bridge_created_out_of_order(),
+        bridge_emitted_created_out_of_order(),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------
+// The engine adapter: drives `SessionOperator` the way the job does and translates its
+// output into the reference's types.
+// ---------------------------------------------------------------------------------------
+
+pub mod engine {
+    use super::{RefEvent, RefLate, RefOut, RefParams, RefRun};
+    use sessionizer_core::{DurationMs, EventTime, Watermark};
+    use sessionizer_window::{
+        AggKind, BoundedOutOfOrderness, Emit, EmitMode, Event, LateReason, SessionOperator,
+        SessionView, Verdict, WindowConfig,
+    };
+
+    /// The aggregates every run computes, all over the one value field, in the order
+    /// the reference's record lists them.
+    const AGGS: [AggKind; 7] = [
+        AggKind::Collect,
+        AggKind::First,
+        AggKind::Last,
+        AggKind::Sum,
+        AggKind::CountDistinct,
+        AggKind::Min,
+        AggKind::Max,
+    ];
+
+    #[derive(Default)]
+    struct Sink {
+        out: Vec<RefOut>,
+    }
+
+    fn key_text(key: &[u8]) -> String {
+        String::from_utf8(key.to_vec()).expect("keys are UTF-8 in these tests")
+    }
+
+    fn json(a: &sessionizer_window::AggState) -> serde_json::Value {
+        let mut buf = Vec::new();
+        a.write_json(&mut buf);
+        serde_json::from_slice(&buf).unwrap_or_else(|e| {
+            panic!(
+                "aggregate {a:?} wrote invalid JSON {:?}: {e}",
+                String::from_utf8_lossy(&buf)
+            )
+        })
+    }
+
+    fn opt_int(v: &serde_json::Value) -> Option<i64> {
+        if v.is_null() {
+            None
+        } else {
+            Some(v.as_i64().unwrap_or_else(|| panic!("not an integer: {v}")))
+        }
+    }
+
+    impl Emit for Sink {
+        fn session(&mut self, s: &SessionView<'_>) {
+            assert_eq!(s.aggregates.len(), AGGS.len());
+            let a: Vec<serde_json::Value> = s.aggregates.iter().map(json).collect();
+            let collect = a[0]
+                .as_array()
+                .unwrap_or_else(|| panic!("collect is not an array: {}", a[0]))
+                .iter()
+                .map(|v| v.as_i64().unwrap_or_else(|| panic!("not an integer: {v}")))
+                .collect();
+            self.out.push(RefOut::Session {
+                key: key_text(s.key),
+                start: s.start.millis(),
+                end: s.end.millis(),
+                close: s.close.millis(),
+                count: s.event_count,
+                revision: s.revision,
+                complete: s.complete,
+                collect,
+                first: opt_int(&a[1]),
+                last: opt_int(&a[2]),
+                sum: opt_int(&a[3]),
+                count_distinct: a[4].as_u64().unwrap_or_else(|| panic!("count: {}", a[4])),
+                min: opt_int(&a[5]),
+                max: opt_int(&a[6]),
+            });
+        }
+
+        fn retraction(&mut self, key: &[u8], start: EventTime) {
+            self.out.push(RefOut::Retract {
+                key: key_text(key),
+                start: start.millis(),
+            });
+        }
+    }
+
+    /// Runs the engine over a bounded input: per event `on_event`, then the watermark
+    /// strategy observes the time, then `advance_to`; at the end `advance_to(+inf)`.
+    pub fn run_engine(events: &[RefEvent], p: &RefParams) -> RefRun {
+        let mut op = SessionOperator::new(WindowConfig {
+            gap: DurationMs(p.gap),
+            allowed_lateness: DurationMs(p.lateness),
+            emit: if p.on_update {
+                EmitMode::OnUpdate
+            } else {
+                EmitMode::OnClose
+            },
+            aggregates: AGGS.to_vec(),
+            dedup: p.dedup,
+        });
+        let mut wm = BoundedOutOfOrderness::new(DurationMs(p.delay));
+        let mut sink = Sink::default();
+        let mut run = RefRun::default();
+        for (idx, e) in events.iter().enumerate() {
+            let text = e.value.map(|v| v.to_string());
+            let value: Option<&[u8]> = text.as_deref().map(str::as_bytes);
+            let values = [value; AGGS.len()];
+            let ev = Event {
+                key: e.key.as_bytes(),
+                time: EventTime(e.time),
+                gap: DurationMs(e.gap.unwrap_or(p.gap)),
+                seq: idx as u64,
+                // The caller passes the value whenever the event has one; the operator
+                // must ignore it when dedup is off.
+                dedup: e.dedup.map(u128::from),
+                values: &values,
+            };
+            let before = op.watermark();
+            match op.on_event(&ev, &mut sink) {
+                Verdict::Applied => run.applied += 1,
+                Verdict::Duplicate => run.duplicates += 1,
+                Verdict::Late(reason) => {
+                    run.late_count += 1;
+                    assert!(before.is_finite(), "late at watermark {before}");
+                    run.late.push(RefLate {
+                        index: idx,
+                        reason: match reason {
+                            LateReason::WindowClosed => "window_closed",
+                            LateReason::SessionFinal => "session_final",
+                        },
+                        watermark: before.millis(),
+                    });
+                }
+            }
+            let w = wm.observe(EventTime(e.time));
+            op.advance_to(w, &mut sink);
+        }
+        op.advance_to(Watermark::MAX, &mut sink);
+        run.out = sink.out;
+        run
+    }
+}
