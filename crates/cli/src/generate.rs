@@ -357,6 +357,7 @@ struct Generator<'a> {
     id_salt: u64,
     users: u64,
     page: Vec<u8>,
+    time_buf: TimeBuf,
     /// The fields of the last event, for the invalid line derived from it.
     last_slot: u32,
     last_time: i64,
@@ -378,6 +379,7 @@ impl<'a> Generator<'a> {
             id_salt,
             users: (u64::from(args.keys) * 10).max(1000),
             page: Vec::with_capacity(64),
+            time_buf: TimeBuf::default(),
             last_slot: 0,
             last_time: args.start,
         };
@@ -522,6 +524,7 @@ impl<'a> Generator<'a> {
         line.clear();
         write_event(
             line,
+            &mut self.time_buf,
             args.time_format,
             &EventFields {
                 visit_id: Some(&v.id),
@@ -613,7 +616,7 @@ impl<'a> Generator<'a> {
         match n % 6 {
             0 => {
                 // Truncated JSON: a torn write, cut somewhere in the middle.
-                write_event(line, args.time_format, &fields);
+                write_event(line, &mut self.time_buf, args.time_format, &fields);
                 let len = line.len();
                 let cut = self.rng.random_range(len / 4..len * 3 / 4);
                 line.truncate(cut);
@@ -622,26 +625,26 @@ impl<'a> Generator<'a> {
             1 => {
                 // A JSON array instead of an object.
                 line.push(b'[');
-                write_event(line, args.time_format, &fields);
+                write_event(line, &mut self.time_buf, args.time_format, &fields);
                 line.pop(); // newline
                 line.extend_from_slice(b"]\n");
             }
             2 => {
                 fields.visit_id = None;
-                write_event(line, args.time_format, &fields);
+                write_event(line, &mut self.time_buf, args.time_format, &fields);
             }
             3 => {
                 fields.time = TimeField::Null;
-                write_event(line, args.time_format, &fields);
+                write_event(line, &mut self.time_buf, args.time_format, &fields);
             }
             4 => {
                 fields.time = TimeField::Text("yesterday");
-                write_event(line, args.time_format, &fields);
+                write_event(line, &mut self.time_buf, args.time_format, &fields);
             }
             _ => {
                 // The same instant of the year, in 2500 (past any sane --valid-time-range).
                 fields.time = TimeField::Ms(in_year_2500(t));
-                write_event(line, args.time_format, &fields);
+                write_event(line, &mut self.time_buf, args.time_format, &fields);
             }
         }
         self.slots[self.last_slot as usize] = v;
@@ -683,7 +686,7 @@ struct EventFields<'a> {
     duration_ms: u32,
 }
 
-fn write_event(out: &mut Vec<u8>, format: GenTimeFormat, f: &EventFields<'_>) {
+fn write_event(out: &mut Vec<u8>, tb: &mut TimeBuf, format: GenTimeFormat, f: &EventFields<'_>) {
     out.push(b'{');
     if let Some(id) = f.visit_id {
         out.extend_from_slice(b"\"visit_id\":\"");
@@ -695,7 +698,7 @@ fn write_event(out: &mut Vec<u8>, format: GenTimeFormat, f: &EventFields<'_>) {
         TimeField::Ms(ms) => match format {
             GenTimeFormat::Rfc3339 => {
                 out.push(b'"');
-                write_rfc3339_ms(EventTime(ms), out);
+                tb.write_rfc3339_ms(out, ms);
                 out.push(b'"');
             }
             GenTimeFormat::EpochMs => {
@@ -781,25 +784,75 @@ const MS_PER_DAY: i64 = 86_400_000;
 /// The Gregorian calendar repeats every 400 years, which are exactly 146 097 days.
 const GREGORIAN_CYCLE_MS: i64 = 146_097 * MS_PER_DAY;
 
-/// clap value parser for durations: `20s`, `1h30m`, `250ms`, `2d`, `0`.
+/// clap value parser for durations ([`parse_duration`]): `20s`, `1h30m`, `250ms`, `2d`, and
+/// a bare `0`.
 fn parse_duration_arg(s: &str) -> Result<i64, String> {
-    // A bare `0` needs no unit.
     if s.trim() == "0" {
         return Ok(0);
     }
     parse_duration(s)
         .map(DurationMs::millis)
-        .map_err(|e| format!("invalid duration {s:?}: {e}"))
+        .map_err(|e| e.to_string())
 }
 
-/// clap value parser for RFC 3339 times: `2024-01-01T00:00:00Z`, `2024-01-01T01:00:00.5+01:00`,
-/// a space instead of `T`, no zone meaning UTC. Returns milliseconds since the epoch.
+/// clap value parser for times ([`parse_timestamp`]): `2024-01-01T00:00:00Z`,
+/// `2024-01-01T01:00:00.5+01:00`, a space instead of `T`, no zone meaning UTC. Returns
+/// milliseconds since the epoch.
 fn parse_timestamp_arg(s: &str) -> Result<i64, String> {
     parse_timestamp(s.as_bytes())
         .map(EventTime::millis)
-        .map_err(|e| {
-            format!("invalid time {s:?}: {e} (expected RFC 3339, like 2024-01-01T00:00:00Z)")
-        })
+        .map_err(|e| format!("{e}; write RFC 3339, e.g. 2024-01-01T00:00:00Z"))
+}
+
+/// Formats RFC 3339 times exactly as core's [`write_rfc3339_ms`], which writes the date part
+/// (`YYYY-MM-DDT`) of each new day; consecutive events mostly share their day, and skipping
+/// the calendar arithmetic saves about a tenth of the generator's time.
+#[derive(Default)]
+struct TimeBuf {
+    day: Option<i64>,
+    date: Vec<u8>,
+}
+
+impl TimeBuf {
+    /// Appends `ms` as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC).
+    fn write_rfc3339_ms(&mut self, out: &mut Vec<u8>, ms: i64) {
+        let day = ms.div_euclid(MS_PER_DAY);
+        if self.day != Some(day) {
+            self.date.clear();
+            write_rfc3339_ms(EventTime(day * MS_PER_DAY), &mut self.date);
+            let t = self
+                .date
+                .iter()
+                .position(|&b| b == b'T')
+                .map_or(0, |i| i + 1);
+            self.date.truncate(t);
+            self.day = Some(day);
+        }
+        out.extend_from_slice(&self.date);
+        let in_day = ms.rem_euclid(MS_PER_DAY) as u32;
+        let secs = in_day / 1000;
+        let milli = in_day % 1000;
+        let two = |n: u32| [b'0' + (n / 10) as u8, b'0' + (n % 10) as u8];
+        let [h0, h1] = two(secs / 3600);
+        let [m0, m1] = two(secs / 60 % 60);
+        let [s0, s1] = two(secs % 60);
+        let [f1, f2] = two(milli % 100);
+        out.extend_from_slice(&[
+            h0,
+            h1,
+            b':',
+            m0,
+            m1,
+            b':',
+            s0,
+            s1,
+            b'.',
+            b'0' + (milli / 100) as u8,
+            f1,
+            f2,
+            b'Z',
+        ]);
+    }
 }
 
 /// Start of year `yyyy` (4 ASCII digits) in epoch milliseconds.
@@ -897,6 +950,31 @@ mod tests {
         let mut out = Vec::new();
         write_rfc3339_ms(EventTime(1_704_067_380_250), &mut out);
         assert_eq!(out, b"2024-01-01T00:03:00.250Z");
+    }
+
+    #[test]
+    fn time_buf_matches_core() {
+        let mut tb = TimeBuf::default();
+        let day = MS_PER_DAY;
+        let mut times = vec![
+            i64::MIN / 2,
+            -62_167_219_200_001,
+            -1,
+            0,
+            day - 1,
+            day,
+            1_709_251_199_999,
+            253_402_300_799_999,
+            253_402_300_800_000,
+            i64::MAX / 2,
+        ];
+        times.extend((0..20_000).map(|i| 1_704_067_200_000 + i * 7_654_321));
+        for ms in times {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            tb.write_rfc3339_ms(&mut a, ms);
+            write_rfc3339_ms(EventTime(ms), &mut b);
+            assert_eq!(a, b, "{ms}");
+        }
     }
 
     #[test]
