@@ -6,12 +6,13 @@
 
 use crate::args::{EmitArg, OnInvalidArg, ProgressArg, RunArgs, TimeFormatArg};
 use serde::Deserialize;
+use sessionizer::config::{Aggregate, OnInvalid, PipelineConfig};
 use sessionizer_connectors::{InputSource, OutputTarget};
-use sessionizer_core::decode::{DecoderConfig, DedupMode, TimeFormat};
+use sessionizer_core::decode::{DedupMode, TimeFormat};
 use sessionizer_core::json::FieldPath;
 use sessionizer_core::timefmt::{parse_duration, parse_timestamp};
 use sessionizer_core::{DurationMs, EventTime};
-use sessionizer_window::{AggKind, EmitMode, WindowConfig};
+use sessionizer_window::{AggKind, EmitMode};
 use std::path::{Path, PathBuf};
 
 /// A problem with the options, phrased for the user.
@@ -111,73 +112,12 @@ impl From<AggKindArg> for AggKind {
     }
 }
 
-/// What to do with an invalid record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnInvalid {
-    DeadLetter,
-    Skip,
-    Fail,
-}
-
-/// One aggregate of the output record.
-#[derive(Debug, Clone)]
-pub struct Aggregate {
-    pub kind: AggKind,
-    pub field: FieldPath,
-    pub name: String,
-}
-
-/// Everything a run needs, checked.
+/// The run options beyond the pipeline's own.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub inputs: Vec<InputSource>,
-    pub output: OutputTarget,
-    pub dead_letter: OutputTarget,
-    pub late_output: OutputTarget,
-    pub key: FieldPath,
-    pub time: FieldPath,
-    pub time_format: TimeFormat,
-    pub gap: DurationMs,
-    pub gap_field: Option<FieldPath>,
-    pub watermark_delay: DurationMs,
-    pub allowed_lateness: DurationMs,
-    pub valid_range: (EventTime, EventTime),
-    pub aggregates: Vec<Aggregate>,
-    pub dedup: DedupMode,
-    pub emit: EmitMode,
-    pub on_invalid: OnInvalid,
+    pub pipeline: PipelineConfig,
     pub stats_file: Option<PathBuf>,
     pub progress: ProgressArg,
-}
-
-impl RunConfig {
-    /// The decoder's view of the options.
-    pub fn decoder_config(&self) -> DecoderConfig {
-        DecoderConfig {
-            key: self.key.clone(),
-            time: self.time.clone(),
-            time_format: self.time_format,
-            gap_field: self.gap_field.clone(),
-            dedup: self.dedup.clone(),
-            valid_range: self.valid_range,
-            value_fields: self.aggregates.iter().map(|a| a.field.clone()).collect(),
-        }
-    }
-
-    /// The session window's view of the options.
-    pub fn window_config(&self) -> WindowConfig {
-        WindowConfig {
-            gap: self.gap,
-            allowed_lateness: self.allowed_lateness,
-            emit: self.emit,
-            aggregates: self.aggregates.iter().map(|a| a.kind).collect(),
-            dedup: !matches!(self.dedup, DedupMode::Off),
-        }
-    }
-
-    pub fn aggregate_names(&self) -> Vec<String> {
-        self.aggregates.iter().map(|a| a.name.clone()).collect()
-    }
 }
 
 /// Reads the `--config` file, if any.
@@ -416,7 +356,7 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         OnInvalidArg::Fail => OnInvalid::Fail,
     };
 
-    Ok(RunConfig {
+    let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
         dead_letter,
@@ -433,6 +373,9 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         dedup,
         emit,
         on_invalid,
+    };
+    Ok(RunConfig {
+        pipeline,
         stats_file: args.stats_file.or(file.stats_file),
         progress: args.progress.or(file.progress).unwrap_or(ProgressArg::Auto),
     })

@@ -5,10 +5,10 @@
 
 use anyhow::Context;
 use clap::Parser;
-use sessionizer::args::{Cli, Command, ProgressArg};
-use sessionizer::config;
 use sessionizer::pipeline::{self, RunError};
-use sessionizer::progress::Progress;
+use sessionizer_cli::args::{Cli, Command, ProgressArg};
+use sessionizer_cli::config;
+use sessionizer_cli::progress::Progress;
 use std::io::{ErrorKind, Write};
 use std::process::ExitCode;
 
@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: sessionizer::args::RunArgs) -> ExitCode {
+fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
     let cfg = match config::resolve(args) {
         Ok(cfg) => cfg,
         Err(e) => {
@@ -33,7 +33,7 @@ fn run(args: sessionizer::args::RunArgs) -> ExitCode {
         }
     };
     let progress = Progress::new(cfg.progress == ProgressArg::Auto);
-    let result = pipeline::run(&cfg, &progress);
+    let result = pipeline::run(&cfg.pipeline, &progress);
     progress.finish();
     let stats = match result {
         Ok(stats) => stats,
@@ -46,7 +46,7 @@ fn run(args: sessionizer::args::RunArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    eprintln!("{}", stats.summary(&cfg.output.display_name()));
+    eprintln!("{}", stats.summary(&cfg.pipeline.output.display_name()));
     if let Some(path) = &cfg.stats_file {
         let written = serde_json::to_vec_pretty(&stats)
             .context("encoding the stats")
@@ -63,18 +63,18 @@ fn run(args: sessionizer::args::RunArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn generate(args: &sessionizer::generate::GenerateArgs) -> ExitCode {
+fn generate(args: &sessionizer_cli::generate::GenerateArgs) -> ExitCode {
     let result = match &args.output {
         path if path.as_os_str() != "-" => std::fs::File::create(path)
             .with_context(|| format!("cannot create {}", path.display()))
             .and_then(|mut f| {
-                let report = sessionizer::generate::generate(args, &mut f)?;
+                let report = sessionizer_cli::generate::generate(args, &mut f)?;
                 f.flush()?;
                 Ok(report)
             }),
         _ => {
             let mut out = std::io::stdout().lock();
-            sessionizer::generate::generate(args, &mut out).map_err(anyhow::Error::from)
+            sessionizer_cli::generate::generate(args, &mut out).map_err(anyhow::Error::from)
         }
     };
     match result {

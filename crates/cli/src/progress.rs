@@ -1,7 +1,9 @@
 //! The progress line on stderr for long runs: only when stderr is a terminal.
 
-use crate::stats::human;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use sessionizer::core::Watermark;
+use sessionizer::pipeline::Observer;
+use sessionizer::stats::human;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -36,7 +38,7 @@ impl Progress {
     }
 
     /// Updates the line: records read, records/s, open sessions, watermark.
-    pub fn update(&self, records: u64, open_sessions: usize, watermark: &str) {
+    pub fn update(&self, records: u64, open_sessions: usize, watermark: Watermark) {
         if let Some(bar) = &self.bar {
             let secs = self.started.elapsed().as_secs_f64().max(1e-9);
             bar.set_message(format!(
@@ -50,5 +52,11 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+}
+
+impl Observer for Progress {
+    fn progress(&self, records_read: u64, open_sessions: usize, watermark: Watermark) {
+        self.update(records_read, open_sessions, watermark);
     }
 }

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use clap::Parser;
 use serde_json::Value;
-use sessionizer::generate::{GenerateArgs, GenerateReport, generate};
+use sessionizer_cli::generate::{GenerateArgs, GenerateReport, generate};
 
 #[derive(Parser)]
 struct T {

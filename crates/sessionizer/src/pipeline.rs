@@ -5,8 +5,7 @@
 //! to the dead-letter output, too-late events to the late output, and the counters keep
 //! the accounting of SPEC §2.
 
-use crate::config::{OnInvalid, RunConfig};
-use crate::progress::Progress;
+use crate::config::{OnInvalid, PipelineConfig};
 use crate::stats::RunStats;
 use sessionizer_connectors::encode::{OutputError, SourcePos, encode_dead_letter, encode_late};
 use sessionizer_connectors::input::{InputError, LinesError};
@@ -34,11 +33,23 @@ pub enum RunError {
 /// The per-event aggregate values, on the stack for up to 8 aggregates.
 type Values<'a> = smallvec::SmallVec<[Option<&'a [u8]>; 8]>;
 
-/// How often (in records) the progress line is refreshed.
+/// How often (in records) the observer hears of progress.
 const PROGRESS_EVERY: u64 = 1 << 16;
 
+/// What a running pipeline reports while it works (a progress line, metrics).
+pub trait Observer {
+    /// Called every 65,536 records.
+    fn progress(&self, _records_read: u64, _open_sessions: usize, _watermark: Watermark) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quiet;
+
+impl Observer for Quiet {}
+
 /// Runs the job to the end of its inputs.
-pub fn run(cfg: &RunConfig, progress: &Progress) -> Result<RunStats, RunError> {
+pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, RunError> {
     let started = Instant::now();
     let mut inputs = Inputs::new(cfg.inputs.clone());
     inputs.check_readable()?;
@@ -130,12 +141,8 @@ pub fn run(cfg: &RunConfig, progress: &Progress) -> Result<RunStats, RunError> {
                 sessions.writer.maybe_flush()?;
             }
         }
-        if stats.records_read % PROGRESS_EVERY == 0 && progress.is_shown() {
-            progress.update(
-                stats.records_read,
-                op.open_sessions(),
-                &op.watermark().to_string(),
-            );
+        if stats.records_read % PROGRESS_EVERY == 0 {
+            observer.progress(stats.records_read, op.open_sessions(), op.watermark());
         }
         Ok(())
     });
