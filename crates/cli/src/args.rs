@@ -128,6 +128,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub late_output: Option<String>,
 
+    /// Worker threads; keys are shared among them by hash, decoding is parallel too.
+    /// The output is byte-identical for every N. [default: 1]
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+
     /// Also write the run's summary as one JSON object to this file.
     #[arg(long, value_name = "PATH")]
     pub stats_file: Option<PathBuf>,

@@ -75,6 +75,7 @@ pub struct FileConfig {
     pub late_output: Option<String>,
     pub stats_file: Option<PathBuf>,
     pub progress: Option<ProgressArg>,
+    pub workers: Option<usize>,
 }
 
 /// `[[aggregate]] kind = "collect", field = "page", name = "visited_pages"`.
@@ -213,7 +214,12 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
     let files = [&output, &dead_letter, &late_output];
     for (i, a) in files.iter().enumerate() {
         for b in &files[i + 1..] {
-            if matches!(a, OutputTarget::File(_)) && a == b {
+            // Two outputs may share a device such as /dev/null, never a regular file.
+            let regular = |t: &OutputTarget| match t {
+                OutputTarget::File(p) => std::fs::metadata(p).map_or(true, |m| m.is_file()),
+                _ => false,
+            };
+            if regular(a) && a == b {
                 return Err(ConfigError::Conflict(format!(
                     "{} is named for two outputs; give --output, --dead-letter and --late-output different files",
                     a.display_name()
@@ -356,6 +362,14 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         OnInvalidArg::Fail => OnInvalid::Fail,
     };
 
+    let workers = args.workers.or(file.workers).unwrap_or(1);
+    if !(1..=256).contains(&workers) {
+        return Err(ConfigError::Invalid {
+            option: "--workers",
+            value: workers.to_string(),
+            reason: "give a number of threads from 1 to 256".into(),
+        });
+    }
     let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
@@ -373,6 +387,7 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         dedup,
         emit,
         on_invalid,
+        workers,
     };
     Ok(RunConfig {
         pipeline,

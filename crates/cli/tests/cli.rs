@@ -500,3 +500,73 @@ fn readme_worked_example_matches_the_real_output() {
     let dead = json_lines(&dir.path().join("out.dead-letter.jsonl"));
     assert_eq!(dead[0]["source"], format!("{}:11", s(&input)));
 }
+
+/// SPEC §3 / issue 5: the same input and options give the same bytes whatever the number
+/// of worker threads — on dirty data with late events within and beyond the allowed
+/// lateness, duplicates, invalid lines, merges and retractions.
+#[test]
+fn output_is_byte_identical_for_1_2_and_4_workers() {
+    let options = [
+        "--gap",
+        "30s",
+        "--watermark-delay",
+        "5s",
+        "--allowed-lateness",
+        "30s",
+        "--dedup",
+        "--first",
+        "referrer",
+        "--count-distinct",
+        "user_id",
+    ];
+    let one = dirty_run(&[&options[..], &["--workers", "1"]].concat());
+    let st = stats(&one.stats);
+    assert!(st["retractions"].as_u64().expect("retractions") > 0, "{st}");
+    assert!(st["late"].as_u64().expect("late") > 0, "{st}");
+    let read = |p: &Path| std::fs::read_to_string(p).expect("output");
+    for (workers, emit) in [("2", "on-close"), ("4", "on-close"), ("3", "on-update")] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("sessions.jsonl");
+        let stats_file = dir.path().join("stats.json");
+        let mut args = vec!["run", "--input", s(&one.input), "--output", s(&out)];
+        args.extend_from_slice(&["--stats-file", s(&stats_file), "--collect", "page"]);
+        args.extend_from_slice(&options);
+        args.extend_from_slice(&["--workers", workers, "--emit", emit]);
+        run_ok(&args);
+        let mut reference = vec!["run", "--input", s(&one.input), "--output", "-"];
+        reference.extend_from_slice(&["--collect", "page", "--emit", emit]);
+        reference.extend_from_slice(&options);
+        reference.extend_from_slice(&["--workers", "1", "--late-output", "/dev/null"]);
+        reference.extend_from_slice(&["--dead-letter", "/dev/null"]);
+        let expected = String::from_utf8(run_ok(&reference).stdout).expect("utf8");
+        assert!(
+            read(&out) == expected,
+            "sessions differ with --workers {workers} --emit {emit}"
+        );
+        if emit == "on-close" {
+            assert!(read(&out) == read(&one.out));
+            let late = dir.path().join("sessions.late.jsonl");
+            let dead = dir.path().join("sessions.dead-letter.jsonl");
+            assert!(
+                read(&late) == read(&one.late),
+                "late records differ with --workers {workers}"
+            );
+            assert!(
+                read(&dead) == read(&one.dead),
+                "dead letters differ with --workers {workers}"
+            );
+            let so = stats(&stats_file);
+            for k in [
+                "records_read",
+                "in_sessions",
+                "duplicates",
+                "late",
+                "invalid",
+                "sessions_emitted",
+                "retractions",
+            ] {
+                assert_eq!(st[k], so[k], "{k} with --workers {workers}");
+            }
+        }
+    }
+}

@@ -62,9 +62,12 @@ impl RecordWriter {
         Ok(())
     }
 
-    /// Counts one more record encoded into `buf`.
-    pub fn record_added(&mut self) {
-        self.records += 1;
+    /// Appends encoded records (`count` of them) and writes them out once the buffer is
+    /// large.
+    pub fn append(&mut self, bytes: &[u8], count: u64) -> Result<(), OutputError> {
+        self.buf.extend_from_slice(bytes);
+        self.records += count;
+        self.maybe_flush()
     }
 
     pub fn records(&self) -> u64 {
@@ -113,10 +116,13 @@ fn error(target: &OutputTarget, source: io::Error) -> OutputError {
     }
 }
 
-/// Encodes sessions and retractions (the operator's [`Emit`]) into a [`RecordWriter`].
-#[derive(Debug)]
+/// Encodes sessions and retractions (the operator's [`Emit`]) as JSON lines into `buf`.
+#[derive(Debug, Clone)]
 pub struct SessionEncoder {
-    pub writer: RecordWriter,
+    /// Encoded records not yet taken.
+    pub buf: Vec<u8>,
+    /// Records encoded into `buf` since it was last taken.
+    pub records: u64,
     /// `,"name":` of each aggregate, pre-encoded.
     agg_prefixes: Vec<Vec<u8>>,
     with_complete: bool,
@@ -126,7 +132,7 @@ pub struct SessionEncoder {
 impl SessionEncoder {
     /// `agg_names` are the output names of the aggregates in order; `with_complete` adds
     /// the `complete` field (`--emit on-update`).
-    pub fn new(writer: RecordWriter, agg_names: &[String], with_complete: bool) -> Self {
+    pub fn new(agg_names: &[String], with_complete: bool) -> Self {
         let agg_prefixes = agg_names
             .iter()
             .map(|n| {
@@ -137,7 +143,8 @@ impl SessionEncoder {
             })
             .collect();
         SessionEncoder {
-            writer,
+            buf: Vec::with_capacity(FLUSH_AT),
+            records: 0,
             agg_prefixes,
             with_complete,
             retractions: 0,
@@ -168,7 +175,7 @@ fn write_time(name: &[u8], t: EventTime, out: &mut Vec<u8>) {
 
 impl Emit for SessionEncoder {
     fn session(&mut self, s: &SessionView<'_>) {
-        let out = &mut self.writer.buf;
+        let out = &mut self.buf;
         let mut num = itoa::Buffer::new();
         out.extend_from_slice(b"{\"key\":");
         write_json_string(s.key, out);
@@ -194,18 +201,18 @@ impl Emit for SessionEncoder {
             agg.write_json(out);
         }
         out.extend_from_slice(b"}\n");
-        self.writer.record_added();
+        self.records += 1;
     }
 
     fn retraction(&mut self, key: &[u8], start: EventTime) {
-        let out = &mut self.writer.buf;
+        let out = &mut self.buf;
         out.extend_from_slice(b"{\"key\":");
         write_json_string(key, out);
         out.push(b',');
         write_id(key, start, out);
         out.extend_from_slice(b",\"retract\":true}\n");
         self.retractions += 1;
-        self.writer.record_added();
+        self.records += 1;
     }
 }
 
@@ -225,8 +232,7 @@ fn write_source(pos: SourcePos<'_>, out: &mut Vec<u8>) {
 }
 
 /// `{"reason":..,"source":"file:line","raw":"<the record as read>"}`.
-pub fn encode_dead_letter(w: &mut RecordWriter, reason: &str, pos: SourcePos<'_>, raw: &[u8]) {
-    let out = &mut w.buf;
+pub fn encode_dead_letter(out: &mut Vec<u8>, reason: &str, pos: SourcePos<'_>, raw: &[u8]) {
     out.extend_from_slice(b"{\"reason\":");
     write_json_string(reason.as_bytes(), out);
     out.extend_from_slice(b",\"source\":");
@@ -237,19 +243,17 @@ pub fn encode_dead_letter(w: &mut RecordWriter, reason: &str, pos: SourcePos<'_>
         Err(_) => write_json_string(String::from_utf8_lossy(raw).as_bytes(), out),
     }
     out.extend_from_slice(b"}\n");
-    w.record_added();
 }
 
 /// `{"reason":..,"source":..,"watermark":..,"behind_watermark_ms":..,"event":<as read>}`.
 pub fn encode_late(
-    w: &mut RecordWriter,
+    out: &mut Vec<u8>,
     reason: &str,
     pos: SourcePos<'_>,
     watermark: Watermark,
     time: EventTime,
     event: &[u8],
 ) {
-    let out = &mut w.buf;
     out.extend_from_slice(b"{\"reason\":\"");
     out.extend_from_slice(reason.as_bytes());
     out.extend_from_slice(b"\",\"source\":");
@@ -261,5 +265,4 @@ pub fn encode_late(
     out.extend_from_slice(b",\"event\":");
     out.extend_from_slice(event.trim_ascii());
     out.extend_from_slice(b"}\n");
-    w.record_added();
 }

@@ -39,24 +39,61 @@ pub struct InputError {
     pub source: io::Error,
 }
 
-/// One line of input, without its line terminator (`\n` or `\r\n`).
-#[derive(Debug, Clone, Copy)]
-pub struct Line<'a> {
-    pub bytes: &'a [u8],
+/// Where one line of a [`Batch`] sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineSpan {
+    /// Byte range in [`Batch::data`], without the line terminator (`\n` or `\r\n`).
+    pub start: u32,
+    pub end: u32,
     /// Index of the input in the order given.
-    pub input: usize,
+    pub input: u32,
     /// 1-based line number within that input.
     pub line_no: u64,
 }
 
-const CHUNK: usize = 1 << 20;
+/// A block of whole lines read from the inputs, owned, so that workers can decode them
+/// in parallel.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub data: Vec<u8>,
+    pub lines: Vec<LineSpan>,
+}
 
-/// Reads inputs in order and hands out their lines.
-#[derive(Debug)]
+impl Batch {
+    /// The bytes of line `i`.
+    pub fn line(&self, i: usize) -> &[u8] {
+        let l = self.lines[i];
+        &self.data[l.start as usize..l.end as usize]
+    }
+}
+
+/// The input currently being read.
+struct Current {
+    index: usize,
+    reader: Box<dyn Read>,
+    line_no: u64,
+    /// Standard input: hand out lines as soon as they arrive.
+    live: bool,
+}
+
+/// Reads inputs in order and hands out their lines in batches.
 pub struct Inputs {
     sources: Vec<InputSource>,
     names: Vec<String>,
     bytes_read: u64,
+    current: Option<Current>,
+    next_input: usize,
+    /// The start of a line whose end has not been read yet.
+    carry: Vec<u8>,
+}
+
+impl std::fmt::Debug for Inputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inputs")
+            .field("sources", &self.sources)
+            .field("bytes_read", &self.bytes_read)
+            .finish()
+    }
 }
 
 impl Inputs {
@@ -66,12 +103,20 @@ impl Inputs {
             sources,
             names,
             bytes_read: 0,
+            current: None,
+            next_input: 0,
+            carry: Vec::new(),
         }
     }
 
     /// The display name of input `i`.
     pub fn name(&self, i: usize) -> &str {
         &self.names[i]
+    }
+
+    /// The display names of all inputs, in order.
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     pub fn bytes_read(&self) -> u64 {
@@ -91,94 +136,123 @@ impl Inputs {
         Ok(())
     }
 
-    /// Calls `f` with every line of every input, in order. `f` returns `Err` to stop.
-    pub fn for_each_line<E>(
+    /// Fills `batch` with the next whole lines, about `target_bytes` of them (fewer from
+    /// stdin, whose lines are handed out as soon as they arrive; more when one line is
+    /// longer). Returns `false` once every input is exhausted and nothing was read.
+    pub fn next_batch(
         &mut self,
-        mut f: impl FnMut(Line<'_>) -> Result<(), E>,
-    ) -> Result<(), LinesError<E>> {
-        let mut buf = vec![0u8; CHUNK];
-        for i in 0..self.sources.len() {
-            let reader: Box<dyn Read> = match &self.sources[i] {
-                InputSource::File(p) => Box::new(open(p).map_err(|source| {
-                    LinesError::Input(InputError {
-                        name: self.names[i].clone(),
-                        source,
-                    })
-                })?),
-                InputSource::Stdin => Box::new(io::stdin().lock()),
-            };
-            self.read_lines(i, reader, &mut buf, &mut f)?;
-        }
-        Ok(())
-    }
-
-    fn read_lines<E>(
-        &mut self,
-        input: usize,
-        mut reader: Box<dyn Read>,
-        buf: &mut Vec<u8>,
-        f: &mut impl FnMut(Line<'_>) -> Result<(), E>,
-    ) -> Result<(), LinesError<E>> {
-        let mut line_no = 0u64;
-        // buf[..filled] holds bytes not yet handed out; they start a line.
-        let mut filled = 0usize;
+        batch: &mut Batch,
+        target_bytes: usize,
+    ) -> Result<bool, InputError> {
+        batch.data.clear();
+        batch.lines.clear();
+        batch.data.append(&mut self.carry);
+        // Where the next line starts; the carried bytes begin a line.
+        let mut start = 0usize;
         loop {
-            if filled == buf.len() {
-                // One line longer than the buffer: grow.
-                buf.resize(buf.len() * 2, 0);
+            if !self.open_next_if_needed()? {
+                return Ok(!batch.lines.is_empty());
             }
-            let n = match reader.read(&mut buf[filled..]) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    return Err(LinesError::Input(InputError {
-                        name: self.names[input].clone(),
-                        source,
-                    }));
+            let Inputs {
+                current,
+                names,
+                bytes_read,
+                carry,
+                ..
+            } = self;
+            let Some(cur) = current.as_mut() else {
+                return Ok(!batch.lines.is_empty());
+            };
+            let filled = batch.data.len();
+            let want = target_bytes.saturating_sub(filled).max(CHUNK_MIN);
+            batch.data.resize(filled + want, 0);
+            let n = loop {
+                match cur.reader.read(&mut batch.data[filled..]) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(source) => {
+                        batch.data.truncate(filled);
+                        return Err(InputError {
+                            name: names[cur.index].clone(),
+                            source,
+                        });
+                    }
                 }
             };
-            self.bytes_read += n as u64;
-            let end = filled + n;
-            let eof = n == 0;
-            let mut start = 0usize;
-            for nl in memchr::memchr_iter(b'\n', &buf[filled..end]) {
-                let stop = filled + nl;
-                line_no += 1;
-                f(Line {
-                    bytes: trim_cr(&buf[start..stop]),
-                    input,
-                    line_no,
-                })
-                .map_err(LinesError::Stopped)?;
+            batch.data.truncate(filled + n);
+            *bytes_read += n as u64;
+            let input = cur.index as u32;
+            let mut pos = filled;
+            while let Some(nl) = memchr::memchr(b'\n', &batch.data[pos..]) {
+                let stop = pos + nl;
+                cur.line_no += 1;
+                push_line(batch, start, stop, input, cur.line_no);
                 start = stop + 1;
+                pos = start;
             }
-            if eof {
-                if start < end {
-                    line_no += 1;
-                    f(Line {
-                        bytes: trim_cr(&buf[start..end]),
-                        input,
-                        line_no,
-                    })
-                    .map_err(LinesError::Stopped)?;
+            if n == 0 {
+                // End of this input: a last line without '\n' is still a line.
+                if start < batch.data.len() {
+                    cur.line_no += 1;
+                    let end = batch.data.len();
+                    push_line(batch, start, end, input, cur.line_no);
+                    batch.data.push(b'\n');
+                    start = batch.data.len();
                 }
-                return Ok(());
+                *current = None;
+            } else if batch.data.len() >= target_bytes || (cur.live && !batch.lines.is_empty()) {
+                carry.extend_from_slice(&batch.data[start..]);
+                batch.data.truncate(start);
+                return Ok(true);
             }
-            buf.copy_within(start..end, 0);
-            filled = end - start;
         }
+    }
+
+    /// Opens the next input when none is open; `false` when all are done.
+    fn open_next_if_needed(&mut self) -> Result<bool, InputError> {
+        if self.current.is_some() {
+            return Ok(true);
+        }
+        if self.next_input == self.sources.len() {
+            return Ok(false);
+        }
+        let index = self.next_input;
+        self.next_input += 1;
+        let (reader, live): (Box<dyn Read>, bool) = match &self.sources[index] {
+            InputSource::File(p) => (
+                Box::new(open(p).map_err(|source| InputError {
+                    name: self.names[index].clone(),
+                    source,
+                })?),
+                false,
+            ),
+            InputSource::Stdin => (Box::new(io::stdin()), true),
+        };
+        self.current = Some(Current {
+            index,
+            reader,
+            line_no: 0,
+            live,
+        });
+        Ok(true)
     }
 }
 
-/// Why [`Inputs::for_each_line`] stopped early.
-#[derive(Debug)]
-pub enum LinesError<E> {
-    Input(InputError),
-    Stopped(E),
-}
+/// Reads at least this much per call, so that small targets still read efficiently.
+const CHUNK_MIN: usize = 64 * 1024;
 
-fn trim_cr(line: &[u8]) -> &[u8] {
-    line.strip_suffix(b"\r").unwrap_or(line)
+fn push_line(batch: &mut Batch, start: usize, stop: usize, input: u32, line_no: u64) {
+    let end = if stop > start && batch.data[stop - 1] == b'\r' {
+        stop - 1
+    } else {
+        stop
+    };
+    batch.lines.push(LineSpan {
+        start: u32::try_from(start).expect("batch larger than 4 GiB"),
+        end: u32::try_from(end).expect("batch larger than 4 GiB"),
+        input,
+        line_no,
+    });
 }
 
 fn open(p: &Path) -> io::Result<File> {
@@ -197,19 +271,18 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn collect(inputs: &mut Inputs) -> Vec<(usize, u64, String)> {
+    fn collect(inputs: &mut Inputs, target: usize) -> Vec<(u32, u64, String)> {
         let mut out = Vec::new();
-        inputs
-            .for_each_line(|l| {
+        let mut batch = Batch::default();
+        while inputs.next_batch(&mut batch, target).expect("read") {
+            for (i, l) in batch.lines.iter().enumerate() {
                 out.push((
                     l.input,
                     l.line_no,
-                    String::from_utf8_lossy(l.bytes).into_owned(),
+                    String::from_utf8_lossy(batch.line(i)).into_owned(),
                 ));
-                Ok::<(), ()>(())
-            })
-            .map_err(|_| "read failed")
-            .expect("lines");
+            }
+        }
         out
     }
 
@@ -222,7 +295,7 @@ mod tests {
         std::fs::write(&b, "x\n").expect("write");
         let mut inputs = Inputs::new(vec![InputSource::File(a), InputSource::File(b)]);
         assert_eq!(
-            collect(&mut inputs),
+            collect(&mut inputs, 1 << 20),
             vec![
                 (0, 1, "one".into()),
                 (0, 2, "two".into()),
@@ -234,23 +307,36 @@ mod tests {
     }
 
     #[test]
-    fn lines_longer_than_the_buffer_and_across_chunk_borders() {
+    fn lines_longer_than_a_batch_and_across_batch_borders() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("big.jsonl");
-        let long = "y".repeat(CHUNK * 2 + 17);
+        let long = "y".repeat(CHUNK_MIN * 5 + 17);
         let mut f = File::create(&p).expect("create");
         let mut expected = Vec::new();
         for i in 0..3000 {
             let line = format!("{i}-{}", "z".repeat(i % 700));
-            writeln!(f, "{line}").expect("write");
+            if i % 7 == 0 {
+                write!(f, "{line}\r\n").expect("write");
+            } else {
+                writeln!(f, "{line}").expect("write");
+            }
             expected.push(line);
         }
         writeln!(f, "{long}").expect("write");
         expected.push(long);
         drop(f);
-        let mut inputs = Inputs::new(vec![InputSource::File(p)]);
-        let got: Vec<String> = collect(&mut inputs).into_iter().map(|l| l.2).collect();
-        assert_eq!(got, expected);
+        for target in [1, 1000, CHUNK_MIN, 1 << 20] {
+            let mut inputs = Inputs::new(vec![InputSource::File(p.clone())]);
+            let got: Vec<String> = collect(&mut inputs, target)
+                .into_iter()
+                .map(|l| l.2)
+                .collect();
+            assert_eq!(got, expected, "target {target}");
+            assert_eq!(
+                inputs.bytes_read(),
+                std::fs::metadata(&p).expect("meta").len()
+            );
+        }
     }
 
     #[test]

@@ -11,5 +11,5 @@ pub mod input;
 pub mod output;
 
 pub use encode::{RecordWriter, SessionEncoder};
-pub use input::{InputSource, Inputs, Line};
+pub use input::{Batch, InputSource, Inputs, LineSpan};
 pub use output::OutputTarget;

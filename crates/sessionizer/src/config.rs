@@ -41,6 +41,9 @@ pub struct PipelineConfig {
     pub dedup: DedupMode,
     pub emit: EmitMode,
     pub on_invalid: OnInvalid,
+    /// Worker threads; keys are shared among them by hash. The output is the same for
+    /// every value.
+    pub workers: usize,
 }
 
 impl PipelineConfig {

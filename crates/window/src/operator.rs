@@ -167,12 +167,19 @@ impl SessionOperator {
         &self.store
     }
 
+    /// Records the gap of a valid event that another shard of the same job processes.
+    /// Final bounds are remembered for the largest gap of *any* valid event, so every
+    /// shard must hear of every gap to forget at the same moment as one operator would.
+    pub fn observe_gap(&mut self, gap: DurationMs) {
+        self.largest_gap = self.largest_gap.max(gap.millis());
+    }
+
     /// Judges one valid event against the current watermark and applies it if it is
     /// neither too late nor a duplicate. Retractions caused by the event are emitted
     /// right away; everything else waits for [`advance_to`](Self::advance_to).
     pub fn on_event(&mut self, ev: &Event<'_>, out: &mut impl Emit) -> Verdict {
+        self.observe_gap(ev.gap);
         let gap = ev.gap.millis();
-        self.largest_gap = self.largest_gap.max(gap);
         let arrival = Arrival {
             time: ev.time.millis(),
             end: ev.time.millis().saturating_add(gap),

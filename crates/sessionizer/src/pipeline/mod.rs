@@ -1,0 +1,313 @@
+//! The running job: JSON lines in, sessions out, with the accounting of SPEC §2.
+//!
+//! Input is read in batches of whole lines. Each batch goes through two parallel phases
+//! and one sequential one:
+//!
+//! 1. **decode** ([`parse`]) — the batch is cut into contiguous ranges, decoded in
+//!    parallel; invalid lines become dead-letter records in input order;
+//! 2. **sessionize** ([`shard`]) — each worker owns the keys of one hash shard and runs
+//!    its own session operator over all the batch's records in input order: it judges
+//!    and applies its own keys' events, and advances the watermark at every step, so the
+//!    watermark sequence is the same whatever the number of workers;
+//! 3. **merge** — the shards' records are put back in the order one operator would
+//!    have produced: by step, then the step's own records (retractions, on-update
+//!    records), then its completions by (close, key, start).
+//!
+//! So the output is byte-identical for every `--workers N` (SPEC §3).
+
+mod parse;
+mod shard;
+
+use crate::config::{OnInvalid, PipelineConfig};
+use crate::stats::RunStats;
+use parse::Parsed;
+use sessionizer_connectors::encode::OutputError;
+use sessionizer_connectors::input::InputError;
+use sessionizer_connectors::{Batch, Inputs, OutputTarget, RecordWriter, SessionEncoder};
+use sessionizer_core::Watermark;
+use sessionizer_core::decode::Decoder;
+use shard::{Shard, Tag};
+use std::time::Instant;
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Input(#[from] InputError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error(
+        "invalid record at {position}: {reason} (stopping because of --on-invalid fail; use --on-invalid dead-letter to set such records aside)"
+    )]
+    InvalidRecord { position: String, reason: String },
+    #[error("cannot start {workers} worker threads: {message}")]
+    Workers { workers: usize, message: String },
+}
+
+/// What a running pipeline reports while it works (a progress line, metrics).
+pub trait Observer {
+    /// Called after every batch of input (about every 4 MiB).
+    fn progress(&self, _records_read: u64, _open_sessions: usize, _watermark: Watermark) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quiet;
+
+impl Observer for Quiet {}
+
+/// Bytes of input per batch.
+const BATCH_BYTES: usize = 4 << 20;
+
+/// Runs the job to the end of its inputs.
+pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, RunError> {
+    let workers = cfg.workers.max(1);
+    let pool = if workers > 1 {
+        Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(workers)
+                .thread_name(|i| format!("sessionizer-worker-{i}"))
+                .build()
+                .map_err(|e| RunError::Workers {
+                    workers,
+                    message: e.to_string(),
+                })?,
+        )
+    } else {
+        None
+    };
+    Job::new(cfg, workers, pool).run(observer)
+}
+
+/// The state of one run.
+struct Job<'c> {
+    cfg: &'c PipelineConfig,
+    /// The worker threads; `None` with one worker (everything runs on this thread).
+    pool: Option<rayon::ThreadPool>,
+    started: Instant,
+    inputs: Inputs,
+    names: Vec<String>,
+    shards: Vec<Shard>,
+    decoders: Vec<Decoder>,
+    parsed: Vec<Parsed>,
+    sessions: RecordWriter,
+    dead: RecordWriter,
+    late: RecordWriter,
+    stats: RunStats,
+    /// Scratch for the merge.
+    order: Vec<(usize, usize)>,
+}
+
+impl<'c> Job<'c> {
+    fn new(cfg: &'c PipelineConfig, workers: usize, pool: Option<rayon::ThreadPool>) -> Job<'c> {
+        let encoder = SessionEncoder::new(
+            &cfg.aggregate_names(),
+            cfg.emit == sessionizer_window::EmitMode::OnUpdate,
+        );
+        let shards = (0..workers)
+            .map(|i| {
+                Shard::new(
+                    i as u32,
+                    cfg.window_config(),
+                    cfg.watermark_delay,
+                    encoder.clone(),
+                    workers > 1,
+                )
+            })
+            .collect();
+        // More ranges than workers evens out ranges that decode slower.
+        let ranges = if workers > 1 { workers * 4 } else { 1 };
+        Job {
+            cfg,
+            pool,
+            started: Instant::now(),
+            inputs: Inputs::new(cfg.inputs.clone()),
+            names: cfg.inputs.iter().map(|i| i.display_name()).collect(),
+            shards,
+            decoders: (0..ranges)
+                .map(|_| Decoder::new(cfg.decoder_config()))
+                .collect(),
+            parsed: (0..ranges).map(|_| Parsed::default()).collect(),
+            sessions: RecordWriter::new(cfg.output.clone()),
+            dead: RecordWriter::new(cfg.dead_letter.clone()),
+            late: RecordWriter::new(cfg.late_output.clone()),
+            stats: RunStats::default(),
+            order: Vec::new(),
+        }
+    }
+
+    fn run(mut self, observer: &dyn Observer) -> Result<RunStats, RunError> {
+        self.inputs.check_readable()?;
+        // Files are created up front so that every output reflects this run, even if empty.
+        for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
+            if matches!(w.target(), OutputTarget::File(_)) {
+                w.open()?;
+            }
+        }
+        let mut batch = Batch::default();
+        let mut first_step = 0u64;
+        while self.inputs.next_batch(&mut batch, BATCH_BYTES)? {
+            self.decode(&batch)?;
+            self.sessionize(&batch, first_step);
+            self.merge()?;
+            first_step += batch.lines.len() as u64;
+            let open = self.shards.iter().map(|s| s.op.open_sessions()).sum();
+            observer.progress(self.stats.records_read, open, self.shards[0].op.watermark());
+        }
+        // End of a bounded input: the watermark becomes +infinity, every session is emitted.
+        for s in &mut self.shards {
+            s.clear_outputs();
+        }
+        match &self.pool {
+            Some(pool) => {
+                use rayon::prelude::*;
+                let shards = &mut self.shards;
+                pool.install(|| shards.par_iter_mut().for_each(Shard::finish));
+            }
+            None => self.shards[0].finish(),
+        }
+        self.merge()?;
+        self.sessions.finish()?;
+        self.dead.finish()?;
+        self.late.finish()?;
+
+        let mut stats = self.stats;
+        for s in &self.shards {
+            let counts = s.op.counts();
+            stats.in_sessions += s.in_sessions;
+            stats.duplicates += s.duplicates;
+            stats.late += s.late_count;
+            stats.sessions_emitted += counts.sessions_emitted;
+            stats.retractions += counts.retractions;
+        }
+        stats.bytes_read = self.inputs.bytes_read();
+        stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
+        stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
+        debug_assert!(stats.adds_up(), "accounting does not add up: {stats:?}");
+        Ok(stats)
+    }
+
+    /// Phase one: decode the batch's lines, in parallel ranges.
+    fn decode(&mut self, batch: &Batch) -> Result<(), RunError> {
+        let n = batch.lines.len();
+        let ranges = self.parsed.len();
+        let per = n.div_ceil(ranges).max(1);
+        let on_invalid = self.cfg.on_invalid;
+        let settings = parse::ParseSettings {
+            aggregates: self.cfg.aggregates.len(),
+            shards: self.shards.len(),
+            on_invalid,
+            names: &self.names,
+        };
+        let work = |(i, (decoder, out)): (usize, (&mut Decoder, &mut Parsed))| {
+            let range = (i * per).min(n)..((i + 1) * per).min(n);
+            parse::parse_range(batch, range, decoder, settings, out);
+        };
+        match &self.pool {
+            Some(pool) => {
+                use rayon::prelude::*;
+                let (decoders, parsed) = (&mut self.decoders, &mut self.parsed);
+                pool.install(|| {
+                    decoders
+                        .par_iter_mut()
+                        .zip(parsed.par_iter_mut())
+                        .enumerate()
+                        .for_each(work)
+                });
+            }
+            None => work((0, (&mut self.decoders[0], &mut self.parsed[0]))),
+        }
+
+        for part in &self.parsed {
+            if let Some((line, reason)) = &part.first_invalid {
+                let span = batch.lines[*line as usize];
+                return Err(RunError::InvalidRecord {
+                    position: format!("{}:{}", self.names[span.input as usize], span.line_no),
+                    reason: reason.clone(),
+                });
+            }
+            self.stats.blank_lines += part.blank;
+            self.stats.invalid += part.invalid;
+            self.stats.records_read += part.recs.len() as u64 - part.blank;
+            if on_invalid == OnInvalid::DeadLetter {
+                self.dead.append(&part.dead, part.invalid)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase two: every shard runs the batch.
+    fn sessionize(&mut self, batch: &Batch, first_step: u64) {
+        let parsed = &self.parsed[..];
+        let names = &self.names[..];
+        for s in &mut self.shards {
+            s.clear_outputs();
+        }
+        match &self.pool {
+            Some(pool) => {
+                use rayon::prelude::*;
+                let shards = &mut self.shards;
+                pool.install(|| {
+                    shards
+                        .par_iter_mut()
+                        .for_each(|s| s.process(batch, parsed, first_step, names))
+                });
+            }
+            None => self.shards[0].process(batch, parsed, first_step, names),
+        }
+    }
+
+    /// Phase three: the shards' records in the order of one operator.
+    fn merge(&mut self) -> Result<(), RunError> {
+        if let [only] = &mut self.shards[..] {
+            let records = only.out.encoder.records;
+            self.sessions.append(&only.out.encoder.buf, records)?;
+            let lates = only.late_steps.len() as u64;
+            self.late.append(&only.late, lates)?;
+            return Ok(());
+        }
+        let shards = &self.shards;
+        self.order.clear();
+        for (si, s) in shards.iter().enumerate() {
+            self.order.extend((0..s.out.tags.len()).map(|ti| (si, ti)));
+        }
+        let tag = |&(si, ti): &(usize, usize)| -> &Tag { &shards[si].out.tags[ti] };
+        self.order.sort_unstable_by(|a, b| {
+            let (ta, tb) = (tag(a), tag(b));
+            ta.step
+                .cmp(&tb.step)
+                .then(ta.class.cmp(&tb.class))
+                .then_with(|| {
+                    if ta.class == 0 {
+                        // The step's own records all come from one shard, in order.
+                        a.cmp(b)
+                    } else {
+                        (ta.close, shards[a.0].out.key(ta), ta.start).cmp(&(
+                            tb.close,
+                            shards[b.0].out.key(tb),
+                            tb.start,
+                        ))
+                    }
+                })
+        });
+        for &(si, ti) in &self.order {
+            let t = &shards[si].out.tags[ti];
+            let buf = &shards[si].out.encoder.buf;
+            let (from, len) = (t.bytes.0 as usize, t.bytes.1 as usize);
+            self.sessions.append(&buf[from..from + len], 1)?;
+        }
+
+        let mut lates: Vec<(u64, usize, usize)> = Vec::new();
+        for (si, s) in shards.iter().enumerate() {
+            lates.extend((0..s.late_steps.len()).map(|i| (s.late_steps[i].0, si, i)));
+        }
+        lates.sort_unstable();
+        for (_, si, i) in lates {
+            let (_, from, len) = shards[si].late_steps[i];
+            let buf = &shards[si].late;
+            self.late
+                .append(&buf[from as usize..(from + len) as usize], 1)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,161 @@
+//! Phase one of a batch: decode lines into compact records, in parallel over contiguous
+//! ranges of the batch. Nothing here depends on the watermark or on other records.
+
+use crate::config::OnInvalid;
+use sessionizer_connectors::Batch;
+use sessionizer_connectors::encode::{SourcePos, encode_dead_letter};
+use sessionizer_core::decode::Decoder;
+use std::hash::BuildHasher;
+
+/// What a line turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Blank,
+    Invalid,
+    Valid,
+}
+
+/// One decoded line. Byte ranges point into the batch's data, or into the range's key
+/// arena for keys that had to be unescaped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rec {
+    pub kind: Kind,
+    /// Index of the line in the batch.
+    pub line: u32,
+    pub key_in_arena: bool,
+    pub key: (u32, u32),
+    pub shard: u32,
+    pub time: i64,
+    pub gap: Option<i64>,
+    pub dedup: Option<u128>,
+    /// Index of this record's first aggregate value in [`Parsed::values`].
+    pub values_at: u32,
+}
+
+/// The decoded records of one contiguous range of a batch.
+#[derive(Debug, Default)]
+pub(crate) struct Parsed {
+    pub recs: Vec<Rec>,
+    /// Per valid record, one span per aggregate (`None`: missing or null).
+    pub values: Vec<Option<(u32, u32)>>,
+    pub key_arena: Vec<u8>,
+    /// Encoded dead-letter records, in input order.
+    pub dead: Vec<u8>,
+    pub invalid: u64,
+    pub blank: u64,
+    /// The first invalid record of the range: (line index, reason), for `--on-invalid fail`.
+    pub first_invalid: Option<(u32, String)>,
+}
+
+/// Assigns keys to shards; the same for every run and every number of workers' hashes.
+pub(crate) fn shard_of(key: &[u8], shards: usize) -> u32 {
+    if shards == 1 {
+        return 0;
+    }
+    let h = foldhash::fast::FixedState::with_seed(0x5eed_5e55).hash_one(key);
+    (h % shards as u64) as u32
+}
+
+/// Where `part` sits inside `whole`, if it does.
+fn offset_in(whole: &[u8], part: &[u8]) -> Option<u32> {
+    let off = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
+    (off <= whole.len() && part.len() <= whole.len() - off).then_some(off as u32)
+}
+
+/// What decoding needs to know besides the lines.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ParseSettings<'a> {
+    pub aggregates: usize,
+    pub shards: usize,
+    pub on_invalid: OnInvalid,
+    /// Display names of the inputs, for dead-letter positions.
+    pub names: &'a [String],
+}
+
+/// Decodes lines `range` of `batch`.
+pub(crate) fn parse_range(
+    batch: &Batch,
+    range: std::ops::Range<usize>,
+    decoder: &mut Decoder,
+    settings: ParseSettings<'_>,
+    out: &mut Parsed,
+) {
+    let ParseSettings {
+        aggregates,
+        shards,
+        on_invalid,
+        names,
+    } = settings;
+    out.recs.clear();
+    out.values.clear();
+    out.key_arena.clear();
+    out.dead.clear();
+    out.invalid = 0;
+    out.blank = 0;
+    out.first_invalid = None;
+    let data = &batch.data[..];
+    for i in range {
+        let bytes = batch.line(i);
+        let mut rec = Rec {
+            kind: Kind::Blank,
+            line: i as u32,
+            key_in_arena: false,
+            key: (0, 0),
+            shard: 0,
+            time: 0,
+            gap: None,
+            dedup: None,
+            values_at: out.values.len() as u32,
+        };
+        if bytes.trim_ascii().is_empty() {
+            out.blank += 1;
+            out.recs.push(rec);
+            continue;
+        }
+        match decoder.decode(bytes) {
+            Err(invalid) => {
+                rec.kind = Kind::Invalid;
+                out.invalid += 1;
+                match on_invalid {
+                    OnInvalid::Skip => {}
+                    OnInvalid::Fail => {
+                        if out.first_invalid.is_none() {
+                            out.first_invalid = Some((i as u32, invalid.to_string()));
+                        }
+                    }
+                    OnInvalid::DeadLetter => {
+                        let span = batch.lines[i];
+                        let pos = SourcePos {
+                            name: &names[span.input as usize],
+                            line: span.line_no,
+                        };
+                        encode_dead_letter(&mut out.dead, &invalid.to_string(), pos, bytes);
+                    }
+                }
+            }
+            Ok(d) => {
+                rec.kind = Kind::Valid;
+                rec.time = d.time.millis();
+                rec.gap = d.gap.map(|g| g.millis());
+                rec.dedup = d.dedup;
+                rec.shard = shard_of(d.key, shards);
+                match offset_in(data, d.key) {
+                    Some(off) => rec.key = (off, d.key.len() as u32),
+                    None => {
+                        rec.key_in_arena = true;
+                        rec.key = (out.key_arena.len() as u32, d.key.len() as u32);
+                        out.key_arena.extend_from_slice(d.key);
+                    }
+                }
+                for v in 0..aggregates {
+                    out.values.push(
+                        d.value(v).and_then(|raw| {
+                            offset_in(data, raw).map(|off| (off, raw.len() as u32))
+                        }),
+                    );
+                }
+            }
+        }
+        out.recs.push(rec);
+    }
+}

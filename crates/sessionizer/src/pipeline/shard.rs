@@ -1,0 +1,222 @@
+//! Phase two of a batch: one shard of the keys runs its own session operator over the
+//! batch's records in input order.
+//!
+//! Every shard walks every valid record: the watermark is a function of all event
+//! times, so each shard computes the same watermark sequence as a single operator would,
+//! and every shard hears every gap (final bounds are kept for the largest gap of any
+//! event). Only the shard that owns a record's key judges and applies it. What a shard
+//! emits is tagged with the step (the record's position in the input) so that the
+//! outputs of all shards can be put back in exactly the order one operator would have
+//! produced them.
+
+use super::parse::{Kind, Parsed};
+use sessionizer_connectors::encode::{SourcePos, encode_late};
+use sessionizer_connectors::{Batch, SessionEncoder};
+use sessionizer_core::{DurationMs, EventTime, Watermark};
+use sessionizer_window::{
+    BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
+};
+
+/// The step of the end of input, after every record.
+pub(crate) const END_STEP: u64 = u64::MAX;
+
+/// Where one emitted record goes in the merged output.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tag {
+    /// The input position of the step that emitted it.
+    pub step: u64,
+    /// 0: caused by the step's own event (retraction, on-update record), in emission
+    /// order; 1: a completion, ordered by (close, key, start) across shards.
+    pub class: u8,
+    pub close: i64,
+    pub start: i64,
+    /// The key in [`Tagged::keys`].
+    pub key: (u32, u32),
+    /// The record in [`Tagged::encoder`]'s buffer.
+    pub bytes: (u32, u32),
+}
+
+/// An [`Emit`] that encodes and, with several shards, tags every record.
+#[derive(Debug)]
+pub(crate) struct Tagged {
+    pub encoder: SessionEncoder,
+    pub tags: Vec<Tag>,
+    pub keys: Vec<u8>,
+    tagging: bool,
+    step: u64,
+}
+
+impl Tagged {
+    fn tag(&mut self, class: u8, close: i64, start: i64, key: &[u8], from: usize) {
+        if !self.tagging {
+            return;
+        }
+        let k = (self.keys.len() as u32, key.len() as u32);
+        self.keys.extend_from_slice(key);
+        self.tags.push(Tag {
+            step: self.step,
+            class,
+            close,
+            start,
+            key: k,
+            bytes: (from as u32, (self.encoder.buf.len() - from) as u32),
+        });
+    }
+
+    /// The key bytes of a tag.
+    pub fn key(&self, t: &Tag) -> &[u8] {
+        &self.keys[t.key.0 as usize..(t.key.0 + t.key.1) as usize]
+    }
+
+    pub fn clear(&mut self) {
+        self.encoder.buf.clear();
+        self.encoder.records = 0;
+        self.tags.clear();
+        self.keys.clear();
+    }
+}
+
+impl Emit for Tagged {
+    fn session(&mut self, s: &SessionView<'_>) {
+        let from = self.encoder.buf.len();
+        self.encoder.session(s);
+        let class = if s.complete { 1 } else { 0 };
+        self.tag(class, s.close.millis(), s.start.millis(), s.key, from);
+    }
+
+    fn retraction(&mut self, key: &[u8], start: EventTime) {
+        let from = self.encoder.buf.len();
+        self.encoder.retraction(key, start);
+        self.tag(0, i64::MIN, start.millis(), key, from);
+    }
+}
+
+/// One shard: an operator, its own copy of the watermark, its outputs for the batch.
+#[derive(Debug)]
+pub(crate) struct Shard {
+    pub index: u32,
+    pub op: SessionOperator,
+    watermark: BoundedOutOfOrderness,
+    default_gap: DurationMs,
+    pub out: Tagged,
+    /// Late-event records of the batch, and the step of each.
+    pub late: Vec<u8>,
+    pub late_steps: Vec<(u64, u32, u32)>,
+    pub in_sessions: u64,
+    pub duplicates: u64,
+    pub late_count: u64,
+}
+
+/// The per-event aggregate values, on the stack for up to 8 aggregates.
+type Values<'a> = smallvec::SmallVec<[Option<&'a [u8]>; 8]>;
+
+impl Shard {
+    pub fn new(
+        index: u32,
+        window: WindowConfig,
+        delay: DurationMs,
+        encoder: SessionEncoder,
+        tagging: bool,
+    ) -> Shard {
+        Shard {
+            index,
+            default_gap: window.gap,
+            op: SessionOperator::new(window),
+            watermark: BoundedOutOfOrderness::new(delay),
+            out: Tagged {
+                encoder,
+                tags: Vec::new(),
+                keys: Vec::new(),
+                tagging,
+                step: 0,
+            },
+            late: Vec::new(),
+            late_steps: Vec::new(),
+            in_sessions: 0,
+            duplicates: 0,
+            late_count: 0,
+        }
+    }
+
+    /// Runs the batch's records (decoded in `parsed`, range after range) through this
+    /// shard. `first_step` is the input position of the batch's first line.
+    pub fn process(&mut self, batch: &Batch, parsed: &[Parsed], first_step: u64, names: &[String]) {
+        let aggregates = self.op.config().aggregates.len();
+        for part in parsed {
+            for rec in part.recs.iter().filter(|r| r.kind == Kind::Valid) {
+                let step = first_step + u64::from(rec.line);
+                let gap = rec.gap.map_or(self.default_gap, DurationMs);
+                let mine = rec.shard == self.index;
+                if mine {
+                    self.out.step = step;
+                    let key = if rec.key_in_arena {
+                        &part.key_arena[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
+                    } else {
+                        &batch.data[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
+                    };
+                    let at = rec.values_at as usize;
+                    let values: Values<'_> = part.values[at..at + aggregates]
+                        .iter()
+                        .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize]))
+                        .collect();
+                    let event = Event {
+                        key,
+                        time: EventTime(rec.time),
+                        gap,
+                        seq: step,
+                        dedup: rec.dedup,
+                        values: &values,
+                    };
+                    let before = self.op.watermark();
+                    match self.op.on_event(&event, &mut self.out) {
+                        Verdict::Applied => self.in_sessions += 1,
+                        Verdict::Duplicate => self.duplicates += 1,
+                        Verdict::Late(reason) => {
+                            self.late_count += 1;
+                            let span = batch.lines[rec.line as usize];
+                            let pos = SourcePos {
+                                name: &names[span.input as usize],
+                                line: span.line_no,
+                            };
+                            let from = self.late.len();
+                            let line = batch.line(rec.line as usize);
+                            encode_late(
+                                &mut self.late,
+                                reason.as_str(),
+                                pos,
+                                before,
+                                event.time,
+                                line,
+                            );
+                            self.late_steps.push((
+                                step,
+                                from as u32,
+                                (self.late.len() - from) as u32,
+                            ));
+                        }
+                    }
+                } else {
+                    self.op.observe_gap(gap);
+                }
+                let before = self.op.watermark();
+                let w = self.watermark.observe(EventTime(rec.time));
+                if mine || w > before {
+                    self.out.step = step;
+                    self.op.advance_to(w, &mut self.out);
+                }
+            }
+        }
+    }
+
+    /// The end of a bounded input: the watermark becomes +infinity.
+    pub fn finish(&mut self) {
+        self.out.step = END_STEP;
+        self.op.advance_to(Watermark::MAX, &mut self.out);
+    }
+
+    pub fn clear_outputs(&mut self) {
+        self.out.clear();
+        self.late.clear();
+        self.late_steps.clear();
+    }
+}
