@@ -168,8 +168,8 @@ pub enum Invalid {
     /// A JSON number in RFC 3339 mode.
     #[error("time field {0} is a number; use --time-format epoch-ms or epoch-s")]
     TimeIsNumber(FieldPath),
-    /// The time field is of a kind that cannot hold a time (boolean, object, array, or a
-    /// string... see `expected`).
+    /// The time field is of a kind that cannot hold a time in the configured format (a
+    /// boolean, object or array; a string in an epoch format must hold a number).
     #[error("time field {field} is not {expected} (found {found})")]
     TimeKind {
         /// The time field.
@@ -311,7 +311,14 @@ impl Decoder {
         &self.cfg
     }
 
-    /// Decodes one line (without its line terminator).
+    /// Decodes one line: `line` is the record without its line terminator (the caller
+    /// strips `\n` and a trailing `\r`).
+    ///
+    /// The line is validated as a whole (UTF-8 and JSON, see [`Extractor::scan`]), then
+    /// the key, the time (and its range), the gap and the dedup value are read, in that
+    /// order; the first problem found is the [`Invalid`] reason. Nothing is allocated
+    /// unless the record is invalid (or a key or time needs unescaping into a buffer that
+    /// is not yet large enough).
     pub fn decode<'s>(&'s mut self, line: &'s [u8]) -> Result<Decoded<'s>, Invalid> {
         self.extractor.scan(line, &mut self.found)?;
         let found = &self.found;
@@ -368,12 +375,12 @@ impl Decoder {
         let gap = match (&self.cfg.gap_field, self.gap_slot) {
             (Some(field), Some(slot)) => match found[slot] {
                 None => None,
-                Some(span) => read_gap(span.of(line), &mut self.tmp_buf).map_err(|error| {
-                    Invalid::BadGap {
+                Some(span) => {
+                    read_gap(span.of(line), &mut self.tmp_buf).map_err(|error| Invalid::BadGap {
                         field: field.clone(),
                         error,
-                    }
-                })?,
+                    })?
+                }
             },
             _ => None,
         };

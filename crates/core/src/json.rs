@@ -52,7 +52,9 @@ pub enum PathError {
     #[error("empty field name")]
     Empty,
     /// The name had an empty segment (`a..b`, `.a`, `a.`).
-    #[error("field name '{0}' has an empty segment (two dots in a row, or a leading or trailing dot)")]
+    #[error(
+        "field name '{0}' has an empty segment (two dots in a row, or a leading or trailing dot)"
+    )]
     EmptySegment(String),
 }
 
@@ -254,6 +256,8 @@ struct Level {
     names: Vec<Name>,
     /// The paths that end at this level.
     ends: u64,
+    /// Bit `min(len, 63)` is set for the byte length `len` of every name: a quick reject.
+    lengths: u64,
 }
 
 /// Finds the values of up to [`MAX_PATHS`] field paths in JSON-lines records; see
@@ -321,6 +325,7 @@ impl Extractor {
                         mask: bit,
                     }),
                 }
+                level.lengths |= 1u64 << seg.len().min(63);
                 if d + 1 == depth {
                     level.ends |= bit;
                 }
@@ -407,6 +412,9 @@ impl Extractor {
         };
         let len = end - start;
         if !escaped {
+            if level.lengths & (1u64 << len.min(63)) == 0 {
+                return 0;
+            }
             let head = head_at(s, start, len);
             for name in &level.names {
                 if name.mask & active != 0
@@ -665,8 +673,9 @@ impl Scanner<'_, '_> {
             self.high |= x;
             let m = special_mask(x);
             if m != 0 {
-                let k = (m.trailing_zeros() / 8) as usize;
-                if chunk[k] == b'"' {
+                let bit = m.trailing_zeros();
+                let k = (bit / 8) as usize;
+                if (x >> (bit & !7)) as u8 == b'"' {
                     return Some(i + k + 1);
                 }
                 return self.string_slow(i + k);
@@ -851,14 +860,27 @@ fn eq_unescaped(raw: &[u8], target: &[u8]) -> bool {
     t == target.len()
 }
 
+/// Whether `s` holds a backslash (eight bytes at a time: short strings are the common case,
+/// where a call to `memchr` costs more than the search).
+#[inline]
+fn has_backslash(s: &[u8]) -> bool {
+    const BACKSLASHES: u64 = LO * b'\\' as u64;
+    let mut chunks = s.chunks_exact(8);
+    for chunk in &mut chunks {
+        let x = u64::from_le_bytes(chunk.try_into().unwrap_or_default()) ^ BACKSLASHES;
+        if x.wrapping_sub(LO) & !x & HI != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().contains(&b'\\')
+}
+
 /// The content of a raw JSON string (with quotes) when it has no escapes, borrowed from
 /// `raw_with_quotes`; `None` when it has a backslash or is not a quoted string.
 #[inline]
 pub fn string_content(raw_with_quotes: &[u8]) -> Option<&[u8]> {
-    let inner = raw_with_quotes
-        .strip_prefix(b"\"")?
-        .strip_suffix(b"\"")?;
-    if memchr::memchr(b'\\', inner).is_some() {
+    let inner = raw_with_quotes.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    if has_backslash(inner) {
         None
     } else {
         Some(inner)
@@ -881,7 +903,10 @@ pub fn unescape_string(raw_with_quotes: &[u8], out: &mut Vec<u8>) -> Result<(), 
         let run = memchr::memchr(b'\\', rest).unwrap_or(rest.len());
         let plain = &rest[..run];
         if let Some(p) = plain.iter().position(|&b| b < 0x20 || b == b'"') {
-            return Err(syntax(i + p, "unescaped control character or quote in string"));
+            return Err(syntax(
+                i + p,
+                "unescaped control character or quote in string",
+            ));
         }
         out.extend_from_slice(plain);
         i += run;

@@ -150,15 +150,69 @@ fn expect_byte(s: &[u8], pos: usize, b: u8, what: &'static str) -> Result<(), Ti
 /// let t = parse_timestamp(b"2024-01-01T00:03:00.250+01:00").unwrap();
 /// assert_eq!(t.millis(), 1_704_063_780_250);
 /// ```
-pub fn parse_timestamp(s: &[u8]) -> Result<crate::EventTime, TimeError> {
-    if s.is_empty() {
-        return Err(TimeError::Empty);
+pub fn parse_timestamp(s: &[u8]) -> Result<EventTime, TimeError> {
+    let [year, month, day, hour, minute, second] = match fixed_prefix(s) {
+        Some(fields) => fields,
+        None => return parse_timestamp_slow(s),
+    };
+    check_date(year, month, day)?;
+    check_time(hour, minute, second)?;
+    finish_timestamp(s, year, month, day, hour, minute, second)
+}
+
+/// The fields of the fixed-width `YYYY-MM-DDTHH:MM:SS` prefix when all its digits and
+/// separators are in place (the common case), checked eight bytes at a time.
+#[inline(always)]
+fn fixed_prefix(s: &[u8]) -> Option<[u32; 6]> {
+    /// Whether the bytes of `w` selected by `mask` (0xFF per byte) are all ASCII digits.
+    #[inline(always)]
+    fn digits_at(w: u64, mask: u64) -> bool {
+        let high = 0xF0F0_F0F0_F0F0_F0F0 & mask;
+        let zeros = 0x3030_3030_3030_3030 & mask;
+        let six = 0x0606_0606_0606_0606 & mask;
+        // 0x30..=0x39 keep their high nibble 3 when 6 is added; 0x3A..=0x3F do not.
+        (w & high) == zeros && (w.wrapping_add(six) & high) == zeros
     }
-    let year = digits::<4>(s, 0, "a 4-digit year")?;
-    expect_byte(s, 4, b'-', "'-' after the year")?;
-    let month = digits::<2>(s, 5, "a 2-digit month")?;
-    expect_byte(s, 7, b'-', "'-' after the month")?;
-    let day = digits::<2>(s, 8, "a 2-digit day")?;
+    #[inline(always)]
+    fn byte(w: u64, i: u32) -> u8 {
+        (w >> (8 * i)) as u8
+    }
+    #[inline(always)]
+    fn d(w: u64, i: u32) -> u32 {
+        u32::from(byte(w, i) & 0x0F)
+    }
+    let p: &[u8; 19] = s.first_chunk::<19>()?;
+    let (a, rest) = p.split_first_chunk::<8>()?;
+    let (b, _) = rest.split_first_chunk::<8>()?;
+    let (_, c) = p.split_last_chunk::<8>()?;
+    // a = "YYYY-MM-", b = "DDTHH:MM", c = "HH:MM:SS" (overlapping b).
+    let (a, b, c) = (
+        u64::from_le_bytes(*a),
+        u64::from_le_bytes(*b),
+        u64::from_le_bytes(*c),
+    );
+    let ok = digits_at(a, 0x00FF_FF00_FFFF_FFFF)
+        & (byte(a, 4) == b'-')
+        & (byte(a, 7) == b'-')
+        & digits_at(b, 0xFFFF_00FF_FF00_FFFF)
+        & matches!(byte(b, 2), b'T' | b't' | b' ')
+        & (byte(b, 5) == b':')
+        & digits_at(c, 0xFFFF_0000_0000_0000)
+        & (byte(c, 5) == b':');
+    if !ok {
+        return None;
+    }
+    Some([
+        d(a, 0) * 1000 + d(a, 1) * 100 + d(a, 2) * 10 + d(a, 3),
+        d(a, 5) * 10 + d(a, 6),
+        d(b, 0) * 10 + d(b, 1),
+        d(b, 3) * 10 + d(b, 4),
+        d(b, 6) * 10 + d(b, 7),
+        d(c, 6) * 10 + d(c, 7),
+    ])
+}
+
+fn check_date(year: u32, month: u32, day: u32) -> Result<(), TimeError> {
     if !(1..=12).contains(&month) {
         return Err(TimeError::OutOfRange {
             field: "month",
@@ -168,19 +222,10 @@ pub fn parse_timestamp(s: &[u8]) -> Result<crate::EventTime, TimeError> {
     if day == 0 || day > days_in_month(year, month) {
         return Err(TimeError::DayOutOfRange { year, month, day });
     }
-    let days = days_from_civil(i64::from(year), month, day);
-    if s.len() == 10 {
-        return Ok(EventTime(days * MS_PER_DAY));
-    }
-    match s[10] {
-        b'T' | b't' | b' ' => {}
-        _ => return Err(TimeError::Expected("'T' or space after the date")),
-    }
-    let hour = digits::<2>(s, 11, "a 2-digit hour")?;
-    expect_byte(s, 13, b':', "':' after the hour")?;
-    let minute = digits::<2>(s, 14, "2-digit minutes")?;
-    expect_byte(s, 16, b':', "':' after the minutes")?;
-    let second = digits::<2>(s, 17, "2-digit seconds")?;
+    Ok(())
+}
+
+fn check_time(hour: u32, minute: u32, second: u32) -> Result<(), TimeError> {
     if hour > 23 {
         return Err(TimeError::OutOfRange {
             field: "hour",
@@ -202,6 +247,51 @@ pub fn parse_timestamp(s: &[u8]) -> Result<crate::EventTime, TimeError> {
             value: second,
         });
     }
+    Ok(())
+}
+
+/// Field by field, with a precise error for the first thing that is wrong.
+#[cold]
+fn parse_timestamp_slow(s: &[u8]) -> Result<EventTime, TimeError> {
+    if s.is_empty() {
+        return Err(TimeError::Empty);
+    }
+    let year = digits::<4>(s, 0, "a 4-digit year")?;
+    expect_byte(s, 4, b'-', "'-' after the year")?;
+    let month = digits::<2>(s, 5, "a 2-digit month")?;
+    expect_byte(s, 7, b'-', "'-' after the month")?;
+    let day = digits::<2>(s, 8, "a 2-digit day")?;
+    check_date(year, month, day)?;
+    if s.len() == 10 {
+        return Ok(EventTime(
+            days_from_civil(i64::from(year), month, day) * MS_PER_DAY,
+        ));
+    }
+    match s[10] {
+        b'T' | b't' | b' ' => {}
+        _ => return Err(TimeError::Expected("'T' or space after the date")),
+    }
+    let hour = digits::<2>(s, 11, "a 2-digit hour")?;
+    expect_byte(s, 13, b':', "':' after the hour")?;
+    let minute = digits::<2>(s, 14, "2-digit minutes")?;
+    expect_byte(s, 16, b':', "':' after the minutes")?;
+    let second = digits::<2>(s, 17, "2-digit seconds")?;
+    check_time(hour, minute, second)?;
+    finish_timestamp(s, year, month, day, hour, minute, second)
+}
+
+/// The fraction and zone after a valid `YYYY-MM-DDTHH:MM:SS` prefix, and the result.
+#[inline(always)]
+fn finish_timestamp(
+    s: &[u8],
+    year: u32,
+    month: u32,
+    day: u32,
+    hour: u32,
+    minute: u32,
+    second: u32,
+) -> Result<EventTime, TimeError> {
+    let days = days_from_civil(i64::from(year), month, day);
     let mut pos = 19;
     let mut millis = 0i64;
     if s.get(pos) == Some(&b'.') {
@@ -484,7 +574,9 @@ pub enum DurationError {
     #[error("empty duration; write e.g. 30m, 1h30m or 250ms")]
     Empty,
     /// A number without a unit, e.g. `30`.
-    #[error("'{number}' has no unit; write {number}s, {number}m, {number}h, {number}d or {number}ms")]
+    #[error(
+        "'{number}' has no unit; write {number}s, {number}m, {number}h, {number}d or {number}ms"
+    )]
     MissingUnit {
         /// The digits as written.
         number: String,
