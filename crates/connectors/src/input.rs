@@ -52,7 +52,7 @@ pub struct LineSpan {
 }
 
 /// A block of whole lines read from the inputs, owned, so that workers can decode them
-/// in parallel.
+/// in parallel. Only the bytes covered by `lines` are meaningful in `data`.
 #[derive(Debug, Default)]
 pub struct Batch {
     pub data: Vec<u8>,
@@ -144,9 +144,15 @@ impl Inputs {
         batch: &mut Batch,
         target_bytes: usize,
     ) -> Result<bool, InputError> {
-        batch.data.clear();
         batch.lines.clear();
-        batch.data.append(&mut self.carry);
+        // `data` keeps its length between batches (only `filled` bytes are meaningful),
+        // so that the read buffer is zeroed once, not before every read.
+        let mut filled = self.carry.len();
+        if batch.data.len() < filled {
+            batch.data.resize(filled, 0);
+        }
+        batch.data[..filled].copy_from_slice(&self.carry);
+        self.carry.clear();
         // Where the next line starts; the carried bytes begin a line.
         let mut start = 0usize;
         loop {
@@ -163,15 +169,15 @@ impl Inputs {
             let Some(cur) = current.as_mut() else {
                 return Ok(!batch.lines.is_empty());
             };
-            let filled = batch.data.len();
             let want = target_bytes.saturating_sub(filled).max(CHUNK_MIN);
-            batch.data.resize(filled + want, 0);
+            if batch.data.len() < filled + want {
+                batch.data.resize(filled + want, 0);
+            }
             let n = loop {
-                match cur.reader.read(&mut batch.data[filled..]) {
+                match cur.reader.read(&mut batch.data[filled..filled + want]) {
                     Ok(n) => break n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(source) => {
-                        batch.data.truncate(filled);
                         return Err(InputError {
                             name: names[cur.index].clone(),
                             source,
@@ -179,11 +185,12 @@ impl Inputs {
                     }
                 }
             };
-            batch.data.truncate(filled + n);
+            let read_from = filled;
+            filled += n;
             *bytes_read += n as u64;
             let input = cur.index as u32;
-            let mut pos = filled;
-            while let Some(nl) = memchr::memchr(b'\n', &batch.data[pos..]) {
+            let mut pos = read_from;
+            while let Some(nl) = memchr::memchr(b'\n', &batch.data[pos..filled]) {
                 let stop = pos + nl;
                 cur.line_no += 1;
                 push_line(batch, start, stop, input, cur.line_no);
@@ -192,17 +199,20 @@ impl Inputs {
             }
             if n == 0 {
                 // End of this input: a last line without '\n' is still a line.
-                if start < batch.data.len() {
+                if start < filled {
                     cur.line_no += 1;
-                    let end = batch.data.len();
-                    push_line(batch, start, end, input, cur.line_no);
-                    batch.data.push(b'\n');
-                    start = batch.data.len();
+                    push_line(batch, start, filled, input, cur.line_no);
+                    if batch.data.len() == filled {
+                        batch.data.push(b'\n');
+                    } else {
+                        batch.data[filled] = b'\n';
+                    }
+                    filled += 1;
+                    start = filled;
                 }
                 *current = None;
-            } else if batch.data.len() >= target_bytes || (cur.live && !batch.lines.is_empty()) {
-                carry.extend_from_slice(&batch.data[start..]);
-                batch.data.truncate(start);
+            } else if filled >= target_bytes || (cur.live && !batch.lines.is_empty()) {
+                carry.extend_from_slice(&batch.data[start..filled]);
                 return Ok(true);
             }
         }
