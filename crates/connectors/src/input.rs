@@ -70,7 +70,7 @@ impl Batch {
 /// The input currently being read.
 struct Current {
     index: usize,
-    reader: Box<dyn Read>,
+    reader: Box<dyn Read + Send>,
     line_no: u64,
     /// Standard input: hand out lines as soon as they arrive.
     live: bool,
@@ -228,7 +228,7 @@ impl Inputs {
         }
         let index = self.next_input;
         self.next_input += 1;
-        let (reader, live): (Box<dyn Read>, bool) = match &self.sources[index] {
+        let (reader, live): (Box<dyn Read + Send>, bool) = match &self.sources[index] {
             InputSource::File(p) => (
                 Box::new(open(p).map_err(|source| InputError {
                     name: self.names[index].clone(),

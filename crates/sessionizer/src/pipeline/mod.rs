@@ -79,6 +79,89 @@ pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, Ru
     Job::new(cfg, workers, pool).run(observer)
 }
 
+/// Reads batches on a thread of its own, one batch ahead of the workers, so that reading
+/// (mostly the kernel copying file pages) overlaps decoding and sessionizing.
+struct ReadAhead {
+    full: std::sync::mpsc::Receiver<Result<Batch, InputError>>,
+    empty: std::sync::mpsc::SyncSender<Batch>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl ReadAhead {
+    fn start(mut inputs: Inputs) -> Result<ReadAhead, RunError> {
+        let (full_tx, full) = std::sync::mpsc::sync_channel(1);
+        let (empty, empty_rx) = std::sync::mpsc::sync_channel::<Batch>(2);
+        for _ in 0..2 {
+            let _ = empty.send(Batch::default());
+        }
+        let thread = std::thread::Builder::new()
+            .name("sessionizer-reader".into())
+            .spawn(move || {
+                // Stops when the inputs end, on an error, or when the job hangs up.
+                while let Ok(mut batch) = empty_rx.recv() {
+                    match inputs.next_batch(&mut batch, BATCH_BYTES) {
+                        Ok(true) => {
+                            if full_tx.send(Ok(batch)).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            let _ = full_tx.send(Err(e));
+                            break;
+                        }
+                    }
+                }
+                inputs.bytes_read()
+            })
+            .map_err(|e| RunError::Workers {
+                workers: 1,
+                message: format!("reader thread: {e}"),
+            })?;
+        Ok(ReadAhead {
+            full,
+            empty,
+            thread,
+        })
+    }
+
+    /// The next batch, `None` at the end of the inputs.
+    fn next(&mut self) -> Result<Option<Batch>, InputError> {
+        match self.full.recv() {
+            Ok(Ok(batch)) => Ok(Some(batch)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Hands a processed batch back for reuse of its buffers.
+    fn recycle(&self, batch: Batch) {
+        let _ = self.empty.send(batch);
+    }
+
+    /// Bytes read in all.
+    fn finish(self) -> u64 {
+        drop(self.empty);
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+/// Runs `f` on every shard, shard `i` always on worker thread `i`: a shard's sessions
+/// are allocated and freed by one thread, which keeps the allocator's per-thread caches
+/// effective (work stealing would hand shards from thread to thread).
+fn on_each_shard(pool: &rayon::ThreadPool, shards: &mut [Shard], f: impl Fn(&mut Shard) + Sync) {
+    let cells: Vec<std::sync::Mutex<&mut Shard>> =
+        shards.iter_mut().map(std::sync::Mutex::new).collect();
+    pool.broadcast(|ctx| {
+        if let Some(cell) = cells.get(ctx.index()) {
+            let mut shard = cell
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            f(&mut shard);
+        }
+    });
+}
+
 /// The state of one run.
 struct Job<'c> {
     cfg: &'c PipelineConfig,
@@ -144,26 +227,25 @@ impl<'c> Job<'c> {
                 w.open()?;
             }
         }
-        let mut batch = Batch::default();
+        let inputs = std::mem::replace(&mut self.inputs, Inputs::new(Vec::new()));
+        let mut reader = ReadAhead::start(inputs)?;
         let mut first_step = 0u64;
-        while self.inputs.next_batch(&mut batch, BATCH_BYTES)? {
+        while let Some(batch) = reader.next()? {
             self.decode(&batch)?;
             self.sessionize(&batch, first_step);
             self.merge()?;
             first_step += batch.lines.len() as u64;
+            reader.recycle(batch);
             let open = self.shards.iter().map(|s| s.op.open_sessions()).sum();
             observer.progress(self.stats.records_read, open, self.shards[0].op.watermark());
         }
+        let bytes_read = reader.finish();
         // End of a bounded input: the watermark becomes +infinity, every session is emitted.
         for s in &mut self.shards {
             s.clear_outputs();
         }
         match &self.pool {
-            Some(pool) => {
-                use rayon::prelude::*;
-                let shards = &mut self.shards;
-                pool.install(|| shards.par_iter_mut().for_each(Shard::finish));
-            }
+            Some(pool) => on_each_shard(pool, &mut self.shards, Shard::finish),
             None => self.shards[0].finish(),
         }
         self.merge()?;
@@ -180,7 +262,7 @@ impl<'c> Job<'c> {
             stats.sessions_emitted += counts.sessions_emitted;
             stats.retractions += counts.retractions;
         }
-        stats.bytes_read = self.inputs.bytes_read();
+        stats.bytes_read = bytes_read;
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
         debug_assert!(stats.adds_up(), "accounting does not add up: {stats:?}");
@@ -243,17 +325,10 @@ impl<'c> Job<'c> {
         for s in &mut self.shards {
             s.clear_outputs();
         }
+        let process = |s: &mut Shard| s.process(batch, parsed, first_step, names);
         match &self.pool {
-            Some(pool) => {
-                use rayon::prelude::*;
-                let shards = &mut self.shards;
-                pool.install(|| {
-                    shards
-                        .par_iter_mut()
-                        .for_each(|s| s.process(batch, parsed, first_step, names))
-                });
-            }
-            None => self.shards[0].process(batch, parsed, first_step, names),
+            Some(pool) => on_each_shard(pool, &mut self.shards, process),
+            None => process(&mut self.shards[0]),
         }
     }
 
