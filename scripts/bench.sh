@@ -1,41 +1,62 @@
 #!/usr/bin/env bash
-# End-to-end benchmark of `sessionizer run`: generates N visit events once (cached in
-# bench-data/), runs the job REPEAT times and prints events/s and peak RSS of each run.
+# sessionizer benchmarks, one command:
 #
-#   scripts/bench.sh [N] [REPEAT] [-- extra run options]
-#   scripts/bench.sh 1000000 3
+#   scripts/bench.sh            # the whole suite (several minutes)
+#   scripts/bench.sh quick      # end to end on 1M events only
 #
-# Default job: JSON in, JSON out (a file in bench-data/), --collect page.
+# Prints events/s, peak RSS and bytes per open session. Inputs are generated once into
+# bench-data/ (about 390 bytes per event: 1M events = 390 MB, 10M = 3.9 GB).
+#
+#   e2e      `run --collect page`, JSON in, JSON out to a file, on 1M and 10M visits,
+#            --workers 1 pinned to one core (taskset -c 0), and --workers 2 on two cores
+#   operator the session operator alone on pre-parsed events (criterion)
+#   q11      a Nexmark q11 equivalent: in-process bids, 10 s gap, count per session
+#   state    bytes of state per open session, 10M open sessions
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${1:-1000000}
-REPEAT=${2:-3}
-shift $(( $# > 2 ? 2 : $# ))
-[ "${1:-}" = "--" ] && shift
-EXTRA=("$@")
+WHAT=${1:-all}
 
-cargo build --release -q -p sessionizer
+cargo build --release -q -p sessionizer-cli
 BIN=target/release/sessionizer
 mkdir -p bench-data
-DATA=bench-data/visits-$N.jsonl
-if [ ! -s "$DATA" ]; then
-  "$BIN" generate --events "$N" --output "$DATA" 2>/dev/null
-fi
-BYTES=$(stat -c %s "$DATA")
-echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-echo "input:   $DATA ($N events, $((BYTES / N)) bytes/event)"
-echo "job:     run --collect page ${EXTRA[*]:-}"
-for i in $(seq 1 "$REPEAT"); do
-  "$BIN" run --input "$DATA" --output bench-data/sessions.jsonl --collect page \
-    --stats-file bench-data/stats.json --progress never "${EXTRA[@]}" 2>/dev/null
-  python3 - "$N" <<'PY'
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
+echo "rustc:   $(rustc --version)"
+
+e2e() { # N WORKERS REPEAT
+  local n=$1 workers=$2 repeat=$3 data=bench-data/visits-$1.jsonl pin=()
+  [ -s "$data" ] || "$BIN" generate --events "$n" --output "$data" 2>/dev/null
+  if [ "$workers" = 1 ] && command -v taskset >/dev/null; then pin=(taskset -c 0); fi
+  for _ in $(seq 1 "$repeat"); do
+    "${pin[@]}" "$BIN" run --input "$data" --output bench-data/sessions.jsonl --collect page \
+      --workers "$workers" --stats-file bench-data/stats.json --progress never 2>/dev/null
+    python3 - "$workers" "${pin[*]:-}" <<'PY'
 import json, sys
 s = json.load(open("bench-data/stats.json"))
-n = s["records_read"]
-secs = max(s["elapsed_ms"], 1) / 1000
-rss = s.get("peak_rss_bytes", 0) / 2**20
-print(f"run: {n} events in {secs:.3f} s = {n / secs / 1e6:.2f}M events/s, "
-      f"{s['bytes_read'] / secs / 2**20:.0f} MiB/s, peak RSS {rss:.0f} MiB, "
+n, secs = s["records_read"], max(s["elapsed_ms"], 1) / 1000
+pin = " (one core)" if sys.argv[2] else ""
+print(f"e2e  {n:>9} events  --workers {sys.argv[1]}{pin:11} {n / secs / 1e6:5.2f}M events/s  "
+      f"{s['bytes_read'] / secs / 2**20:5.0f} MiB/s  peak RSS {s.get('peak_rss_bytes', 0) / 2**20:4.0f} MiB  "
       f"{s['sessions_emitted']} sessions")
 PY
-done
+  done
+}
+
+case "$WHAT" in
+  quick)
+    e2e 1000000 1 3
+    e2e 1000000 2 3
+    ;;
+  all)
+    e2e 1000000 1 3
+    e2e 1000000 2 3
+    e2e 10000000 1 1
+    e2e 10000000 2 1
+    echo "-- operator alone (criterion)"
+    cargo bench -q -p sessionizer-window --bench operator 2>/dev/null | grep -E "^operator|thrpt" || true
+    echo "-- q11"
+    cargo bench -q -p sessionizer-window --bench q11 -- 10000000 2>/dev/null | grep q11
+    echo "-- state"
+    cargo bench -q -p sessionizer-window --bench state_size -- 10000000 2>/dev/null | grep -v '^$'
+    ;;
+  *) echo "usage: scripts/bench.sh [all|quick]" >&2; exit 2 ;;
+esac
