@@ -22,6 +22,25 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Write generated visit events (JSON lines) to stdout or a file.
     Generate(GenerateArgs),
+    /// Show the checkpoints of a state directory: positions, watermark, counts and the
+    /// sessions in progress.
+    Inspect(InspectArgs),
+}
+
+/// Options of `sessionizer inspect`.
+#[derive(Debug, Clone, Args)]
+pub struct InspectArgs {
+    /// The state directory of a job (`run --state-dir`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: PathBuf,
+
+    /// Show only this key's sessions.
+    #[arg(long, value_name = "K")]
+    pub key: Option<String>,
+
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Options of `sessionizer run`.
@@ -132,6 +151,26 @@ pub struct RunArgs {
     /// The output is byte-identical for every N. [default: 1]
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
+
+    /// Keep the job's state in DIR and checkpoint it, so that a killed run resumes
+    /// where it stopped with file outputs exactly once (stdout: at least once).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// Time between checkpoints (checked between batches of about 4 MiB of input).
+    /// [default: 10s]
+    #[arg(long, value_name = "DUR")]
+    pub checkpoint_interval: Option<String>,
+
+    /// Also checkpoint after every N records read.
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every_records: Option<u64>,
+
+    /// At the end of the input keep the sessions in progress in the state directory
+    /// instead of emitting them: a later run with the same --state-dir and the next
+    /// input continues them.
+    #[arg(long)]
+    pub keep_open: bool,
 
     /// Also write the run's summary as one JSON object to this file.
     #[arg(long, value_name = "PATH")]

@@ -6,7 +6,7 @@
 
 use crate::args::{EmitArg, OnInvalidArg, ProgressArg, RunArgs, TimeFormatArg};
 use serde::Deserialize;
-use sessionizer::config::{Aggregate, OnInvalid, PipelineConfig};
+use sessionizer::config::{Aggregate, CheckpointConfig, OnInvalid, PipelineConfig};
 use sessionizer_connectors::{InputSource, OutputTarget};
 use sessionizer_core::decode::{DedupMode, TimeFormat};
 use sessionizer_core::json::FieldPath;
@@ -76,6 +76,10 @@ pub struct FileConfig {
     pub stats_file: Option<PathBuf>,
     pub progress: Option<ProgressArg>,
     pub workers: Option<usize>,
+    pub state_dir: Option<PathBuf>,
+    pub checkpoint_interval: Option<String>,
+    pub checkpoint_every_records: Option<u64>,
+    pub keep_open: Option<bool>,
 }
 
 /// `[[aggregate]] kind = "collect", field = "page", name = "visited_pages"`.
@@ -117,6 +121,8 @@ impl From<AggKindArg> for AggKind {
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub pipeline: PipelineConfig,
+    /// Durable state, with `--state-dir`.
+    pub checkpoint: Option<CheckpointConfig>,
     pub stats_file: Option<PathBuf>,
     pub progress: ProgressArg,
 }
@@ -370,6 +376,13 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
             reason: "give a number of threads from 1 to 256".into(),
         });
     }
+    let checkpoint = checkpoint_config(
+        args.state_dir.or(file.state_dir),
+        args.checkpoint_interval.or(file.checkpoint_interval),
+        args.checkpoint_every_records.or(file.checkpoint_every_records),
+        args.keep_open || file.keep_open.unwrap_or(false),
+        &inputs,
+    )?;
     let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
@@ -391,9 +404,64 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
     };
     Ok(RunConfig {
         pipeline,
+        checkpoint,
         stats_file: args.stats_file.or(file.stats_file),
         progress: args.progress.or(file.progress).unwrap_or(ProgressArg::Auto),
     })
+}
+
+/// The environment variable of the write-failure test hook: the n-th checkpoint file
+/// write of the run fails as on a full disk. For tests only.
+pub const FAIL_WRITE_ENV: &str = "SESSIONIZER_TEST_FAIL_CHECKPOINT_WRITE";
+
+fn checkpoint_config(
+    state_dir: Option<PathBuf>,
+    interval: Option<String>,
+    every_records: Option<u64>,
+    keep_open: bool,
+    inputs: &[String],
+) -> Result<Option<CheckpointConfig>, ConfigError> {
+    let Some(state_dir) = state_dir else {
+        let stray = [
+            ("--checkpoint-interval", interval.is_some()),
+            ("--checkpoint-every-records", every_records.is_some()),
+            ("--keep-open", keep_open),
+        ];
+        if let Some((name, _)) = stray.iter().find(|(_, set)| *set) {
+            return Err(ConfigError::Conflict(format!(
+                "{name} needs --state-dir: checkpoints are kept there"
+            )));
+        }
+        return Ok(None);
+    };
+    if inputs.iter().any(|i| i == "-") {
+        return Err(ConfigError::Conflict(
+            "--state-dir needs input files: a run over stdin cannot be resumed from a checkpoint (stdin cannot be read again from a position)".into(),
+        ));
+    }
+    let interval_ms = duration("--checkpoint-interval", interval, "10s")?;
+    if every_records == Some(0) {
+        return Err(ConfigError::Invalid {
+            option: "--checkpoint-every-records",
+            value: "0".into(),
+            reason: "give a number of records above 0".into(),
+        });
+    }
+    let fail_write_at = match std::env::var(FAIL_WRITE_ENV) {
+        Ok(v) => Some(v.parse::<u64>().map_err(|e| ConfigError::Invalid {
+            option: FAIL_WRITE_ENV,
+            value: v.clone(),
+            reason: e.to_string(),
+        })?),
+        Err(_) => None,
+    };
+    Ok(Some(CheckpointConfig {
+        state_dir,
+        interval: std::time::Duration::from_millis(interval_ms.millis().max(0) as u64),
+        every_records,
+        keep_open,
+        fail_write_at,
+    }))
 }
 
 fn last_segment(path: &str) -> String {

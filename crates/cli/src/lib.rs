@@ -5,9 +5,10 @@
 //!    `--config` TOML file (flags win), every duration and path checked;
 //! 3. [`sessionizer::pipeline`] — the running job (in the `sessionizer` library).
 //!
-//! [`generate`] writes sample visit events.
+//! [`generate`] writes sample visit events; [`inspect`] shows a state directory.
 
 pub mod args;
 pub mod config;
 pub mod generate;
+pub mod inspect;
 pub mod progress;

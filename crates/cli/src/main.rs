@@ -27,6 +27,29 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run(*args),
         Command::Generate(args) => generate(&args),
+        Command::Inspect(args) => inspect(&args),
+    }
+}
+
+fn inspect(args: &sessionizer_cli::args::InspectArgs) -> ExitCode {
+    let stdout = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(stdout);
+    let result = sessionizer_cli::inspect::inspect(args, &mut out).and_then(|()| {
+        out.flush()?;
+        Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sessionizer: {e:#}");
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -39,7 +62,7 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
         }
     };
     let progress = Progress::new(cfg.progress == ProgressArg::Auto);
-    let result = pipeline::run(&cfg.pipeline, &progress);
+    let result = pipeline::run_with(&cfg.pipeline, cfg.checkpoint.as_ref(), &progress);
     progress.finish();
     let stats = match result {
         Ok(stats) => stats,

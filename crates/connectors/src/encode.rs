@@ -19,15 +19,33 @@ pub struct OutputError {
     pub source: io::Error,
 }
 
+/// Where a [`RecordWriter`]'s bytes go once opened. Regular files are kept as files so
+/// that a checkpoint can sync them and know their length.
+enum Sink {
+    File(std::fs::File),
+    Stream(Box<dyn Write + Send>),
+}
+
+impl Sink {
+    fn writer(&mut self) -> &mut dyn Write {
+        match self {
+            Sink::File(f) => f,
+            Sink::Stream(w) => w,
+        }
+    }
+}
+
 /// A JSON-lines output: records are encoded into `buf` and written in blocks. The
 /// target is opened on the first write unless [`open`](Self::open) is called first, so
 /// that side outputs nobody needed leave no empty file behind.
 pub struct RecordWriter {
     target: OutputTarget,
-    out: Option<Box<dyn Write + Send>>,
+    out: Option<Sink>,
     /// Encoded records not yet written.
     pub buf: Vec<u8>,
     records: u64,
+    /// Bytes in the target: its length when opened plus everything written since.
+    written: u64,
 }
 
 impl std::fmt::Debug for RecordWriter {
@@ -47,6 +65,7 @@ impl RecordWriter {
             out: None,
             buf: Vec::with_capacity(FLUSH_AT * 2),
             records: 0,
+            written: 0,
         }
     }
 
@@ -57,9 +76,70 @@ impl RecordWriter {
     /// Opens (creates or truncates) the target now.
     pub fn open(&mut self) -> Result<(), OutputError> {
         if self.out.is_none() {
-            self.out = Some(self.target.open().map_err(|e| self.error(e))?);
+            let sink = match &self.target {
+                OutputTarget::File(p) => {
+                    let f = std::fs::File::create(p).map_err(|e| self.error(e))?;
+                    if is_regular(&f) {
+                        Sink::File(f)
+                    } else {
+                        Sink::Stream(Box::new(f))
+                    }
+                }
+                other => Sink::Stream(other.open().map_err(|e| self.error(e))?),
+            };
+            self.out = Some(sink);
+            self.written = 0;
         }
         Ok(())
+    }
+
+    /// Opens a file target to continue after its first `committed` bytes: anything after
+    /// them (written after the last checkpoint by a run that then died) is cut off, and
+    /// new records are appended. A missing file counts as empty; a file shorter than
+    /// `committed` was changed by someone else, and continuing it would not give the
+    /// output of an uninterrupted run, so that is an error. Devices and other
+    /// non-regular files are opened for writing as they are.
+    pub fn open_at(&mut self, committed: u64) -> Result<(), OutputError> {
+        let OutputTarget::File(p) = &self.target else {
+            return self.open();
+        };
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(p)
+            .map_err(|e| self.error(e))?;
+        if !is_regular(&f) {
+            self.out = Some(Sink::Stream(Box::new(f)));
+            return Ok(());
+        }
+        let len = f.metadata().map_err(|e| self.error(e))?.len();
+        if len < committed {
+            return Err(self.error(io::Error::other(format!(
+                "the file is {len} bytes, shorter than the {committed} bytes committed by the checkpoint: it was changed outside sessionizer, so the run cannot continue it exactly; restore the file, or start over with an empty --state-dir"
+            ))));
+        }
+        let mut f = f;
+        f.set_len(committed).map_err(|e| self.error(e))?;
+        io::Seek::seek(&mut f, io::SeekFrom::Start(committed)).map_err(|e| self.error(e))?;
+        self.out = Some(Sink::File(f));
+        self.written = committed;
+        Ok(())
+    }
+
+    /// Writes everything buffered and makes it durable: a file is synced to disk and its
+    /// committed length returned (what a checkpoint records); stdout and stderr are only
+    /// flushed (at least once: a recovery cannot take back what they printed), `None`.
+    pub fn commit(&mut self) -> Result<Option<u64>, OutputError> {
+        self.finish()?;
+        match &mut self.out {
+            Some(Sink::File(f)) => {
+                f.sync_data().map_err(|e| error(&self.target, e))?;
+                Ok(Some(self.written))
+            }
+            None if matches!(self.target, OutputTarget::File(_)) => Ok(Some(self.written)),
+            _ => Ok(None),
+        }
     }
 
     /// Appends encoded records (`count` of them) and writes them out once the buffer is
@@ -86,7 +166,9 @@ impl RecordWriter {
     pub fn finish(&mut self) -> Result<(), OutputError> {
         self.write_buffer()?;
         if let Some(out) = &mut self.out {
-            out.flush().map_err(|e| error(&self.target, e))?;
+            out.writer()
+                .flush()
+                .map_err(|e| error(&self.target, e))?;
         }
         Ok(())
     }
@@ -97,8 +179,10 @@ impl RecordWriter {
         }
         self.open()?;
         if let Some(out) = &mut self.out {
-            out.write_all(&self.buf)
+            out.writer()
+                .write_all(&self.buf)
                 .map_err(|e| error(&self.target, e))?;
+            self.written += self.buf.len() as u64;
         }
         self.buf.clear();
         Ok(())
@@ -107,6 +191,10 @@ impl RecordWriter {
     fn error(&self, source: io::Error) -> OutputError {
         error(&self.target, source)
     }
+}
+
+fn is_regular(f: &std::fs::File) -> bool {
+    f.metadata().is_ok_and(|m| m.is_file())
 }
 
 fn error(target: &OutputTarget, source: io::Error) -> OutputError {
@@ -265,4 +353,39 @@ pub fn encode_late(
     out.extend_from_slice(b",\"event\":");
     out.extend_from_slice(event.trim_ascii());
     out.extend_from_slice(b"}\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_reports_the_synced_length_and_open_at_cuts_back_to_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("out.jsonl");
+        let mut w = RecordWriter::new(OutputTarget::File(path.clone()));
+        w.open().expect("open");
+        w.append(b"{\"a\":1}\n", 1).expect("append");
+        assert_eq!(w.commit().expect("commit"), Some(8));
+        w.append(b"{\"uncommitted\":true}\n", 1).expect("append");
+        w.finish().expect("finish");
+        drop(w);
+
+        let mut w = RecordWriter::new(OutputTarget::File(path.clone()));
+        w.open_at(8).expect("open at");
+        w.append(b"{\"b\":2}\n", 1).expect("append");
+        assert_eq!(w.commit().expect("commit"), Some(16));
+        drop(w);
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read"),
+            "{\"a\":1}\n{\"b\":2}\n"
+        );
+
+        let mut w = RecordWriter::new(OutputTarget::File(path.clone()));
+        let err = w.open_at(100).expect_err("shorter than committed");
+        assert!(err.to_string().contains("shorter than the 100 bytes"), "{err}");
+
+        let mut w = RecordWriter::new(OutputTarget::Stderr);
+        assert_eq!(w.commit().expect("commit"), None, "stderr has no length");
+    }
 }

@@ -1,7 +1,7 @@
 //! Line-oriented input over several sources read one after another.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// One input: a file or standard input.
@@ -51,12 +51,27 @@ pub struct LineSpan {
     pub line_no: u64,
 }
 
+/// How far the inputs have been consumed: everything before `offset` in input `input`
+/// (and every input before it) was handed out as whole lines. A checkpoint records it;
+/// [`Inputs::starting_at`] resumes from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadPosition {
+    /// Index of the input in the order given.
+    pub input: u32,
+    /// Bytes of that input consumed: just after the last whole line handed out.
+    pub offset: u64,
+    /// Lines of that input handed out (the number of the last one).
+    pub line_no: u64,
+}
+
 /// A block of whole lines read from the inputs, owned, so that workers can decode them
 /// in parallel. Only the bytes covered by `lines` are meaningful in `data`.
 #[derive(Debug, Default)]
 pub struct Batch {
     pub data: Vec<u8>,
     pub lines: Vec<LineSpan>,
+    /// Where the inputs stand after this batch's last line.
+    pub end: ReadPosition,
 }
 
 impl Batch {
@@ -72,6 +87,8 @@ struct Current {
     index: usize,
     reader: Box<dyn Read + Send>,
     line_no: u64,
+    /// Bytes of this input read so far (including where reading resumed).
+    read: u64,
     /// Standard input: hand out lines as soon as they arrive.
     live: bool,
 }
@@ -85,6 +102,10 @@ pub struct Inputs {
     next_input: usize,
     /// The start of a line whose end has not been read yet.
     carry: Vec<u8>,
+    /// Where reading starts in the first input opened (a resumed run).
+    resume: Option<ReadPosition>,
+    /// The end of the last input that was read to its end.
+    finished: ReadPosition,
 }
 
 impl std::fmt::Debug for Inputs {
@@ -106,7 +127,21 @@ impl Inputs {
             current: None,
             next_input: 0,
             carry: Vec::new(),
+            resume: None,
+            finished: ReadPosition::default(),
         }
+    }
+
+    /// Inputs that continue from `at` (a checkpoint's position): the inputs before
+    /// `at.input` are skipped, that one is read from byte `at.offset` on with line
+    /// numbers continuing after `at.line_no`. The position must come from a whole-line
+    /// boundary of the same files (the caller checks their identity).
+    pub fn starting_at(sources: Vec<InputSource>, at: ReadPosition) -> Inputs {
+        let mut inputs = Inputs::new(sources);
+        inputs.next_input = (at.input as usize).min(inputs.sources.len());
+        inputs.resume = Some(at);
+        inputs.finished = at;
+        inputs
     }
 
     /// The display name of input `i`.
@@ -157,6 +192,7 @@ impl Inputs {
         let mut start = 0usize;
         loop {
             if !self.open_next_if_needed()? {
+                batch.end = self.finished;
                 return Ok(!batch.lines.is_empty());
             }
             let Inputs {
@@ -164,9 +200,11 @@ impl Inputs {
                 names,
                 bytes_read,
                 carry,
+                finished,
                 ..
             } = self;
             let Some(cur) = current.as_mut() else {
+                batch.end = *finished;
                 return Ok(!batch.lines.is_empty());
             };
             let want = target_bytes.saturating_sub(filled).max(CHUNK_MIN);
@@ -188,6 +226,7 @@ impl Inputs {
             let read_from = filled;
             filled += n;
             *bytes_read += n as u64;
+            cur.read += n as u64;
             let input = cur.index as u32;
             let mut pos = read_from;
             while let Some(nl) = memchr::memchr(b'\n', &batch.data[pos..filled]) {
@@ -210,9 +249,19 @@ impl Inputs {
                     filled += 1;
                     start = filled;
                 }
+                *finished = ReadPosition {
+                    input,
+                    offset: cur.read,
+                    line_no: cur.line_no,
+                };
                 *current = None;
             } else if filled >= target_bytes || (cur.live && !batch.lines.is_empty()) {
                 carry.extend_from_slice(&batch.data[start..filled]);
+                batch.end = ReadPosition {
+                    input,
+                    offset: cur.read - carry.len() as u64,
+                    line_no: cur.line_no,
+                };
                 return Ok(true);
             }
         }
@@ -228,20 +277,34 @@ impl Inputs {
         }
         let index = self.next_input;
         self.next_input += 1;
+        let resume = self
+            .resume
+            .take()
+            .filter(|at| at.input as usize == index)
+            .unwrap_or(ReadPosition {
+                input: index as u32,
+                offset: 0,
+                line_no: 0,
+            });
+        let name_err = |source| InputError {
+            name: self.names[index].clone(),
+            source,
+        };
         let (reader, live): (Box<dyn Read + Send>, bool) = match &self.sources[index] {
-            InputSource::File(p) => (
-                Box::new(open(p).map_err(|source| InputError {
-                    name: self.names[index].clone(),
-                    source,
-                })?),
-                false,
-            ),
+            InputSource::File(p) => {
+                let mut f = open(p).map_err(name_err)?;
+                if resume.offset > 0 {
+                    f.seek(SeekFrom::Start(resume.offset)).map_err(name_err)?;
+                }
+                (Box::new(f), false)
+            }
             InputSource::Stdin => (Box::new(io::stdin()), true),
         };
         self.current = Some(Current {
             index,
             reader,
-            line_no: 0,
+            line_no: resume.line_no,
+            read: resume.offset,
             live,
         });
         Ok(true)
@@ -347,6 +410,57 @@ mod tests {
                 std::fs::metadata(&p).expect("meta").len()
             );
         }
+    }
+
+    #[test]
+    fn resuming_at_any_batch_end_gives_the_remaining_lines_with_their_numbers() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.jsonl");
+        let b = dir.path().join("b.jsonl");
+        let c = dir.path().join("c.jsonl");
+        let mut text = String::new();
+        for i in 0..500 {
+            text.push_str(&format!("a{i}-{}\n", "x".repeat(i % 37)));
+        }
+        std::fs::write(&a, &text).expect("write");
+        std::fs::write(&b, "").expect("write");
+        std::fs::write(&c, "c1\r\nc2\n\nc4 without newline").expect("write");
+        let sources = vec![
+            InputSource::File(a.clone()),
+            InputSource::File(b),
+            InputSource::File(c),
+        ];
+        let all = collect(&mut Inputs::new(sources.clone()), 1 << 20);
+        for target in [1, 700, 5000] {
+            let mut inputs = Inputs::new(sources.clone());
+            let mut batch = Batch::default();
+            let mut seen = 0;
+            while inputs.next_batch(&mut batch, target).expect("read") {
+                seen += batch.lines.len();
+                let rest = collect(&mut Inputs::starting_at(sources.clone(), batch.end), target);
+                assert_eq!(
+                    &all[seen..],
+                    &rest[..],
+                    "resumed at {:?} (target {target})",
+                    batch.end
+                );
+            }
+        }
+        let mut inputs = Inputs::new(sources.clone());
+        let mut batch = Batch::default();
+        let mut last = ReadPosition::default();
+        while inputs.next_batch(&mut batch, 1 << 20).expect("read") {
+            last = batch.end;
+        }
+        assert_eq!(
+            last,
+            ReadPosition {
+                input: 2,
+                offset: 26,
+                line_no: 4
+            },
+            "the end of the last input, whole"
+        );
     }
 
     #[test]

@@ -75,3 +75,71 @@ impl PipelineConfig {
         self.aggregates.iter().map(|a| a.name.clone()).collect()
     }
 }
+
+/// Durable state for a run (`--state-dir` and friends, SPEC §4).
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    /// Where checkpoints are kept.
+    pub state_dir: std::path::PathBuf,
+    /// Checkpoint when this much time has passed since the last one (checked between
+    /// batches of input, about every 4 MiB).
+    pub interval: std::time::Duration,
+    /// Also checkpoint once this many records were read since the last one.
+    pub every_records: Option<u64>,
+    /// At the end of the input, keep the sessions in progress in the state (no
+    /// +infinity watermark) for a later run over the next input.
+    pub keep_open: bool,
+    /// Test hook: the n-th checkpoint file write of the run fails as on a full disk.
+    pub fail_write_at: Option<u64>,
+}
+
+impl PipelineConfig {
+    /// The options that shape the state, as `(name, value)` pairs recorded in every
+    /// checkpoint: resuming with any other value is refused, naming it. Output paths,
+    /// `--on-invalid` and `--workers` are not among them: they change where records go or
+    /// how fast, not what the state holds (state is re-hashed to any number of workers).
+    pub fn state_options(&self) -> Vec<(String, String)> {
+        let aggregates = if self.aggregates.is_empty() {
+            "none".to_string()
+        } else {
+            self.aggregates
+                .iter()
+                .map(|a| format!("{} {} as {}", a.kind.name(), a.field, a.name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let dedup = match &self.dedup {
+            DedupMode::Off => "off".to_string(),
+            DedupMode::Record => "whole record (--dedup)".to_string(),
+            DedupMode::Field(f) => format!("field {f} (--dedup-field)"),
+        };
+        let emit = match self.emit {
+            EmitMode::OnClose => "on-close",
+            EmitMode::OnUpdate => "on-update",
+        };
+        [
+            ("--key", self.key.to_string()),
+            ("--time", self.time.to_string()),
+            ("--time-format", self.time_format.as_str().to_string()),
+            ("--gap", self.gap.to_string()),
+            (
+                "--gap-field",
+                self.gap_field
+                    .as_ref()
+                    .map_or_else(|| "none".to_string(), ToString::to_string),
+            ),
+            ("--watermark-delay", self.watermark_delay.to_string()),
+            ("--allowed-lateness", self.allowed_lateness.to_string()),
+            (
+                "--valid-time-range",
+                format!("{}..{}", self.valid_range.0, self.valid_range.1),
+            ),
+            ("aggregates", aggregates),
+            ("dedup", dedup),
+            ("--emit", emit.to_string()),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect()
+    }
+}

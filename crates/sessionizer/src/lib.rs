@@ -1,4 +1,69 @@
-//! sessionizer as a library: the pipeline behind the `sessionizer` command line.
+//! sessionizer as a library: sessionize your own events in your own service, in either
+//! style of the field, or run the command line's JSON pipeline.
+//!
+//! **Declarative session windows** — key, time, gap, watermark, lateness, aggregates:
+//!
+//! ```
+//! use sessionizer::prelude::*;
+//!
+//! struct Visit { visit_id: String, page: String, at: EventTime }
+//!
+//! let mut job = Stream::<Visit>::new()
+//!     .key_by(|v| v.visit_id.clone())
+//!     .event_time(|v| v.at)
+//!     .watermark(BoundedOutOfOrderness::new(minutes(1)))
+//!     .session_windows(minutes(10))
+//!     .allowed_lateness(minutes(15))
+//!     .aggregate(Collect(|v: &Visit| Some(v.page.clone())))
+//!     .build();
+//! # let visits: Vec<Visit> = Vec::new();
+//! let (mut sessions, mut late) = (Vec::new(), Vec::new());
+//! job.run(visits, &mut sessions, &mut late)?;
+//! # Ok::<(), sessionizer::sink::SinkError>(())
+//! ```
+//!
+//! **Arbitrary stateful processing** — a function per key with a state handle and
+//! timeouts ([`stateful`]):
+//!
+//! ```
+//! use sessionizer::prelude::*;
+//!
+//! struct Visit { visit_id: String, at: EventTime }
+//!
+//! let mut job = Stream::<Visit>::new()
+//!     .key_by(|v| v.visit_id.clone())
+//!     .event_time(|v| v.at)
+//!     .flat_map_groups_with_state(|key: &str, visits: Vec<Visit>, state: &mut GroupState<'_, u64>| {
+//!         if state.has_timed_out() {
+//!             return state.remove().map(|n| (key.to_string(), n));
+//!         }
+//!         let n = state.get().copied().unwrap_or(0) + visits.len() as u64;
+//!         state.update(n);
+//!         let last = visits.iter().map(|v| v.at).max().unwrap_or(EventTime(0));
+//!         state.set_timeout_timestamp(last.plus(minutes(10)));
+//!         None
+//!     })
+//!     .batching(Batching::Events(1000))
+//!     .build();
+//! # let visits: Vec<Visit> = Vec::new();
+//! let (mut counts, mut late) = (Vec::new(), Vec::new());
+//! job.run(visits, &mut counts, &mut late)?;
+//! # Ok::<(), sessionizer::sink::SinkError>(())
+//! ```
+//!
+//! Both run on one keyed-state + timers core ([`window::keyed::KeyedStore`]); the
+//! command line's job is the declarative window with the built-in JSON aggregates.
+//!
+//! * [`stream`] — [`Stream`]: key and time extractors, watermark strategy.
+//! * [`windowed`] — the session window job and its output records.
+//! * [`stateful`] — the stateful job, its batching and snapshots.
+//! * [`aggregators`] — the built-in aggregates over your events; write your own with
+//!   [`window::Aggregator`].
+//! * [`sink`], [`source`], [`late`] — where outputs, late events and dead letters go;
+//!   JSON-lines input.
+//! * [`time`] — durations (`minutes(10)`) and RFC 3339 serde helpers.
+//!
+//! The command line's pipeline:
 //!
 //! * [`config::PipelineConfig`] — the validated options of a run (inputs, fields, gap,
 //!   watermark delay, lateness, aggregates, dedup, outputs).
@@ -10,11 +75,37 @@
 //! [`window`] (the keyed-state + timers core and the session operator) and
 //! [`connectors`] (inputs and output encoding).
 
+pub mod aggregators;
 pub mod config;
+pub mod late;
 pub mod pipeline;
+pub mod sink;
+pub mod source;
+pub mod stateful;
 pub mod stats;
+pub mod stream;
+pub mod time;
+pub mod windowed;
 
 pub use config::PipelineConfig;
 pub use sessionizer_connectors as connectors;
 pub use sessionizer_core as core;
 pub use sessionizer_window as window;
+pub use stream::Stream;
+
+/// Everything a job needs, in one import.
+pub mod prelude {
+    pub use crate::aggregators::{Collect, Count, CountDistinct, First, Last, Max, Min, Sum};
+    pub use crate::late::Late;
+    pub use crate::sink::{JsonLinesSink, Sink, SinkError};
+    pub use crate::source::{DeadLetter, JsonLines};
+    pub use crate::stateful::{Batching, StatefulJob};
+    pub use crate::stream::Stream;
+    pub use crate::time::{hours, millis, minutes, seconds};
+    pub use crate::windowed::{SessionRecord, SessionWindowJob, WindowOutput};
+    pub use sessionizer_core::{DurationMs, EventTime, Watermark};
+    pub use sessionizer_window::aggregate::{Aggregator, Position};
+    pub use sessionizer_window::clock::{Clock, ManualClock, ProcessingTime, SystemClock};
+    pub use sessionizer_window::stateful::{GroupState, LatePolicy, TimeoutKind};
+    pub use sessionizer_window::{BoundedOutOfOrderness, EmitMode, WatermarkStrategy};
+}

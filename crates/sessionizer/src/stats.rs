@@ -22,6 +22,34 @@ pub struct RunStats {
     /// Peak resident set size of the process (Linux; absent elsewhere).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// Checkpointing (`--state-dir` only). With a state directory the counters above are
+    /// the job's, cumulative over every run that continued it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<CheckpointStats>,
+}
+
+/// What checkpointing did in one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CheckpointStats {
+    /// The epoch of the checkpoint this run resumed from, if any.
+    pub resumed_from: Option<u64>,
+    /// Records read by earlier runs of the job (included in `records_read`).
+    pub records_before: u64,
+    /// Checkpoints written, and how many of them were full bases.
+    pub written: u64,
+    pub bases: u64,
+    /// Bytes written (state files and manifests).
+    pub bytes: u64,
+    /// The last checkpoint: epoch, bytes, and keys written (puts and tombstones).
+    pub last_epoch: Option<u64>,
+    pub last_bytes: u64,
+    pub last_keys: u64,
+    /// Time spent writing checkpoints, in all and the longest one (microseconds).
+    pub write_us_total: u64,
+    pub write_us_max: u64,
+    /// Time spent restoring the checkpoint this run resumed from: reading and checking
+    /// its files, decoding every key into its shard (microseconds).
+    pub restore_us: u64,
 }
 
 impl RunStats {
@@ -33,17 +61,27 @@ impl RunStats {
     /// The human summary printed on stderr at the end of a run.
     pub fn summary(&self, output: &str) -> String {
         let secs = self.elapsed_ms as f64 / 1000.0;
+        let before = self.checkpoints.as_ref().map_or(0, |c| c.records_before);
+        let this_run = self.records_read.saturating_sub(before);
         let rate = if secs > 0.0 {
-            format!(" ({}/s)", human(self.records_read as f64 / secs))
+            format!(" ({}/s)", human(this_run as f64 / secs))
         } else {
             String::new()
         };
         let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "sessionizer: read {} records in {secs:.2}s{rate}",
-            self.records_read
-        );
+        if before > 0 {
+            let _ = writeln!(
+                s,
+                "sessionizer: read {this_run} records in {secs:.2}s{rate}, {} in all with the earlier runs of this job",
+                self.records_read
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "sessionizer: read {} records in {secs:.2}s{rate}",
+                self.records_read
+            );
+        }
         let _ = writeln!(
             s,
             "  in sessions {} | duplicates {} | late {} | invalid {}",
@@ -56,6 +94,18 @@ impl RunStats {
         );
         if self.blank_lines > 0 {
             let _ = write!(s, "\n  blank lines skipped {}", self.blank_lines);
+        }
+        if let Some(c) = &self.checkpoints {
+            if let Some(epoch) = c.resumed_from {
+                let _ = write!(s, "\n  resumed from checkpoint {epoch}");
+            }
+            let _ = write!(
+                s,
+                "\n  checkpoints written {} ({} bytes, {:.1} ms longest)",
+                c.written,
+                c.bytes,
+                c.write_us_max as f64 / 1e3
+            );
         }
         s
     }

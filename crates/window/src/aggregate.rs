@@ -1,13 +1,312 @@
 //! Per-session aggregates. Sessions merge, so every aggregate is mergeable: `add` one
-//! value, `merge` another session's state, `write_json` the result.
+//! value, `merge` another session's state, then read the result.
 //!
-//! Values arrive as the raw JSON text of a field (already validated by the scanner); a
-//! missing or null value is skipped before it gets here (SPEC §3). Order-sensitive
-//! aggregates order by `(event time, input sequence number)`, so the result does not
-//! depend on arrival order or on how sessions merged.
+//! Two layers:
+//!
+//! * [`SessionAggregate`] + [`Accumulate`] — what the session window is generic over
+//!   (monomorphised: no boxing, no dynamic dispatch per event). Implemented by
+//!   [`JsonAggregates`], the CLI's built-ins over raw JSON values, and by [`Custom`],
+//!   which adapts any user [`Aggregator`].
+//! * [`Aggregator`] — the user-facing create / add / merge / finish interface, in the
+//!   style of Flink's `AggregateFunction`.
+//!
+//! The built-in JSON values arrive as the raw JSON text of a field (already validated by
+//! the scanner); a missing or null value is skipped before it gets here (SPEC §3).
+//! Order-sensitive aggregates order by [`Position`] (event time, then input sequence
+//! number), so the result does not depend on arrival order or on how sessions merged.
 
 use hashbrown::HashSet;
+use sessionizer_core::EventTime;
 use std::cmp::Ordering;
+use std::fmt;
+use std::marker::PhantomData;
+
+/// Where an event stands among the events of its key: event time, then input order.
+/// Order-sensitive aggregates sort by it, which makes their result independent of the
+/// order in which sessions merged.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// The event's time.
+    pub time: EventTime,
+    /// The event's input sequence number (ties of equal time keep input order).
+    pub seq: u64,
+}
+
+/// The contents a session window keeps per session, mergeable.
+///
+/// The window is generic over this trait and calls it directly, so the aggregate code is
+/// compiled into the window's hot path. `&self` is the aggregate's configuration (the
+/// list of JSON aggregates, or the user's [`Aggregator`]); the per-session state is
+/// [`Acc`](Self::Acc).
+pub trait SessionAggregate {
+    /// The per-session accumulator.
+    type Acc;
+    /// What an emitted session shows of its accumulator (see [`SessionView`]).
+    ///
+    /// [`SessionView`]: crate::SessionView
+    type View<'a>
+    where
+        Self: 'a;
+
+    /// A new session's accumulator. `None` means sessions keep no contents at all: the
+    /// window then allocates nothing per session (the CLI without aggregates).
+    fn create(&self) -> Option<Self::Acc>;
+
+    /// Folds `other` (a session that an event bridged to this one) into `into`.
+    fn merge(&self, into: &mut Self::Acc, other: Self::Acc);
+
+    /// The view handed to [`Emit`](crate::Emit) for a session with contents `acc`.
+    fn view<'a>(&'a self, acc: Option<&'a Self::Acc>) -> Self::View<'a>;
+
+    /// Heap bytes held by `acc` (for memory accounting).
+    fn heap_bytes(&self, _acc: &Self::Acc) -> usize {
+        0
+    }
+}
+
+/// How an event's input of type `I` is added to a [`SessionAggregate`]'s accumulator.
+/// Separate from [`SessionAggregate`] so that one aggregate can accept borrowed inputs
+/// (`[Option<&[u8]>]`, `E: ?Sized`) without tying the window type to their lifetime.
+pub trait Accumulate<I: ?Sized>: SessionAggregate {
+    /// Adds the input of the event at `at`.
+    fn add(&self, acc: &mut Self::Acc, at: Position, input: &I);
+}
+
+/// A user-defined mergeable aggregate over events of type `E`: create / add / merge /
+/// finish. Sessions merge when an out-of-order event bridges two of them, so `merge`
+/// must give the same result as adding all events to one accumulator; order-sensitive
+/// aggregates should order by the [`Position`] they are given, not by call order.
+///
+/// `finish` takes the accumulator by reference: a session may be emitted more than once
+/// (late events within the allowed lateness make a new revision), so its accumulator
+/// lives on after an emission.
+///
+/// ```
+/// use sessionizer_window::aggregate::{Aggregator, Position};
+///
+/// /// The pages of a visit in event-time order.
+/// struct Pages;
+///
+/// impl Aggregator<(i64, &'static str)> for Pages {
+///     type Acc = Vec<(Position, &'static str)>;
+///     type Output = Vec<&'static str>;
+///     fn create(&self) -> Self::Acc {
+///         Vec::new()
+///     }
+///     fn add(&self, acc: &mut Self::Acc, event: &(i64, &'static str), at: Position) {
+///         acc.push((at, event.1));
+///     }
+///     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+///         acc.extend(other);
+///     }
+///     fn finish(&self, acc: &Self::Acc) -> Self::Output {
+///         let mut sorted = acc.clone();
+///         sorted.sort_by_key(|(at, _)| *at);
+///         sorted.into_iter().map(|(_, page)| page).collect()
+///     }
+/// }
+/// ```
+pub trait Aggregator<E: ?Sized> {
+    /// The per-session accumulator.
+    type Acc;
+    /// The result written into the session record.
+    type Output;
+    /// An empty accumulator.
+    fn create(&self) -> Self::Acc;
+    /// Adds one event, which stands at `at`.
+    fn add(&self, acc: &mut Self::Acc, event: &E, at: Position);
+    /// Folds another session's accumulator in.
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+    /// The result for a session whose events are in `acc`.
+    fn finish(&self, acc: &Self::Acc) -> Self::Output;
+}
+
+/// Several aggregators side by side; the output is the tuple of their outputs.
+macro_rules! tuple_aggregator {
+    ($($name:ident $idx:tt),+) => {
+        impl<E: ?Sized, $($name: Aggregator<E>),+> Aggregator<E> for ($($name,)+) {
+            type Acc = ($($name::Acc,)+);
+            type Output = ($($name::Output,)+);
+            fn create(&self) -> Self::Acc {
+                ($(self.$idx.create(),)+)
+            }
+            fn add(&self, acc: &mut Self::Acc, event: &E, at: Position) {
+                $(self.$idx.add(&mut acc.$idx, event, at);)+
+            }
+            fn merge(&self, acc: &mut Self::Acc, other: Self::Acc) {
+                $(self.$idx.merge(&mut acc.$idx, other.$idx);)+
+            }
+            fn finish(&self, acc: &Self::Acc) -> Self::Output {
+                ($(self.$idx.finish(&acc.$idx),)+)
+            }
+        }
+    };
+}
+
+tuple_aggregator!(A 0);
+tuple_aggregator!(A 0, B 1);
+tuple_aggregator!(A 0, B 1, C 2);
+tuple_aggregator!(A 0, B 1, C 2, D 3);
+
+/// No aggregate: sessions carry only their bounds and count. Nothing is allocated per
+/// session.
+impl<E: ?Sized> Aggregator<E> for () {
+    type Acc = ();
+    type Output = ();
+    fn create(&self) -> Self::Acc {}
+    fn add(&self, _: &mut Self::Acc, _: &E, _: Position) {}
+    fn merge(&self, _: &mut Self::Acc, _: Self::Acc) {}
+    fn finish(&self, _: &Self::Acc) -> Self::Output {}
+}
+
+/// Adapts a user [`Aggregator`] over events `E` to the window's [`SessionAggregate`].
+pub struct Custom<G, E: ?Sized> {
+    /// The user's aggregator.
+    pub aggregator: G,
+    _events: PhantomData<fn(&E)>,
+}
+
+impl<G, E: ?Sized> Custom<G, E> {
+    /// Wraps `aggregator`.
+    pub fn new(aggregator: G) -> Self {
+        Custom {
+            aggregator,
+            _events: PhantomData,
+        }
+    }
+}
+
+impl<G: fmt::Debug, E: ?Sized> fmt::Debug for Custom<G, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Custom").field(&self.aggregator).finish()
+    }
+}
+
+impl<G: Aggregator<E>, E: ?Sized> SessionAggregate for Custom<G, E> {
+    type Acc = G::Acc;
+    type View<'a>
+        = CustomView<'a, G, E>
+    where
+        Self: 'a;
+
+    fn create(&self) -> Option<Self::Acc> {
+        Some(self.aggregator.create())
+    }
+
+    fn merge(&self, into: &mut Self::Acc, other: Self::Acc) {
+        self.aggregator.merge(into, other);
+    }
+
+    fn view<'a>(&'a self, acc: Option<&'a Self::Acc>) -> Self::View<'a> {
+        CustomView {
+            aggregator: &self.aggregator,
+            acc,
+            _events: PhantomData,
+        }
+    }
+}
+
+/// What an emitted session of a [`Custom`] aggregate shows: its accumulator, and the
+/// aggregator to finish it with.
+pub struct CustomView<'a, G: Aggregator<E>, E: ?Sized> {
+    aggregator: &'a G,
+    acc: Option<&'a G::Acc>,
+    _events: PhantomData<fn(&E)>,
+}
+
+impl<G: Aggregator<E>, E: ?Sized> Clone for CustomView<'_, G, E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<G: Aggregator<E>, E: ?Sized> Copy for CustomView<'_, G, E> {}
+
+impl<G: Aggregator<E>, E: ?Sized> fmt::Debug for CustomView<'_, G, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CustomView")
+            .field("has_acc", &self.acc.is_some())
+            .finish()
+    }
+}
+
+impl<G: Aggregator<E>, E: ?Sized> CustomView<'_, G, E> {
+    /// The session's result ([`Aggregator::finish`]).
+    pub fn finish(&self) -> G::Output {
+        match self.acc {
+            Some(acc) => self.aggregator.finish(acc),
+            // Sessions of a `Custom` window always keep an accumulator; an empty one
+            // gives the same result as a missing one.
+            None => self.aggregator.finish(&self.aggregator.create()),
+        }
+    }
+
+    /// The session's accumulator.
+    pub fn acc(&self) -> Option<&G::Acc> {
+        self.acc
+    }
+}
+
+impl<G: Aggregator<E>, E: ?Sized> Accumulate<E> for Custom<G, E> {
+    fn add(&self, acc: &mut Self::Acc, at: Position, input: &E) {
+        self.aggregator.add(acc, input, at);
+    }
+}
+
+/// The built-in aggregates of the command line (`--collect`, `--first`, ...), computed
+/// over the raw JSON text of one field each; the input of an event is one optional raw
+/// value per aggregate, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JsonAggregates {
+    kinds: Vec<AggKind>,
+}
+
+impl JsonAggregates {
+    /// The aggregates `kinds`, in output order.
+    pub fn new(kinds: Vec<AggKind>) -> Self {
+        JsonAggregates { kinds }
+    }
+
+    /// The configured aggregates.
+    pub fn kinds(&self) -> &[AggKind] {
+        &self.kinds
+    }
+}
+
+impl SessionAggregate for JsonAggregates {
+    type Acc = Vec<AggState>;
+    type View<'a> = &'a [AggState];
+
+    fn create(&self) -> Option<Self::Acc> {
+        (!self.kinds.is_empty()).then(|| self.kinds.iter().map(|&k| AggState::new(k)).collect())
+    }
+
+    fn merge(&self, into: &mut Self::Acc, other: Self::Acc) {
+        for (a, b) in into.iter_mut().zip(other) {
+            a.merge(b);
+        }
+    }
+
+    fn view<'a>(&'a self, acc: Option<&'a Self::Acc>) -> Self::View<'a> {
+        acc.map_or(&[], Vec::as_slice)
+    }
+
+    fn heap_bytes(&self, acc: &Self::Acc) -> usize {
+        acc.capacity() * std::mem::size_of::<AggState>()
+            + acc.iter().map(AggState::heap_bytes).sum::<usize>()
+    }
+}
+
+impl<'v> Accumulate<[Option<&'v [u8]>]> for JsonAggregates {
+    #[inline]
+    fn add(&self, acc: &mut Self::Acc, at: Position, values: &[Option<&'v [u8]>]) {
+        for (agg, value) in acc.iter_mut().zip(values) {
+            if let Some(raw) = value {
+                agg.add(at.time.millis(), at.seq, raw);
+            }
+        }
+    }
+}
 
 /// Which aggregate to compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,19 +343,26 @@ impl AggKind {
 }
 
 /// Where a value stands in a session: `(event time, input sequence number)`.
-type Position = (i64, u64);
+type At = (i64, u64);
 
 type FastSet<T> = HashSet<T, foldhash::fast::FixedState>;
 
 /// The running state of one aggregate in one session.
 #[derive(Debug, Clone)]
 pub enum AggState {
+    /// `--collect`: the values with their positions.
     Collect(Collected),
+    /// `--first`: the earliest value so far.
     First(Option<Picked>),
+    /// `--last`: the latest value so far.
     Last(Option<Picked>),
+    /// `--count-distinct`: hashes of the distinct values.
     CountDistinct(FastSet<u128>),
+    /// `--sum`.
     Sum(Sum),
+    /// `--min`: the smallest number so far.
     Min(Option<Extreme>),
+    /// `--max`: the largest number so far.
     Max(Option<Extreme>),
 }
 
@@ -69,7 +375,7 @@ pub struct Collected {
 
 #[derive(Debug, Clone, Copy)]
 struct CollectedItem {
-    at: Position,
+    at: At,
     offset: u32,
     len: u32,
 }
@@ -77,7 +383,7 @@ struct CollectedItem {
 /// One value chosen by position (first / last).
 #[derive(Debug, Clone)]
 pub struct Picked {
-    at: Position,
+    at: At,
     raw: Vec<u8>,
 }
 
@@ -85,7 +391,7 @@ pub struct Picked {
 #[derive(Debug, Clone)]
 pub struct Extreme {
     value: f64,
-    at: Position,
+    at: At,
     raw: Vec<u8>,
 }
 
@@ -107,6 +413,7 @@ fn parse_f64(raw: &[u8]) -> Option<f64> {
 }
 
 impl AggState {
+    /// The empty state of aggregate `kind`.
     pub fn new(kind: AggKind) -> AggState {
         match kind {
             AggKind::Collect => AggState::Collect(Collected::default()),
@@ -188,7 +495,7 @@ impl AggState {
 }
 
 /// Keeps the value whose position compares as `wanted` (Less: earliest, Greater: latest).
-fn pick(slot: &mut Option<Picked>, at: Position, raw: &[u8], wanted: Ordering) {
+fn pick(slot: &mut Option<Picked>, at: At, raw: &[u8], wanted: Ordering) {
     match slot {
         Some(p) if at.cmp(&p.at) != wanted => {}
         Some(p) => {
@@ -207,7 +514,7 @@ fn pick(slot: &mut Option<Picked>, at: Position, raw: &[u8], wanted: Ordering) {
 
 /// Keeps the numeric value comparing as `wanted`; ties go to the earliest position, so
 /// the result does not depend on merge order.
-fn extreme(slot: &mut Option<Extreme>, at: Position, raw: &[u8], wanted: Ordering) {
+fn extreme(slot: &mut Option<Extreme>, at: At, raw: &[u8], wanted: Ordering) {
     if !is_number(raw) {
         return;
     }
@@ -230,7 +537,7 @@ fn extreme(slot: &mut Option<Extreme>, at: Position, raw: &[u8], wanted: Orderin
 }
 
 impl Collected {
-    fn add(&mut self, at: Position, raw: &[u8]) {
+    fn add(&mut self, at: At, raw: &[u8]) {
         let item = CollectedItem {
             at,
             offset: u32::try_from(self.bytes.len()).expect("collected values exceed 4 GiB"),

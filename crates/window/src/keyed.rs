@@ -1,16 +1,22 @@
-//! The keyed-state + timers core: a slot of user state per key and one event-time timer
-//! per key, indexed by deadline.
+//! The keyed-state + timers core: a slot of user state per key, one event-time timer and
+//! one processing-time timer per key, each indexed by deadline.
 //!
-//! Both the declarative session window and (later) user-defined stateful functions keep
-//! their per-key state here. Keys are byte strings (a key's text); they are stored once,
-//! inline when short.
+//! Both the declarative session window ([`crate::SessionOperator`]) and user-defined
+//! stateful functions ([`crate::stateful::StatefulOperator`]) keep their per-key state
+//! here. Keys are byte strings (a key's text); they are stored once, inline when short.
 //!
-//! Timers are a min-heap of `(deadline, slot)` with lazy invalidation: each slot remembers
+//! Timers are min-heaps of `(deadline, slot)` with lazy invalidation: each slot remembers
 //! the deadline of its one live heap entry. Moving a timer earlier pushes a new entry;
 //! moving it later does nothing — the early entry fires, the owner finds nothing due yet
-//! and re-arms. So the heap holds about one entry per key and a watermark step costs
-//! `O(fired · log n)`, never a scan of all keys.
+//! and re-arms. So a heap holds about one entry per key and a watermark (or clock) step
+//! costs `O(fired · log n)`, never a scan of all keys.
+//!
+//! Processing-time timers use the same technique on a second heap. Their per-slot
+//! deadlines live in a side vector that stays empty until the first processing-time
+//! timer is set, so the session window, which never sets one, pays nothing for them:
+//! not a byte per key, not a branch per event.
 
+use crate::clock::ProcessingTime;
 use hashbrown::HashTable;
 use sessionizer_core::{EventTime, Watermark};
 use smallvec::SmallVec;
@@ -34,7 +40,7 @@ struct Slot<S> {
     timer: i64,
 }
 
-/// Per-key state with one event-time timer per key.
+/// Per-key state with one event-time and one processing-time timer per key.
 #[derive(Debug)]
 pub struct KeyedStore<S> {
     hasher: foldhash::fast::FixedState,
@@ -42,6 +48,11 @@ pub struct KeyedStore<S> {
     slots: Vec<Slot<S>>,
     free: Vec<SlotId>,
     timers: BinaryHeap<Reverse<(i64, SlotId)>>,
+    /// Deadline of each slot's live processing-time heap entry (`NO_TIMER`: none),
+    /// indexed by slot; shorter than `slots` (often empty) when later slots never had
+    /// one.
+    proc_deadline: Vec<i64>,
+    proc_timers: BinaryHeap<Reverse<(i64, SlotId)>>,
 }
 
 impl<S> Default for KeyedStore<S> {
@@ -52,6 +63,8 @@ impl<S> Default for KeyedStore<S> {
             slots: Vec::new(),
             free: Vec::new(),
             timers: BinaryHeap::new(),
+            proc_deadline: Vec::new(),
+            proc_timers: BinaryHeap::new(),
         }
     }
 }
@@ -106,14 +119,17 @@ impl<S> KeyedStore<S> {
             .copied()
     }
 
+    /// The key of slot `id`.
     pub fn key(&self, id: SlotId) -> &[u8] {
         &self.slots[id as usize].key
     }
 
+    /// The state of slot `id`.
     pub fn state(&self, id: SlotId) -> &S {
         &self.slots[id as usize].state
     }
 
+    /// The state of slot `id`, mutably.
     pub fn state_mut(&mut self, id: SlotId) -> &mut S {
         &mut self.slots[id as usize].state
     }
@@ -137,6 +153,9 @@ impl<S> KeyedStore<S> {
         slot.key = KeyBytes::new();
         slot.state = S::default();
         slot.timer = NO_TIMER;
+        if let Some(d) = self.proc_deadline.get_mut(id as usize) {
+            *d = NO_TIMER;
+        }
         self.free.push(id);
     }
 
@@ -167,18 +186,60 @@ impl<S> KeyedStore<S> {
         None
     }
 
+    /// Asks for the key to be handed back by
+    /// [`pop_due_processing`](Self::pop_due_processing) once the clock reaches
+    /// `deadline`. Same one-timer-per-key rule as [`schedule`](Self::schedule).
+    pub fn schedule_processing(&mut self, id: SlotId, deadline: ProcessingTime) {
+        let i = id as usize;
+        if self.proc_deadline.len() <= i {
+            self.proc_deadline.resize(i + 1, NO_TIMER);
+        }
+        if deadline.0 < self.proc_deadline[i] {
+            self.proc_deadline[i] = deadline.0;
+            self.proc_timers.push(Reverse((deadline.0, id)));
+        }
+    }
+
+    /// The next key whose processing-time timer is due at `now`, its timer cleared.
+    pub fn pop_due_processing(&mut self, now: ProcessingTime) -> Option<SlotId> {
+        while let Some(&Reverse((deadline, id))) = self.proc_timers.peek() {
+            if deadline > now.0 {
+                return None;
+            }
+            self.proc_timers.pop();
+            if let Some(live) = self.proc_deadline.get_mut(id as usize) {
+                if *live == deadline {
+                    *live = NO_TIMER;
+                    return Some(id);
+                }
+            }
+        }
+        None
+    }
+
     /// Number of keys with state.
     pub fn len(&self) -> usize {
         self.index.len()
     }
 
+    /// Whether no key has state.
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
     }
 
-    /// Pending timer entries, live or stale (for memory accounting).
+    /// Pending timer entries of both kinds, live or stale (for memory accounting).
     pub fn timer_entries(&self) -> usize {
-        self.timers.len()
+        self.timers.len() + self.proc_timers.len()
+    }
+
+    /// Drops every key, its state and its timers.
+    pub fn clear(&mut self) {
+        self.index.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.timers.clear();
+        self.proc_deadline.clear();
+        self.proc_timers.clear();
     }
 
     /// Every key with state, in no particular order.
@@ -240,6 +301,28 @@ mod tests {
             store.pop_due(Watermark::MAX),
             None,
             "the stale 30 entry is skipped"
+        );
+    }
+
+    #[test]
+    fn processing_timers_are_independent_of_event_timers() {
+        let mut store: KeyedStore<()> = KeyedStore::default();
+        let a = store.slot_for(b"a");
+        let b = store.slot_for(b"b");
+        store.schedule(a, EventTime(10));
+        store.schedule_processing(b, ProcessingTime(100));
+        store.schedule_processing(b, ProcessingTime(200)); // keeps 100
+        assert_eq!(store.pop_due_processing(ProcessingTime(99)), None);
+        assert_eq!(store.pop_due(Watermark::MAX), Some(a));
+        assert_eq!(store.pop_due(Watermark::MAX), None, "b has no event timer");
+        assert_eq!(store.pop_due_processing(ProcessingTime(100)), Some(b));
+        assert_eq!(store.pop_due_processing(ProcessingTime(i64::MAX)), None);
+        store.schedule_processing(b, ProcessingTime(50));
+        store.remove(b);
+        assert_eq!(
+            store.pop_due_processing(ProcessingTime(i64::MAX)),
+            None,
+            "a removed key's processing timer is stale"
         );
     }
 

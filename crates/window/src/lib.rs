@@ -1,26 +1,42 @@
-//! The event-time session window of sessionizer, built on a small keyed-state + timers
-//! core.
+//! The two operators of sessionizer — the event-time session window and user-defined
+//! stateful functions — built on one small keyed-state + timers core.
 //!
-//! * [`keyed`] — per-key state slots with one event-time timer per key, indexed by
-//!   deadline (never a scan of all keys per watermark step).
+//! * [`keyed`] — per-key state slots with one event-time and one processing-time timer
+//!   per key, indexed by deadline (never a scan of all keys per watermark step).
+//! * [`clock`] — processing time, injected ([`Clock`], [`SystemClock`], [`ManualClock`]).
 //! * [`session`] — one key's sessions: which ones an event touches, merging.
-//! * [`aggregate`] — the mergeable per-session aggregates (`--collect`, `--first`, ...).
+//! * [`aggregate`] — mergeable per-session aggregates: the built-in JSON ones
+//!   (`--collect`, `--first`, ...) and user-defined ones ([`Aggregator`]).
 //! * [`operator`] — [`SessionOperator`]: pure and synchronous, it takes events and
 //!   watermarks and reports sessions, retractions and verdicts through [`Emit`]. It never
 //!   reads a clock, a file or a socket.
-//! * [`watermark`] — watermark strategies ([`BoundedOutOfOrderness`]).
+//! * [`stateful`] — [`StatefulOperator`]: user code called per key with the key's new
+//!   events and a [`GroupState`] handle (Spark's `flatMapGroupsWithState`, Flink's
+//!   `KeyedProcessFunction`), with event-time and processing-time timeouts and
+//!   snapshot / restore of the keyed state.
+//! * [`watermark`] — watermark strategies ([`BoundedOutOfOrderness`], or any
+//!   [`WatermarkStrategy`]).
 //!
-//! The rules implemented here are SPEC §2, refined in `docs/semantics.md`.
+//! The rules implemented here are SPEC §2, refined in `docs/semantics.md`; the stateful
+//! operator's batching and timeout rules are in `docs/library.md`.
 
 pub mod aggregate;
+pub mod clock;
 pub mod keyed;
 pub mod operator;
 pub mod session;
+pub mod stateful;
 pub mod watermark;
 
-pub use aggregate::{AggKind, AggState};
+pub use aggregate::{
+    Accumulate, AggKind, AggState, Aggregator, Custom, CustomView, JsonAggregates, Position,
+    SessionAggregate,
+};
+pub use clock::{Clock, ManualClock, ProcessingTime, SystemClock};
 pub use operator::{
-    Emit, EmitMode, Event, LateReason, SessionOperator, SessionView, Verdict, WindowConfig,
+    Emit, EmitMode, Event, LateReason, OperatorCounts, SessionOperator, SessionView, TypedEvent,
+    Verdict, WindowConfig,
 };
 pub use session::session_id;
-pub use watermark::BoundedOutOfOrderness;
+pub use stateful::{GroupState, LatePolicy, StatefulOperator, TimeoutKind};
+pub use watermark::{BoundedOutOfOrderness, WatermarkStrategy};

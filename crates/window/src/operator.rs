@@ -5,12 +5,19 @@
 //! [`SessionOperator::advance_to`] moves the watermark and emits what became due. The
 //! operator keeps its per-key state in a [`KeyedStore`] and asks it for a timer per key;
 //! it never reads a clock, a file or a socket.
+//!
+//! The operator is generic over what a session accumulates ([`SessionAggregate`]): the
+//! command line's JSON aggregates ([`JsonAggregates`], the default, fed by [`Event`]) or a
+//! user's [`Aggregator`](crate::aggregate::Aggregator) over the user's own event type
+//! (through [`Custom`](crate::aggregate::Custom), fed by [`TypedEvent`]). Either way the
+//! aggregate code is monomorphised into the operator; nothing is boxed per event.
 
-use crate::aggregate::{AggKind, AggState};
+use crate::aggregate::{Accumulate, AggKind, AggState, JsonAggregates, SessionAggregate};
 use crate::keyed::{KeyedStore, SlotId};
 use crate::session::{Arrival, KeySessions, Session};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use smallvec::SmallVec;
+use std::fmt;
 
 /// When sessions are emitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,18 +36,22 @@ pub struct WindowConfig {
     pub gap: DurationMs,
     /// How long a complete session still accepts late events (`A`).
     pub allowed_lateness: DurationMs,
+    /// When sessions are emitted.
     pub emit: EmitMode,
-    /// One aggregate per entry; it reads `Event::values[i]`.
+    /// The JSON aggregates of [`SessionOperator::new`], one per entry, reading
+    /// `Event::values[i]`. Windows built with
+    /// [`with_aggregate`](SessionOperator::with_aggregate) ignore it.
     pub aggregates: Vec<AggKind>,
     /// Whether events carry a dedup value to check ([`Event::dedup`]).
     pub dedup: bool,
 }
 
-/// One valid event, as the operator needs it.
+/// One valid event of the JSON pipeline, as the operator needs it.
 #[derive(Debug, Clone, Copy)]
 pub struct Event<'a> {
     /// The key's text.
     pub key: &'a [u8],
+    /// The event time.
     pub time: EventTime,
     /// This event's gap (`G` unless the event brings its own).
     pub gap: DurationMs,
@@ -52,11 +63,32 @@ pub struct Event<'a> {
     pub values: &'a [Option<&'a [u8]>],
 }
 
+/// One valid event whose aggregate input is `input` (the user's event, say): the
+/// generic form of [`Event`].
+#[derive(Debug)]
+pub struct TypedEvent<'a, I: ?Sized> {
+    /// The key's text.
+    pub key: &'a [u8],
+    /// The event time.
+    pub time: EventTime,
+    /// This event's gap (`G` unless the event brings its own).
+    pub gap: DurationMs,
+    /// Input sequence number: orders values of equal event time.
+    pub seq: u64,
+    /// Hash of the dedup value, when dedup is on and the event has one.
+    pub dedup: Option<u128>,
+    /// What the window's aggregate adds.
+    pub input: &'a I,
+}
+
 /// What became of an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// Joined, extended or merged sessions.
     Applied,
+    /// Equal to an event already in the session it would join; not applied.
     Duplicate,
+    /// Too late; changed nothing.
     Late(LateReason),
 }
 
@@ -70,6 +102,7 @@ pub enum LateReason {
 }
 
 impl LateReason {
+    /// The `reason` text of a late-event record: `window_closed` or `session_final`.
     pub fn as_str(self) -> &'static str {
         match self {
             LateReason::WindowClosed => "window_closed",
@@ -78,25 +111,33 @@ impl LateReason {
     }
 }
 
-/// A session being emitted.
+/// A session being emitted. `V` is what the window's aggregate shows
+/// ([`SessionAggregate::View`]): the JSON aggregate states by default.
 #[derive(Debug, Clone, Copy)]
-pub struct SessionView<'a> {
+pub struct SessionView<'a, V = &'a [AggState]> {
+    /// The key's text.
     pub key: &'a [u8],
+    /// The first event time.
     pub start: EventTime,
     /// The last event time.
     pub end: EventTime,
     /// When the session completes (largest `t + gap`).
     pub close: EventTime,
+    /// Events applied to the session.
     pub event_count: u64,
+    /// 0 for the first record of a session id, then 1, 2, ... (SPEC §2 revisions).
     pub revision: u32,
     /// False only for `on-update` records of a session still open.
     pub complete: bool,
-    pub aggregates: &'a [AggState],
+    /// The aggregate's view of the session's contents.
+    pub aggregates: V,
 }
 
-/// Where the operator's output goes.
-pub trait Emit {
-    fn session(&mut self, session: &SessionView<'_>);
+/// Where the operator's output goes. `A` is the window's aggregate; the default is the
+/// command line's, so the JSON encoder implements plain `Emit`.
+pub trait Emit<A: SessionAggregate + ?Sized = JsonAggregates> {
+    /// A session record (complete, or an on-update record of an open session).
+    fn session<'a>(&mut self, session: &SessionView<'a, A::View<'a>>);
     /// A session that was emitted before has disappeared (merged away, or its start moved).
     fn retraction(&mut self, key: &[u8], start: EventTime);
 }
@@ -104,15 +145,17 @@ pub trait Emit {
 /// Counts kept by the operator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OperatorCounts {
+    /// Session records emitted (complete and on-update).
     pub sessions_emitted: u64,
+    /// Retractions emitted.
     pub retractions: u64,
 }
 
-/// The event-time session window (SPEC §2).
-#[derive(Debug)]
-pub struct SessionOperator {
+/// The event-time session window (SPEC §2), generic over what sessions accumulate.
+pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     cfg: WindowConfig,
-    store: KeyedStore<KeySessions>,
+    agg: A,
+    store: KeyedStore<KeySessions<A::Acc>>,
     watermark: Watermark,
     /// Largest gap of any valid event so far: how long final bounds are remembered.
     largest_gap: i64,
@@ -124,11 +167,52 @@ pub struct SessionOperator {
     due: Vec<(i64, SlotId, i64)>,
 }
 
-impl SessionOperator {
-    pub fn new(cfg: WindowConfig) -> SessionOperator {
+impl<A: SessionAggregate + fmt::Debug> fmt::Debug for SessionOperator<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionOperator")
+            .field("cfg", &self.cfg)
+            .field("agg", &self.agg)
+            .field("watermark", &self.watermark)
+            .field("keys", &self.store.len())
+            .field("open_sessions", &self.open_sessions)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+impl SessionOperator<JsonAggregates> {
+    /// The command line's window: the JSON aggregates of `cfg.aggregates`.
+    pub fn new(cfg: WindowConfig) -> SessionOperator<JsonAggregates> {
+        let agg = JsonAggregates::new(cfg.aggregates.clone());
+        SessionOperator::with_aggregate(cfg, agg)
+    }
+
+    /// Judges one valid event against the current watermark and applies it if it is
+    /// neither too late nor a duplicate. Retractions caused by the event are emitted
+    /// right away; everything else waits for [`advance_to`](Self::advance_to).
+    #[inline]
+    pub fn on_event(&mut self, ev: &Event<'_>, out: &mut impl Emit) -> Verdict {
+        self.on_typed(
+            &TypedEvent {
+                key: ev.key,
+                time: ev.time,
+                gap: ev.gap,
+                seq: ev.seq,
+                dedup: ev.dedup,
+                input: ev.values,
+            },
+            out,
+        )
+    }
+}
+
+impl<A: SessionAggregate> SessionOperator<A> {
+    /// A window whose sessions accumulate with `agg` (`cfg.aggregates` is not read).
+    pub fn with_aggregate(cfg: WindowConfig, agg: A) -> SessionOperator<A> {
         SessionOperator {
             largest_gap: cfg.gap.millis(),
             cfg,
+            agg,
             store: KeyedStore::default(),
             watermark: Watermark::MIN,
             changed: None,
@@ -139,8 +223,14 @@ impl SessionOperator {
         }
     }
 
+    /// The configuration.
     pub fn config(&self) -> &WindowConfig {
         &self.cfg
+    }
+
+    /// The sessions' aggregate.
+    pub fn aggregate(&self) -> &A {
+        &self.agg
     }
 
     /// The watermark every next event is judged against.
@@ -158,12 +248,13 @@ impl SessionOperator {
         self.store.len()
     }
 
+    /// Sessions and retractions emitted so far.
     pub fn counts(&self) -> OperatorCounts {
         self.counts
     }
 
     /// The keyed state, for inspection.
-    pub fn store(&self) -> &KeyedStore<KeySessions> {
+    pub fn store(&self) -> &KeyedStore<KeySessions<A::Acc>> {
         &self.store
     }
 
@@ -177,7 +268,11 @@ impl SessionOperator {
     /// Judges one valid event against the current watermark and applies it if it is
     /// neither too late nor a duplicate. Retractions caused by the event are emitted
     /// right away; everything else waits for [`advance_to`](Self::advance_to).
-    pub fn on_event(&mut self, ev: &Event<'_>, out: &mut impl Emit) -> Verdict {
+    pub fn on_typed<I>(&mut self, ev: &TypedEvent<'_, I>, out: &mut impl Emit<A>) -> Verdict
+    where
+        A: Accumulate<I>,
+        I: ?Sized,
+    {
         self.observe_gap(ev.gap);
         let gap = ev.gap.millis();
         let arrival = Arrival {
@@ -185,7 +280,7 @@ impl SessionOperator {
             end: ev.time.millis().saturating_add(gap),
             seq: ev.seq,
             dedup: ev.dedup,
-            values: ev.values,
+            input: ev.input,
         };
 
         let slot = self.store.find(ev.key);
@@ -212,7 +307,7 @@ impl SessionOperator {
     }
 
     /// Lateness and dedup verdict for a key that has state; `None` means apply.
-    fn judge(&self, id: SlotId, ev: &Arrival<'_>) -> Option<Verdict> {
+    fn judge<I: ?Sized>(&self, id: SlotId, ev: &Arrival<'_, I>) -> Option<Verdict> {
         let sessions = &self.store.state(id).sessions;
         let mut close = ev.end;
         let mut touches_final = false;
@@ -241,7 +336,11 @@ impl SessionOperator {
     }
 
     /// Creates, extends or merges; returns the resulting session's `(start, close)`.
-    fn apply(&mut self, id: SlotId, ev: &Arrival<'_>, out: &mut impl Emit) -> (i64, i64) {
+    fn apply<I>(&mut self, id: SlotId, ev: &Arrival<'_, I>, out: &mut impl Emit<A>) -> (i64, i64)
+    where
+        A: Accumulate<I>,
+        I: ?Sized,
+    {
         let (key, state) = self.store.key_and_state_mut(id);
         let sessions = &mut state.sessions;
         let mut touched: SmallVec<[usize; 4]> = sessions
@@ -252,7 +351,7 @@ impl SessionOperator {
             .collect();
 
         if touched.is_empty() {
-            sessions.push(Session::new(ev, &self.cfg.aggregates, self.cfg.dedup));
+            sessions.push(Session::new(ev, &self.agg, self.cfg.dedup));
             self.open_sessions += 1;
             return (ev.time, ev.end);
         }
@@ -271,7 +370,7 @@ impl SessionOperator {
 
         // Take the absorbed sessions out from the back so indices stay valid, then fold
         // them into the earliest one in start order.
-        let mut absorbed: SmallVec<[Session; 2]> = SmallVec::new();
+        let mut absorbed: SmallVec<[Session<A::Acc>; 2]> = SmallVec::new();
         let mut by_index = touched[1..].to_vec();
         by_index.sort_unstable_by(|a, b| b.cmp(a));
         for i in by_index {
@@ -285,9 +384,9 @@ impl SessionOperator {
         let merged = &mut sessions[target];
         self.open_sessions -= absorbed.len();
         for other in absorbed {
-            merged.absorb_session(other);
+            merged.absorb_session(other, &self.agg);
         }
-        merged.absorb_event(ev);
+        merged.absorb_event(ev, &self.agg);
         merged.set_emitted(keeps_id);
         (merged.start(), merged.close())
     }
@@ -296,7 +395,7 @@ impl SessionOperator {
     /// the `on-update` record of the session this step changed, then every completed
     /// session in `(close, key, start)` order. Then sessions past their lateness become
     /// final, and final bounds past their retention are forgotten.
-    pub fn advance_to(&mut self, w: Watermark, out: &mut impl Emit) {
+    pub fn advance_to(&mut self, w: Watermark, out: &mut impl Emit<A>) {
         if w > self.watermark {
             self.watermark = w;
         }
@@ -365,7 +464,7 @@ impl SessionOperator {
         }
     }
 
-    fn emit_update(&mut self, id: SlotId, start: i64, w: Watermark, out: &mut impl Emit) {
+    fn emit_update(&mut self, id: SlotId, start: i64, w: Watermark, out: &mut impl Emit<A>) {
         let still_open = self
             .store
             .state(id)
@@ -377,7 +476,7 @@ impl SessionOperator {
         }
     }
 
-    fn emit(&mut self, id: SlotId, start: i64, complete: bool, out: &mut impl Emit) {
+    fn emit(&mut self, id: SlotId, start: i64, complete: bool, out: &mut impl Emit<A>) {
         let (key, state) = self.store.key_and_state_mut(id);
         let Some(i) = state.position_of(start) else {
             return;
@@ -392,7 +491,7 @@ impl SessionOperator {
             event_count: s.event_count(),
             revision,
             complete,
-            aggregates: s.aggregates(),
+            aggregates: self.agg.view(s.acc()),
         });
         self.counts.sessions_emitted += 1;
     }

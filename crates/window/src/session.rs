@@ -4,8 +4,10 @@
 //! where `close = max(t_i + g_i)`. The event *touches* a session when the two intervals
 //! intersect (inclusive) — with one gap `G` for all this is `start - G <= t <= last + G`.
 
-use crate::aggregate::{AggKind, AggState};
+use crate::aggregate::{AggState, Position, SessionAggregate};
+use sessionizer_core::EventTime;
 use smallvec::SmallVec;
+use std::fmt;
 
 type FastSet<T> = hashbrown::HashSet<T, foldhash::fast::FixedState>;
 
@@ -30,39 +32,69 @@ const FINAL: u8 = 4;
 
 /// A session of one key: live (open, or complete and kept for lateness) or final (only
 /// its bounds remembered, so that late events cannot join it).
-#[derive(Debug)]
-pub struct Session {
+///
+/// `Acc` is the accumulator of the window's [`SessionAggregate`]; the CLI's is the list
+/// of JSON aggregate states.
+pub struct Session<Acc = Vec<AggState>> {
     pub(crate) start: i64,
     pub(crate) last: i64,
     pub(crate) close: i64,
     pub(crate) count: u64,
     pub(crate) next_revision: u32,
     flags: u8,
-    contents: Option<Box<Contents>>,
+    /// Boxed and optional so that a session without aggregates or dedup is small and
+    /// costs no allocation.
+    contents: Option<Box<Contents<Acc>>>,
 }
 
-/// What only some jobs keep: aggregates and the dedup set.
-#[derive(Debug, Default)]
-struct Contents {
-    aggregates: Vec<AggState>,
+impl<Acc> fmt::Debug for Session<Acc> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("start", &self.start)
+            .field("last", &self.last)
+            .field("close", &self.close)
+            .field("count", &self.count)
+            .field("next_revision", &self.next_revision)
+            .field("flags", &self.flags)
+            .field("has_contents", &self.contents.is_some())
+            .finish()
+    }
+}
+
+/// What only some jobs keep: the aggregate accumulator and the dedup set.
+struct Contents<Acc> {
+    acc: Option<Acc>,
     seen: FastSet<u128>,
 }
 
-/// What a new event brings to a session.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Arrival<'a> {
+/// What a new event brings to a session; `input` is what the aggregate adds.
+pub(crate) struct Arrival<'a, I: ?Sized> {
     pub time: i64,
     pub end: i64,
     pub seq: u64,
     pub dedup: Option<u128>,
-    pub values: &'a [Option<&'a [u8]>],
+    pub input: &'a I,
 }
 
-impl Session {
-    pub(crate) fn new(ev: &Arrival<'_>, kinds: &[AggKind], keep_dedup: bool) -> Session {
-        let contents = (!kinds.is_empty() || keep_dedup).then(|| {
+impl<'a, I: ?Sized> Arrival<'a, I> {
+    fn position(&self) -> Position {
+        Position {
+            time: EventTime(self.time),
+            seq: self.seq,
+        }
+    }
+}
+
+impl<Acc> Session<Acc> {
+    pub(crate) fn new<A, I>(ev: &Arrival<'_, I>, agg: &A, keep_dedup: bool) -> Session<Acc>
+    where
+        A: crate::aggregate::Accumulate<I, Acc = Acc>,
+        I: ?Sized,
+    {
+        let acc = agg.create();
+        let contents = (acc.is_some() || keep_dedup).then(|| {
             Box::new(Contents {
-                aggregates: kinds.iter().map(|&k| AggState::new(k)).collect(),
+                acc,
                 seen: FastSet::default(),
             })
         });
@@ -75,26 +107,31 @@ impl Session {
             flags: DIRTY,
             contents,
         };
-        s.absorb_event(ev);
+        s.absorb_event(ev, agg);
         s
     }
 
+    /// The earliest event time (ms).
     pub fn start(&self) -> i64 {
         self.start
     }
 
+    /// The latest event time (ms).
     pub fn last(&self) -> i64 {
         self.last
     }
 
+    /// When the session completes: the largest `t + gap` (ms).
     pub fn close(&self) -> i64 {
         self.close
     }
 
+    /// Events applied.
     pub fn event_count(&self) -> u64 {
         self.count
     }
 
+    /// Whether only the bounds are left (past the allowed lateness).
     pub fn is_final(&self) -> bool {
         self.flags & FINAL != 0
     }
@@ -117,22 +154,26 @@ impl Session {
             .is_some_and(|c| c.seen.contains(&dedup))
     }
 
-    pub fn aggregates(&self) -> &[AggState] {
-        self.contents.as_ref().map_or(&[], |c| &c.aggregates)
+    /// The accumulator of the session's aggregate, if it keeps one.
+    pub fn acc(&self) -> Option<&Acc> {
+        self.contents.as_ref().and_then(|c| c.acc.as_ref())
     }
 
     /// Adds an event that touches this session.
-    pub(crate) fn absorb_event(&mut self, ev: &Arrival<'_>) {
+    #[inline]
+    pub(crate) fn absorb_event<A, I>(&mut self, ev: &Arrival<'_, I>, agg: &A)
+    where
+        A: crate::aggregate::Accumulate<I, Acc = Acc>,
+        I: ?Sized,
+    {
         self.start = self.start.min(ev.time);
         self.last = self.last.max(ev.time);
         self.close = self.close.max(ev.end);
         self.count += 1;
         self.flags |= DIRTY;
         if let Some(c) = &mut self.contents {
-            for (agg, value) in c.aggregates.iter_mut().zip(ev.values) {
-                if let Some(raw) = value {
-                    agg.add(ev.time, ev.seq, raw);
-                }
+            if let Some(acc) = &mut c.acc {
+                agg.add(acc, ev.position(), ev.input);
             }
             if let Some(h) = ev.dedup {
                 c.seen.insert(h);
@@ -142,7 +183,10 @@ impl Session {
 
     /// Folds `other` (a session of the same key that an event bridged to this one) in.
     /// The emitted mark is settled by the caller, who knows the merged session's start.
-    pub(crate) fn absorb_session(&mut self, other: Session) {
+    pub(crate) fn absorb_session<A>(&mut self, other: Session<Acc>, agg: &A)
+    where
+        A: SessionAggregate<Acc = Acc>,
+    {
         self.start = self.start.min(other.start);
         self.last = self.last.max(other.last);
         self.close = self.close.max(other.close);
@@ -151,8 +195,10 @@ impl Session {
         self.flags |= DIRTY;
         if let (Some(mine), Some(theirs)) = (&mut self.contents, other.contents) {
             let theirs = *theirs;
-            for (a, b) in mine.aggregates.iter_mut().zip(theirs.aggregates) {
-                a.merge(b);
+            match (&mut mine.acc, theirs.acc) {
+                (Some(a), Some(b)) => agg.merge(a, b),
+                (None, b) => mine.acc = b,
+                (Some(_), None) => {}
             }
             mine.seen.extend(theirs.seen);
         }
@@ -183,25 +229,45 @@ impl Session {
         self.contents = None;
     }
 
-    /// Approximate heap bytes held by this session.
-    pub fn heap_bytes(&self) -> usize {
+    /// Approximate heap bytes held by this session, `agg` being its window's aggregate.
+    pub fn heap_bytes<A: SessionAggregate<Acc = Acc>>(&self, agg: &A) -> usize {
         self.contents.as_ref().map_or(0, |c| {
-            std::mem::size_of::<Contents>()
-                + c.aggregates.capacity() * std::mem::size_of::<AggState>()
-                + c.aggregates.iter().map(AggState::heap_bytes).sum::<usize>()
+            std::mem::size_of::<Contents<Acc>>()
+                + c.acc.as_ref().map_or(0, |a| agg.heap_bytes(a))
                 + c.seen.capacity() * 17
         })
     }
 }
 
-/// All sessions of one key, live and final. Usually one.
-#[derive(Debug, Default)]
-pub struct KeySessions {
-    pub(crate) sessions: SmallVec<[Session; 1]>,
+impl Session<Vec<AggState>> {
+    /// The JSON aggregate states (empty when none are configured).
+    pub fn aggregates(&self) -> &[AggState] {
+        self.acc().map_or(&[], Vec::as_slice)
+    }
 }
 
-impl KeySessions {
-    pub fn sessions(&self) -> &[Session] {
+/// All sessions of one key, live and final. Usually one.
+pub struct KeySessions<Acc = Vec<AggState>> {
+    pub(crate) sessions: SmallVec<[Session<Acc>; 1]>,
+}
+
+impl<Acc> Default for KeySessions<Acc> {
+    fn default() -> Self {
+        KeySessions {
+            sessions: SmallVec::new(),
+        }
+    }
+}
+
+impl<Acc> fmt::Debug for KeySessions<Acc> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.sessions.iter()).finish()
+    }
+}
+
+impl<Acc> KeySessions<Acc> {
+    /// The key's sessions, live and final, in no particular order.
+    pub fn sessions(&self) -> &[Session<Acc>] {
         &self.sessions
     }
 

@@ -1,6 +1,50 @@
 //! Watermark strategies: how the event-time watermark follows the events.
+//!
+//! A strategy sees the time of every valid event, in input order, and says where the
+//! watermark stands. The built-in one is [`BoundedOutOfOrderness`] (SPEC §2); anything
+//! else implements [`WatermarkStrategy`].
 
 use sessionizer_core::{DurationMs, EventTime, Watermark};
+
+/// How the watermark follows the event times.
+///
+/// A strategy must be a pure function of the event times it observed (no clock), so that
+/// a replay gives the same watermarks. The watermark it reports never has to go back:
+/// operators ignore a smaller one.
+///
+/// ```
+/// use sessionizer_core::{EventTime, Watermark};
+/// use sessionizer_window::watermark::WatermarkStrategy;
+///
+/// /// Trusts the input to be in order: the watermark is the last event time.
+/// #[derive(Debug, Default)]
+/// struct InOrder(Option<EventTime>);
+///
+/// impl WatermarkStrategy for InOrder {
+///     fn observe(&mut self, t: EventTime) -> Watermark {
+///         self.0 = Some(self.0.map_or(t, |m| m.max(t)));
+///         self.current()
+///     }
+///     fn current(&self) -> Watermark {
+///         self.0.map_or(Watermark::MIN, Watermark::at)
+///     }
+/// }
+///
+/// let mut s = InOrder::default();
+/// assert_eq!(s.observe(EventTime(5)), Watermark::at(EventTime(5)));
+/// ```
+pub trait WatermarkStrategy {
+    /// Records a valid event's time and returns the watermark after it.
+    fn observe(&mut self, t: EventTime) -> Watermark;
+
+    /// The watermark as it stands ([`Watermark::MIN`] before any event).
+    fn current(&self) -> Watermark;
+
+    /// Continues from a restored watermark `w` (after [`observe`](Self::observe) was
+    /// last called in an earlier run). The default does nothing, which is right for
+    /// strategies that derive nothing from past events.
+    fn resume_at(&mut self, _w: Watermark) {}
+}
 
 /// The bounded-out-of-orderness rule of SPEC §2: after each valid event with time `t`,
 /// `maxT = max(maxT, t)` and `W = maxT - delay`.
@@ -22,6 +66,7 @@ pub struct BoundedOutOfOrderness {
 }
 
 impl BoundedOutOfOrderness {
+    /// A watermark `delay` behind the largest event time seen.
     pub fn new(delay: DurationMs) -> Self {
         BoundedOutOfOrderness {
             delay,
@@ -50,5 +95,25 @@ impl BoundedOutOfOrderness {
     /// The largest event time seen so far.
     pub fn max_time(&self) -> Option<EventTime> {
         self.max_time
+    }
+}
+
+impl WatermarkStrategy for BoundedOutOfOrderness {
+    fn observe(&mut self, t: EventTime) -> Watermark {
+        BoundedOutOfOrderness::observe(self, t)
+    }
+
+    fn current(&self) -> Watermark {
+        BoundedOutOfOrderness::current(self)
+    }
+
+    /// The largest event time that gives `w`: `w + delay`.
+    fn resume_at(&mut self, w: Watermark) {
+        if w.is_finite() {
+            let max = EventTime(w.millis().saturating_add(self.delay.millis()));
+            if self.max_time.is_none_or(|m| m < max) {
+                self.max_time = Some(max);
+            }
+        }
     }
 }

@@ -14,15 +14,22 @@
 //!    records), then its completions by (close, key, start).
 //!
 //! So the output is byte-identical for every `--workers N` (SPEC §3).
+//!
+//! With a state directory ([`run_with`]), [`durable`] checkpoints the job between
+//! batches and resumes it from the newest valid checkpoint.
 
+mod durable;
+mod operator_state;
 mod parse;
 mod shard;
 
-use crate::config::{OnInvalid, PipelineConfig};
+use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
 use crate::stats::RunStats;
+use durable::{Durable, Start};
 use parse::Parsed;
+use sessionizer_checkpoint::{CheckpointError, OutputCommit};
 use sessionizer_connectors::encode::OutputError;
-use sessionizer_connectors::input::InputError;
+use sessionizer_connectors::input::{InputError, ReadPosition};
 use sessionizer_connectors::{Batch, Inputs, OutputTarget, RecordWriter, SessionEncoder};
 use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
@@ -42,12 +49,46 @@ pub enum RunError {
     InvalidRecord { position: String, reason: String },
     #[error("cannot start {workers} worker threads: {message}")]
     Workers { workers: usize, message: String },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(
+        "the checkpoint in {dir} was taken with other options: {}; run with the checkpoint's options, or use another --state-dir",
+        differences.join("; ")
+    )]
+    OptionsChanged {
+        dir: String,
+        differences: Vec<String>,
+    },
+    #[error(
+        "input {path} changed since the checkpoint in {dir} was taken ({what}); resuming would skip or repeat records. Restore the file, or use another --state-dir"
+    )]
+    InputChanged {
+        dir: String,
+        path: String,
+        what: String,
+    },
+    #[error("cannot continue the job in {dir}: {message}")]
+    Resume { dir: String, message: String },
+    #[error(
+        "cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}"
+    )]
+    RestoreState {
+        dir: String,
+        key: String,
+        reason: String,
+    },
 }
 
 /// What a running pipeline reports while it works (a progress line, metrics).
 pub trait Observer {
     /// Called after every batch of input (about every 4 MiB).
     fn progress(&self, _records_read: u64, _open_sessions: usize, _watermark: Watermark) {}
+
+    /// Something the user should know that does not stop the run (a damaged checkpoint
+    /// skipped for an older one). Written to stderr unless overridden.
+    fn warn(&self, message: &str) {
+        eprintln!("sessionizer: warning: {message}");
+    }
 }
 
 /// An observer that ignores everything.
@@ -61,6 +102,16 @@ const BATCH_BYTES: usize = 4 << 20;
 
 /// Runs the job to the end of its inputs.
 pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, RunError> {
+    run_with(cfg, None, observer)
+}
+
+/// Runs the job to the end of its inputs; with `checkpoint`, durably: resuming from the
+/// newest valid checkpoint of its state directory and checkpointing as it goes.
+pub fn run_with(
+    cfg: &PipelineConfig,
+    checkpoint: Option<&CheckpointConfig>,
+    observer: &dyn Observer,
+) -> Result<RunStats, RunError> {
     let workers = cfg.workers.max(1);
     let pool = if workers > 1 {
         Some(
@@ -76,7 +127,7 @@ pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, Ru
     } else {
         None
     };
-    Job::new(cfg, workers, pool).run(observer)
+    Job::new(cfg, workers, pool).run(checkpoint, observer)
 }
 
 /// Reads batches on a thread of its own, one batch ahead of the workers, so that reading
@@ -146,6 +197,35 @@ impl ReadAhead {
     }
 }
 
+/// Adds the shards' own counts (verdicts, emitted records) to the run's.
+pub(crate) fn add_shard_counts(stats: &mut RunStats, shards: &[Shard]) {
+    for s in shards {
+        let counts = s.op.counts();
+        stats.in_sessions += s.in_sessions;
+        stats.duplicates += s.duplicates;
+        stats.late += s.late_count;
+        stats.sessions_emitted += counts.sessions_emitted;
+        stats.retractions += counts.retractions;
+    }
+}
+
+/// The inputs that ended inside `batch` (all but the one its last line is in), with
+/// their last line numbers.
+fn finished_inputs(batch: &Batch, out: &mut Vec<(u32, u64)>) {
+    out.clear();
+    let (Some(first), Some(last)) = (batch.lines.first(), batch.lines.last()) else {
+        return;
+    };
+    if first.input == last.input {
+        return;
+    }
+    for l in batch.lines.iter().rev() {
+        if l.input != last.input && out.last().is_none_or(|&(i, _)| i != l.input) {
+            out.push((l.input, l.line_no));
+        }
+    }
+}
+
 /// Runs `f` on every shard, shard `i` always on worker thread `i`: a shard's sessions
 /// are allocated and freed by one thread, which keeps the allocator's per-thread caches
 /// effective (work stealing would hand shards from thread to thread).
@@ -179,6 +259,8 @@ struct Job<'c> {
     stats: RunStats,
     /// Scratch for the merge.
     order: Vec<(usize, usize)>,
+    /// Checkpointing, with a state directory.
+    durable: Option<Durable>,
 }
 
 impl<'c> Job<'c> {
@@ -216,57 +298,196 @@ impl<'c> Job<'c> {
             late: RecordWriter::new(cfg.late_output.clone()),
             stats: RunStats::default(),
             order: Vec::new(),
+            durable: None,
         }
     }
 
-    fn run(mut self, observer: &dyn Observer) -> Result<RunStats, RunError> {
+    fn run(
+        mut self,
+        checkpoint: Option<&CheckpointConfig>,
+        observer: &dyn Observer,
+    ) -> Result<RunStats, RunError> {
         self.inputs.check_readable()?;
-        // Files are created up front so that every output reflects this run, even if empty.
-        for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
-            if matches!(w.target(), OutputTarget::File(_)) {
-                w.open()?;
+        let start = match checkpoint {
+            Some(c) => {
+                let warn = |m: &str| observer.warn(m);
+                let (durable, start) = Durable::open(self.cfg, c, self.shards.len(), &warn)?;
+                self.durable = Some(durable);
+                for s in &mut self.shards {
+                    s.track_changes();
+                }
+                start
+            }
+            None => Start {
+                position: ReadPosition::default(),
+                next_seq: 0,
+                outputs: Vec::new(),
+                restore: None,
+            },
+        };
+        // Files are created up front so that every output reflects this run, even if
+        // empty; those a checkpoint committed are cut back to their committed length.
+        for (w, role) in [&mut self.sessions, &mut self.dead, &mut self.late]
+            .into_iter()
+            .zip(durable::ROLES)
+        {
+            if let OutputTarget::File(p) = w.target() {
+                let path = p.display().to_string();
+                match start
+                    .outputs
+                    .iter()
+                    .find(|c| c.role == role && c.path == path)
+                {
+                    Some(c) => w.open_at(c.committed_bytes)?,
+                    None => w.open()?,
+                }
             }
         }
-        let inputs = std::mem::replace(&mut self.inputs, Inputs::new(Vec::new()));
+        let mut first_step = start.next_seq;
+        // A job whose watermark already went to +infinity stays flushed.
+        let flushed_before = start.restore.as_ref().is_some_and(|(m, _)| m.flushed);
+        if let Some((manifest, state)) = &start.restore {
+            let began = Instant::now();
+            self.restore(manifest, state, checkpoint)?;
+            if let Some(d) = &mut self.durable {
+                d.stats.restore_us += began.elapsed().as_micros() as u64;
+            }
+        }
+        let inputs = Inputs::starting_at(self.cfg.inputs.clone(), start.position);
+        let mut last_end = start.position;
         let mut reader = ReadAhead::start(inputs)?;
-        let mut first_step = 0u64;
+        let mut finished_lines = Vec::new();
         while let Some(batch) = reader.next()? {
             self.decode(&batch)?;
             self.sessionize(&batch, first_step);
             self.merge()?;
             first_step += batch.lines.len() as u64;
+            last_end = batch.end;
+            if let Some(d) = &mut self.durable {
+                finished_inputs(&batch, &mut finished_lines);
+                d.consumed(batch.end, &finished_lines);
+            }
             reader.recycle(batch);
             let open = self.shards.iter().map(|s| s.op.open_sessions()).sum();
             observer.progress(self.stats.records_read, open, self.shards[0].op.watermark());
+            if self
+                .durable
+                .as_ref()
+                .is_some_and(|d| d.due(self.stats.records_read))
+            {
+                self.checkpoint(first_step, false, false)?;
+            }
         }
-        let bytes_read = reader.finish();
-        // End of a bounded input: the watermark becomes +infinity, every session is emitted.
-        for s in &mut self.shards {
-            s.clear_outputs();
+        self.stats.bytes_read = reader.finish();
+        let keep_open =
+            self.durable.as_ref().is_some_and(Durable::keep_open) && !flushed_before;
+        if !keep_open {
+            // End of a bounded input: the watermark becomes +infinity, every session is
+            // emitted.
+            for s in &mut self.shards {
+                s.clear_outputs();
+            }
+            match &self.pool {
+                Some(pool) => on_each_shard(pool, &mut self.shards, Shard::finish),
+                None => self.shards[0].finish(),
+            }
+            self.merge()?;
         }
-        match &self.pool {
-            Some(pool) => on_each_shard(pool, &mut self.shards, Shard::finish),
-            None => self.shards[0].finish(),
+        if let Some(d) = &mut self.durable {
+            d.consumed(last_end, &[]);
+            self.checkpoint(first_step, true, !keep_open)?;
         }
-        self.merge()?;
         self.sessions.finish()?;
         self.dead.finish()?;
         self.late.finish()?;
 
-        let mut stats = self.stats;
-        for s in &self.shards {
-            let counts = s.op.counts();
-            stats.in_sessions += s.in_sessions;
-            stats.duplicates += s.duplicates;
-            stats.late += s.late_count;
-            stats.sessions_emitted += counts.sessions_emitted;
-            stats.retractions += counts.retractions;
+        let mut stats = std::mem::take(&mut self.stats);
+        add_shard_counts(&mut stats, &self.shards);
+        if let Some(d) = &self.durable {
+            let c = &d.carried;
+            stats.records_read += c.records_read;
+            stats.in_sessions += c.in_sessions;
+            stats.duplicates += c.duplicates;
+            stats.late += c.late;
+            stats.invalid += c.invalid;
+            stats.blank_lines += c.blank_lines;
+            stats.sessions_emitted += c.sessions_emitted;
+            stats.retractions += c.retractions;
+            stats.bytes_read += c.bytes_read;
+            stats.checkpoints = Some(d.stats.clone());
         }
-        stats.bytes_read = bytes_read;
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
         debug_assert!(stats.adds_up(), "accounting does not add up: {stats:?}");
         Ok(stats)
+    }
+
+    /// Puts a checkpoint's state back: every key into the shard its hash gives with this
+    /// run's number of workers, and the watermark into every shard.
+    fn restore(
+        &mut self,
+        manifest: &sessionizer_checkpoint::Manifest,
+        state: &sessionizer_checkpoint::LoadedState,
+        checkpoint: Option<&CheckpointConfig>,
+    ) -> Result<(), RunError> {
+        let dir = checkpoint.map_or_else(String::new, |c| c.state_dir.display().to_string());
+        let shards = self.shards.len();
+        let restored = state.for_each_live(|key, value| {
+            let shard = parse::shard_of(key, shards) as usize;
+            self.shards[shard]
+                .restore_key(key, value)
+                .map_err(|reason| (key.to_vec(), reason))
+        });
+        match restored {
+            Ok(()) => {}
+            Err(sessionizer_checkpoint::state::LiveError::Damaged(d)) => {
+                return Err(RunError::Checkpoint(CheckpointError::NoValidCheckpoint {
+                    dir: dir.into(),
+                    details: vec![(manifest.epoch, d)],
+                }));
+            }
+            Err(sessionizer_checkpoint::state::LiveError::Apply((key, reason))) => {
+                return Err(RunError::RestoreState {
+                    dir,
+                    key: String::from_utf8_lossy(&key).into_owned(),
+                    reason,
+                });
+            }
+        }
+        for s in &mut self.shards {
+            s.restore_progress(&manifest.watermark);
+        }
+        Ok(())
+    }
+
+    /// Commits the outputs and writes a checkpoint.
+    fn checkpoint(&mut self, next_seq: u64, finished: bool, flushed: bool) -> Result<(), RunError> {
+        let Some(durable) = &mut self.durable else {
+            return Ok(());
+        };
+        let mut outputs = Vec::new();
+        for (w, role) in [&mut self.sessions, &mut self.dead, &mut self.late]
+            .into_iter()
+            .zip(durable::ROLES)
+        {
+            let committed = w.commit()?;
+            if let (Some(len), OutputTarget::File(p)) = (committed, w.target()) {
+                outputs.push(OutputCommit {
+                    role: role.to_string(),
+                    path: p.display().to_string(),
+                    committed_bytes: len,
+                });
+            }
+        }
+        durable.checkpoint(
+            self.pool.as_ref(),
+            &mut self.shards,
+            outputs,
+            &self.stats,
+            next_seq,
+            finished,
+            flushed,
+        )
     }
 
     /// Phase one: decode the batch's lines, in parallel ranges.

@@ -10,6 +10,8 @@
 //! produced them.
 
 use super::parse::{Kind, Parsed};
+use super::operator_state::OperatorState;
+use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourcePos, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
@@ -218,5 +220,44 @@ impl Shard {
         self.out.clear();
         self.late.clear();
         self.late_steps.clear();
+    }
+
+    /// The largest valid event time seen (by every shard alike).
+    pub fn max_event_time(&self) -> Option<EventTime> {
+        self.watermark.max_time()
+    }
+
+    /// Encodes this shard's keyed state for a checkpoint: every key (`base`), or the keys
+    /// changed or removed since the last checkpoint. Either way the changes are then
+    /// forgotten: the checkpoint holds them.
+    pub fn encode_state(&mut self, base: bool, out: &mut StateEntries) {
+        self.op.encode_state(base, out);
+    }
+
+    /// Puts one key's state back from a checkpoint.
+    pub fn restore_key(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        self.op.restore_key(key, value)
+    }
+
+    /// The largest gap of any valid event so far.
+    pub fn largest_gap(&self) -> DurationMs {
+        self.op.largest_gap()
+    }
+
+    /// Starts remembering which keys change, for incremental checkpoints.
+    pub fn track_changes(&mut self) {
+        self.op.track_changes(true);
+    }
+
+    /// Puts the watermark back: the largest event time and gap seen, and the
+    /// operator's watermark (+infinity when the checkpointed run had flushed every
+    /// session at the end of its input).
+    pub fn restore_progress(&mut self, w: &WatermarkState) {
+        if let Some(t) = w.max_event_time_ms {
+            self.watermark.observe(EventTime(t));
+        }
+        self.op.observe_gap(DurationMs(w.largest_gap_ms));
+        self.op
+            .restore_watermark(Watermark::at(EventTime(w.watermark_ms)));
     }
 }

@@ -1,0 +1,151 @@
+//! The manifest of one checkpoint: everything besides the keyed state, and the names of
+//! the state files that hold the keyed state. Stored as JSON inside a frame, so that it
+//! stays readable with `sessionizer inspect --json` and can grow optional fields.
+//!
+//! Every field is consistent with every other: the input positions are the end of the
+//! last batch processed, the output lengths were flushed and synced after that batch's
+//! records were written, and the state files hold the keyed state right after it.
+
+use serde::{Deserialize, Serialize};
+
+/// One checkpoint's manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The checkpoint's number; higher is newer. Also in the file's name and frame.
+    pub epoch: u64,
+    /// Wall-clock time of writing, milliseconds since the Unix epoch (informational).
+    pub created_unix_ms: u64,
+    /// The full snapshot this checkpoint builds on.
+    pub base: StateFileRef,
+    /// Changes since the base, oldest first; restore applies them in order.
+    pub deltas: Vec<StateFileRef>,
+    /// The options that shape the state, as `(name, value)` pairs: a run with any
+    /// other value is refused, naming it. The number of workers is not among them: state
+    /// is re-hashed to any number of shards on restore.
+    pub options: Vec<(String, String)>,
+    /// The run's inputs, in the order given, with how far each was consumed.
+    pub inputs: Vec<InputPosition>,
+    /// The input sequence number of the next line (orders values of equal event time
+    /// across runs).
+    pub next_seq: u64,
+    /// Where event time stands.
+    pub watermark: WatermarkState,
+    /// Every file output with the length that is committed (sessions, late events, dead
+    /// letters). Recovery cuts each file back to this length.
+    pub outputs: Vec<OutputCommit>,
+    /// The accounting of the job up to this checkpoint (SPEC §2).
+    pub counters: Counters,
+    /// Keys with state, and sessions not yet final, at this checkpoint.
+    pub keys: u64,
+    pub open_sessions: u64,
+    /// The end of the inputs was reached. A finished checkpoint accepts new inputs: the
+    /// next run continues its sessions (`--keep-open`).
+    pub finished: bool,
+    /// The end of the inputs was reached without `--keep-open`: the watermark became
+    /// +infinity and every session was emitted.
+    pub flushed: bool,
+}
+
+/// A base or delta file of a checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateFileRef {
+    /// File name inside the state directory.
+    pub file: String,
+    /// The epoch that wrote it (also in its name and frame).
+    pub epoch: u64,
+    /// File length, frame included.
+    pub bytes: u64,
+    /// Keys with a value in the file.
+    pub puts: u64,
+    /// Keys removed (deltas only).
+    pub tombstones: u64,
+}
+
+/// How far one input was consumed, and what the file looked like, so that a changed file
+/// is noticed instead of resumed at a meaningless offset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputPosition {
+    /// The path as given to `--input`.
+    pub path: String,
+    /// File size when the run started.
+    pub size: u64,
+    /// xxh3-64 of the file's first 4 KiB (or all of it when shorter), 16 hex digits.
+    pub head_xxh3: String,
+    /// Bytes consumed: the offset just after the last whole line processed.
+    pub offset: u64,
+    /// Lines consumed (the line number of the last line processed).
+    pub line: u64,
+}
+
+/// Where event time stands.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatermarkState {
+    /// Largest valid event time seen (ms), `None` before any valid event.
+    pub max_event_time_ms: Option<i64>,
+    /// The watermark (ms); `i64::MIN`/`i64::MAX` are minus/plus infinity.
+    pub watermark_ms: i64,
+    /// Largest gap of any valid event (ms): how long final bounds are remembered.
+    pub largest_gap_ms: i64,
+}
+
+/// The committed length of one file output.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputCommit {
+    /// `sessions`, `dead-letter` or `late`.
+    pub role: String,
+    /// The path as given (or derived from `--output`).
+    pub path: String,
+    /// Bytes committed: everything before is final, anything after is discarded on
+    /// recovery.
+    pub committed_bytes: u64,
+}
+
+/// The job's accounting, cumulative over every run on the state directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Counters {
+    pub records_read: u64,
+    pub in_sessions: u64,
+    pub duplicates: u64,
+    pub late: u64,
+    pub invalid: u64,
+    pub blank_lines: u64,
+    pub sessions_emitted: u64,
+    pub retractions: u64,
+    pub bytes_read: u64,
+}
+
+impl Manifest {
+    /// The differences between the options of this checkpoint and `now`, one line each,
+    /// naming the option: empty when they agree.
+    pub fn option_differences(&self, now: &[(String, String)]) -> Vec<String> {
+        let mut out = Vec::new();
+        let get = |list: &[(String, String)], name: &str| {
+            list.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone())
+        };
+        for (name, then) in &self.options {
+            match get(now, name) {
+                Some(v) if &v == then => {}
+                Some(v) => out.push(format!(
+                    "{name} was {then} when the checkpoint was taken, this run has {v}"
+                )),
+                None => out.push(format!(
+                    "{name} was {then} when the checkpoint was taken, this run does not know it"
+                )),
+            }
+        }
+        for (name, v) in now {
+            if get(&self.options, name).is_none() {
+                out.push(format!(
+                    "{name} is {v} in this run, the checkpoint does not know it"
+                ));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,345 @@
+//! The payload of base and delta files: per-key entries, the value opaque to this crate
+//! (the session window encodes its per-key state; see `sessionizer_window::codec`).
+//!
+//! ```text
+//! payload  := count:u64 entry*count
+//! entry    := key_len:u32 key value_len:u32 value     (a put)
+//!           | key_len:u32 key 0xFFFF_FFFF             (a tombstone: the key has no state)
+//! ```
+//!
+//! All integers little-endian. A base holds puts only; a delta holds puts for the keys
+//! that changed since the previous checkpoint and tombstones for the keys that were
+//! removed. Restore = the base, then every delta in order, the newest entry of a key
+//! winning.
+//!
+//! Entries are built per shard ([`StateEntries`]) and written as consecutive parts of
+//! one payload after a shared count ([`count_header`]), so shards can encode in parallel
+//! and nothing is copied into one buffer.
+
+use crate::error::Damage;
+use std::collections::HashSet;
+
+const TOMBSTONE: u32 = u32::MAX;
+
+/// Entries of one shard, appended to a state payload.
+#[derive(Debug, Default)]
+pub struct StateEntries {
+    buf: Vec<u8>,
+    puts: u64,
+    tombstones: u64,
+}
+
+impl StateEntries {
+    /// Forgets the entries, keeping the buffer.
+    pub fn clear(&mut self) {
+        self.buf.clear();
+        self.puts = 0;
+        self.tombstones = 0;
+    }
+
+    /// Adds `key` with the value that `encode` appends to the buffer it is given.
+    ///
+    /// # Panics
+    /// If a key or value exceeds 4 GiB - 2 bytes (no session state comes near).
+    pub fn put_with(&mut self, key: &[u8], encode: impl FnOnce(&mut Vec<u8>)) {
+        push_len(&mut self.buf, key.len());
+        self.buf.extend_from_slice(key);
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&[0; 4]);
+        encode(&mut self.buf);
+        let len = self.buf.len() - at - 4;
+        assert!(len < TOMBSTONE as usize, "state value of 4 GiB");
+        self.buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        self.puts += 1;
+    }
+
+    /// Records that `key` has no state any more.
+    pub fn tombstone(&mut self, key: &[u8]) {
+        push_len(&mut self.buf, key.len());
+        self.buf.extend_from_slice(key);
+        self.buf.extend_from_slice(&TOMBSTONE.to_le_bytes());
+        self.tombstones += 1;
+    }
+
+    /// The encoded entries.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    pub fn puts(&self) -> u64 {
+        self.puts
+    }
+
+    pub fn tombstones(&self) -> u64 {
+        self.tombstones
+    }
+
+    /// Entries in all.
+    pub fn len(&self) -> u64 {
+        self.puts + self.tombstones
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn push_len(buf: &mut Vec<u8>, len: usize) {
+    assert!(len < TOMBSTONE as usize, "state key of 4 GiB");
+    buf.extend_from_slice(&(len as u32).to_le_bytes());
+}
+
+/// The first 8 bytes of a state payload: the number of entries that follow.
+pub fn count_header(entries: u64) -> [u8; 8] {
+    entries.to_le_bytes()
+}
+
+/// One entry read back: `None` is a tombstone.
+pub type Entry<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// Reads the entries of a state payload, checking every length against the bytes there
+/// are (the frame's checksum already passed, so a failure here means a bug or a file
+/// written by something else). The iterator ends after the first error.
+pub fn entries(payload: &[u8]) -> Entries<'_> {
+    let mut cursor = Cursor { bytes: payload };
+    let (left, error) = match cursor.u64() {
+        Ok(n) => (n, None),
+        Err(e) => (0, Some(e)),
+    };
+    Entries {
+        cursor,
+        left,
+        error,
+    }
+}
+
+/// The entries of a state payload, in order; see [`entries`].
+#[derive(Debug)]
+pub struct Entries<'a> {
+    cursor: Cursor<'a>,
+    left: u64,
+    error: Option<String>,
+}
+
+impl<'a> Entries<'a> {
+    fn entry(&mut self) -> Result<Entry<'a>, String> {
+        let r = &mut self.cursor;
+        let key_len = r.u32()?;
+        let key = r.take(key_len as usize)?;
+        let value_len = r.u32()?;
+        let value = if value_len == TOMBSTONE {
+            None
+        } else {
+            Some(r.take(value_len as usize)?)
+        };
+        Ok((key, value))
+    }
+}
+
+impl<'a> Iterator for Entries<'a> {
+    type Item = Result<Entry<'a>, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.error.take() {
+            self.left = 0;
+            return Some(Err(e));
+        }
+        if self.left == 0 {
+            if !self.cursor.bytes.is_empty() {
+                let extra = self.cursor.bytes.len();
+                self.cursor.bytes = &[];
+                return Some(Err(format!("{extra} bytes after the last entry")));
+            }
+            return None;
+        }
+        self.left -= 1;
+        match self.entry() {
+            Ok(e) => Some(Ok(e)),
+            Err(e) => {
+                self.left = 0;
+                self.cursor.bytes = &[];
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+/// Every entry of a payload, or the first problem.
+pub fn collect_entries(payload: &[u8]) -> Result<Vec<Entry<'_>>, String> {
+    entries(payload).collect()
+}
+
+#[derive(Debug)]
+struct Cursor<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.bytes.len() < n {
+            return Err(format!(
+                "entry runs past the end of the payload ({n} bytes wanted, {} left)",
+                self.bytes.len()
+            ));
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+/// The verified payloads of one checkpoint's base and deltas, oldest first.
+#[derive(Debug)]
+pub struct LoadedState {
+    /// `(file name, payload)`: the base first, then the deltas in order.
+    pub(crate) files: Vec<(String, Vec<u8>)>,
+}
+
+impl LoadedState {
+    /// Calls `f` once for every key that has state at the checkpoint, with its newest
+    /// value, in no particular order. Stops at the first error of `f`.
+    pub fn for_each_live<E>(
+        &self,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), LiveError<E>> {
+        let damaged = |name: &str, reason: String| {
+            LiveError::Damaged(Damage {
+                file: name.to_string(),
+                reason,
+            })
+        };
+        // Newest delta first: a key's first appearance is its newest entry (a delta
+        // holds each key once); older entries and the base's are skipped. Only the
+        // deltas' keys are remembered, so the base streams through without a copy.
+        let mut seen: HashSet<&[u8]> = HashSet::new();
+        for (name, payload) in self.files.iter().skip(1).rev() {
+            for entry in entries(payload) {
+                let (key, value) = entry.map_err(|r| damaged(name, r))?;
+                if seen.insert(key) {
+                    if let Some(v) = value {
+                        f(key, v).map_err(LiveError::Apply)?;
+                    }
+                }
+            }
+        }
+        if let Some((name, payload)) = self.files.first() {
+            for entry in entries(payload) {
+                let (key, value) = entry.map_err(|r| damaged(name, r))?;
+                if let Some(v) = value.filter(|_| !seen.contains(key)) {
+                    f(key, v).map_err(LiveError::Apply)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that every file's entries are well formed, without applying them.
+    pub fn check(&self) -> Result<(), Damage> {
+        for (name, payload) in &self.files {
+            for entry in entries(payload) {
+                entry.map_err(|reason| Damage {
+                    file: name.clone(),
+                    reason,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of state read (base and deltas, payloads only).
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|(_, p)| p.len() as u64).sum()
+    }
+}
+
+/// Why [`LoadedState::for_each_live`] stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError<E> {
+    #[error("damaged state file {0}")]
+    Damaged(Damage),
+    #[error(transparent)]
+    Apply(E),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(parts: &[&StateEntries]) -> Vec<u8> {
+        let n = parts.iter().map(|p| p.len()).sum();
+        let mut out = count_header(n).to_vec();
+        for p in parts {
+            out.extend_from_slice(p.bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn entries_round_trip_across_parts() {
+        let mut a = StateEntries::default();
+        a.put_with(b"k1", |b| b.extend_from_slice(b"v1"));
+        a.tombstone(b"k2");
+        let mut b = StateEntries::default();
+        b.put_with(b"", |_| {});
+        let p = payload(&[&a, &b]);
+        assert_eq!(
+            collect_entries(&p).expect("valid"),
+            vec![
+                (&b"k1"[..], Some(&b"v1"[..])),
+                (&b"k2"[..], None),
+                (&b""[..], Some(&b""[..]))
+            ]
+        );
+        assert!(collect_entries(&p[..p.len() - 1]).is_err());
+        let mut extra = p.clone();
+        extra.push(0);
+        assert!(collect_entries(&extra).is_err());
+    }
+
+    #[test]
+    fn newest_entry_wins_and_tombstones_remove() {
+        let mut base = StateEntries::default();
+        for k in ["a", "b", "c"] {
+            base.put_with(k.as_bytes(), |v| v.extend_from_slice(b"0"));
+        }
+        let mut d1 = StateEntries::default();
+        d1.put_with(b"a", |v| v.extend_from_slice(b"1"));
+        d1.tombstone(b"b");
+        d1.put_with(b"d", |v| v.extend_from_slice(b"1"));
+        let mut d2 = StateEntries::default();
+        d2.put_with(b"b", |v| v.extend_from_slice(b"2"));
+        d2.tombstone(b"d");
+        let state = LoadedState {
+            files: vec![
+                ("base".into(), payload(&[&base])),
+                ("d1".into(), payload(&[&d1])),
+                ("d2".into(), payload(&[&d2])),
+            ],
+        };
+        let mut live = Vec::new();
+        state
+            .for_each_live::<()>(|k, v| {
+                live.push((k.to_vec(), v.to_vec()));
+                Ok(())
+            })
+            .expect("apply");
+        live.sort();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = [("a", "1"), ("b", "2"), ("c", "0")]
+            .iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(live, want);
+    }
+}

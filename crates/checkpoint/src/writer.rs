@@ -1,0 +1,136 @@
+//! The write side: which kind of state file the next checkpoint writes, and the commit
+//! of one checkpoint (state file, then manifest, then garbage collection).
+
+use crate::dir::StateDir;
+use crate::error::CheckpointError;
+use crate::frame::FileKind;
+use crate::manifest::{Manifest, StateFileRef};
+
+/// After this many deltas the next checkpoint writes a new base, so that a restore never
+/// reads a long chain.
+pub const DEFAULT_MAX_DELTAS: usize = 8;
+
+/// What one commit wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    pub epoch: u64,
+    pub kind: FileKind,
+    /// Bytes of the state file and of the manifest.
+    pub state_bytes: u64,
+    pub manifest_bytes: u64,
+    /// Entries of the state file.
+    pub puts: u64,
+    pub tombstones: u64,
+}
+
+/// The keyed state of one checkpoint, encoded (see [`crate::state`]): payload parts
+/// (one per shard) and their entry counts.
+#[derive(Debug)]
+pub struct EncodedState<'a> {
+    pub parts: Vec<&'a [u8]>,
+    pub puts: u64,
+    pub tombstones: u64,
+}
+
+/// Writes the checkpoints of one run.
+#[derive(Debug)]
+pub struct CheckpointWriter {
+    dir: StateDir,
+    /// The base and deltas of the last checkpoint (written or resumed from).
+    chain: Option<(StateFileRef, Vec<StateFileRef>)>,
+    next_epoch: u64,
+    max_deltas: usize,
+}
+
+impl CheckpointWriter {
+    /// Continues after `resumed` (the checkpoint restored, if any). Epochs continue past
+    /// every file in the directory, so a damaged newer checkpoint is never overwritten
+    /// in place.
+    pub fn new(dir: StateDir, resumed: Option<&Manifest>) -> Result<Self, CheckpointError> {
+        let next_epoch = dir.list()?.max_epoch() + 1;
+        dir.remove_temp_files()?;
+        Ok(CheckpointWriter {
+            dir,
+            chain: resumed.map(|m| (m.base.clone(), m.deltas.clone())),
+            next_epoch,
+            max_deltas: DEFAULT_MAX_DELTAS,
+        })
+    }
+
+    /// Sets how many deltas may follow a base.
+    pub fn max_deltas(mut self, n: usize) -> Self {
+        self.max_deltas = n;
+        self
+    }
+
+    /// The directory.
+    pub fn dir_mut(&mut self) -> &mut StateDir {
+        &mut self.dir
+    }
+
+    /// Whether the next checkpoint must be a full snapshot: there is none yet, the chain
+    /// of deltas is long, or the deltas together outgrew their base (restoring from a
+    /// fresh base is then cheaper than replaying them).
+    pub fn next_is_base(&self) -> bool {
+        match &self.chain {
+            None => true,
+            Some((base, deltas)) => {
+                deltas.len() >= self.max_deltas
+                    || deltas.iter().map(|d| d.bytes).sum::<u64>() >= base.bytes
+            }
+        }
+    }
+
+    /// The epoch the next checkpoint gets.
+    pub fn next_epoch(&self) -> u64 {
+        self.next_epoch
+    }
+
+    /// Writes one checkpoint: the state (a base if [`next_is_base`](Self::next_is_base)
+    /// said so, the caller having encoded every key; else a delta of the changed keys),
+    /// then `manifest` with its epoch, time and chain filled in, then deletes what the
+    /// last [`KEEP_MANIFESTS`](crate::dir::KEEP_MANIFESTS) checkpoints do not need.
+    pub fn commit(
+        &mut self,
+        state: &EncodedState<'_>,
+        mut manifest: Manifest,
+    ) -> Result<Committed, CheckpointError> {
+        let epoch = self.next_epoch;
+        let kind = if self.next_is_base() {
+            FileKind::Base
+        } else {
+            FileKind::Delta
+        };
+        // The epoch is used up even if the write fails, so a retry never meets a
+        // half-written file of its own name.
+        self.next_epoch += 1;
+        let file = self
+            .dir
+            .write_state(kind, epoch, &state.parts, state.puts, state.tombstones)?;
+        let state_bytes = file.bytes;
+        let (base, deltas) = match (kind, self.chain.take()) {
+            (FileKind::Delta, Some((base, mut deltas))) => {
+                deltas.push(file);
+                (base, deltas)
+            }
+            _ => (file, Vec::new()),
+        };
+        manifest.epoch = epoch;
+        manifest.created_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        manifest.base = base.clone();
+        manifest.deltas = deltas.clone();
+        let manifest_bytes = self.dir.write_manifest(&manifest)?;
+        self.chain = Some((base, deltas));
+        self.dir.collect_garbage()?;
+        Ok(Committed {
+            epoch,
+            kind,
+            state_bytes,
+            manifest_bytes,
+            puts: state.puts,
+            tombstones: state.tombstones,
+        })
+    }
+}

@@ -1,0 +1,301 @@
+//! The state directory on real files: commits, restore = base + deltas, folding into a
+//! new base, garbage collection, recovery from damage, write failures, and the fixture
+//! that pins format version 1.
+
+use sessionizer_checkpoint::dir::file_name;
+use sessionizer_checkpoint::{
+    CheckpointError, CheckpointWriter, EncodedState, FileKind, Manifest, StateDir, StateEntries,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+type Model = BTreeMap<Vec<u8>, Vec<u8>>;
+
+fn live(dir: &StateDir) -> (Manifest, Model) {
+    let rec = dir.recover().expect("recover").found.expect("a checkpoint");
+    let mut m = Model::new();
+    rec.state
+        .for_each_live::<()>(|k, v| {
+            assert!(m.insert(k.to_vec(), v.to_vec()).is_none(), "key twice");
+            Ok(())
+        })
+        .expect("apply");
+    (rec.manifest, m)
+}
+
+/// Commits `changes` (a `None` value removes the key) as a delta, or everything as a
+/// base when the writer asks for one, like the pipeline does.
+fn commit(w: &mut CheckpointWriter, model: &mut Model, changes: &[(&str, Option<&str>)], seq: u64) {
+    let mut entries = StateEntries::default();
+    for (k, v) in changes {
+        match v {
+            Some(v) => {
+                model.insert(k.as_bytes().to_vec(), v.as_bytes().to_vec());
+            }
+            None => {
+                model.remove(k.as_bytes());
+            }
+        }
+    }
+    if w.next_is_base() {
+        for (k, v) in model.iter() {
+            entries.put_with(k, |out| out.extend_from_slice(v));
+        }
+    } else {
+        for (k, v) in changes {
+            match v {
+                Some(v) => {
+                    entries.put_with(k.as_bytes(), |out| out.extend_from_slice(v.as_bytes()))
+                }
+                None => entries.tombstone(k.as_bytes()),
+            }
+        }
+    }
+    let state = EncodedState {
+        parts: vec![entries.bytes()],
+        puts: entries.puts(),
+        tombstones: entries.tombstones(),
+    };
+    let manifest = Manifest {
+        next_seq: seq,
+        keys: model.len() as u64,
+        ..Manifest::default()
+    };
+    w.commit(&state, manifest).expect("commit");
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn restore_is_base_plus_deltas_and_only_three_checkpoints_are_kept() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = StateDir::open(tmp.path()).expect("open");
+    let mut w = CheckpointWriter::new(dir, None)
+        .expect("writer")
+        .max_deltas(3);
+    let mut model = Model::new();
+    commit(
+        &mut w,
+        &mut model,
+        &[("a", Some("1")), ("b", Some("1")), ("c", Some("1"))],
+        1,
+    );
+    commit(&mut w, &mut model, &[("a", Some("2")), ("b", None)], 2);
+    commit(&mut w, &mut model, &[("d", Some("3")), ("b", Some("3"))], 3);
+    let reader = StateDir::open(tmp.path()).expect("open");
+    let (m, got) = live(&reader);
+    assert_eq!(got, model);
+    assert_eq!(m.epoch, 3);
+    assert_eq!(m.next_seq, 3);
+    assert_eq!(m.deltas.len(), 2);
+    assert_eq!(m.deltas[0].tombstones, 1);
+    for i in 4..12u64 {
+        let key = format!("k{}", i % 4);
+        let value = i.to_string();
+        commit(
+            &mut w,
+            &mut model,
+            &[(key.as_str(), Some(value.as_str())), ("a", None)],
+            i,
+        );
+        let (m, got) = live(&reader);
+        assert_eq!(got, model, "after checkpoint {i}");
+        assert!(m.deltas.len() <= 3, "the chain is folded into a new base");
+    }
+    let listing = reader.list().expect("list");
+    assert_eq!(
+        listing.manifests,
+        vec![9, 10, 11],
+        "the last three manifests are kept"
+    );
+    let kept: std::collections::HashSet<String> = listing
+        .manifests
+        .iter()
+        .flat_map(|&e| {
+            let m = reader.read_manifest(e).expect("manifest");
+            std::iter::once(m.base.file)
+                .chain(m.deltas.into_iter().map(|d| d.file))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for (_, _, name) in &listing.state_files {
+        assert!(
+            kept.contains(name),
+            "{name} is not referenced and should be gone"
+        );
+    }
+    assert!(listing.temp_files.is_empty());
+}
+
+#[test]
+fn a_damaged_newest_checkpoint_falls_back_and_none_valid_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut w =
+        CheckpointWriter::new(StateDir::open(tmp.path()).expect("open"), None).expect("writer");
+    let mut model = Model::new();
+    commit(&mut w, &mut model, &[("a", Some("1"))], 1);
+    commit(&mut w, &mut model, &[("a", Some("2"))], 2);
+    let reader = StateDir::open(tmp.path()).expect("open");
+
+    // A flipped byte in the newest delta: checkpoint 1 is used, 2 is reported.
+    let delta = tmp.path().join(file_name(FileKind::Delta, 2));
+    let mut bytes = std::fs::read(&delta).expect("read");
+    let last_payload_byte = bytes.len() - 5;
+    bytes[last_payload_byte] ^= 1;
+    std::fs::write(&delta, &bytes).expect("write");
+    let rec = reader.recover().expect("recover");
+    assert_eq!(rec.found.as_ref().map(|r| r.manifest.epoch), Some(1));
+    assert_eq!(rec.skipped.len(), 1);
+    assert_eq!(
+        rec.skipped[0].1.file, "delta-0000000002.ckpt",
+        "{}",
+        rec.skipped[0].1
+    );
+
+    // A truncated base as well: nothing is valid, and that is an error, not a fresh start.
+    let base = tmp.path().join(file_name(FileKind::Base, 1));
+    let len = std::fs::metadata(&base).expect("meta").len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&base)
+        .expect("open")
+        .set_len(len - 3)
+        .expect("truncate");
+    match reader.recover() {
+        Err(CheckpointError::NoValidCheckpoint { details, .. }) => assert_eq!(details.len(), 2),
+        other => panic!("expected NoValidCheckpoint, got {other:?}"),
+    }
+    let msg = reader.recover().expect_err("refused").to_string();
+    assert!(
+        msg.contains("no valid checkpoint") && msg.contains("base-0000000001.ckpt"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_failed_write_leaves_the_previous_checkpoint_usable_and_no_temp_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut w =
+        CheckpointWriter::new(StateDir::open(tmp.path()).expect("open"), None).expect("writer");
+    let mut model = Model::new();
+    commit(&mut w, &mut model, &[("a", Some("1"))], 1);
+    let before = model.clone();
+    // Writes so far: base 1, manifest 1. Fail the 4th (the manifest of checkpoint 2),
+    // after its delta was written.
+    w.dir_mut().fail_write_at(Some(4));
+    let mut entries = StateEntries::default();
+    entries.put_with(b"a", |o| o.extend_from_slice(b"2"));
+    let state = EncodedState {
+        parts: vec![entries.bytes()],
+        puts: 1,
+        tombstones: 0,
+    };
+    let err = w
+        .commit(&state, Manifest::default())
+        .expect_err("injected failure");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("manifest-0000000002.ckpt") && msg.contains("previous checkpoint"),
+        "{msg}"
+    );
+    assert!(
+        !names(tmp.path()).iter().any(|n| n.starts_with(".tmp-")),
+        "{:?}",
+        names(tmp.path())
+    );
+    let (m, got) = live(&StateDir::open(tmp.path()).expect("open"));
+    assert_eq!((m.epoch, got), (1, before));
+}
+
+/// The files of `tests/fixtures/v1`, written by format version 1. A build that cannot
+/// read them, or that writes different bytes for the same checkpoint, changed the format:
+/// bump `FORMAT_VERSION`, document it, and keep this fixture for the old version.
+fn write_fixture(dir: &Path) {
+    let mut d = StateDir::open(dir).expect("open");
+    let mut base = StateEntries::default();
+    base.put_with(b"v1", |o| o.extend_from_slice(b"state-of-v1"));
+    base.put_with(b"v2", |o| o.extend_from_slice(b"state-of-v2"));
+    let base_ref = d
+        .write_state(FileKind::Base, 1, &[base.bytes()], 2, 0)
+        .expect("base");
+    let mut delta = StateEntries::default();
+    delta.put_with(b"v3", |o| o.extend_from_slice(b"state-of-v3"));
+    delta.tombstone(b"v1");
+    let delta_ref = d
+        .write_state(FileKind::Delta, 2, &[delta.bytes()], 1, 1)
+        .expect("delta");
+    let manifest = Manifest {
+        epoch: 2,
+        created_unix_ms: 1_704_067_200_000,
+        base: base_ref,
+        deltas: vec![delta_ref],
+        options: vec![
+            ("key".into(), "visit_id".into()),
+            ("gap".into(), "30m".into()),
+        ],
+        inputs: vec![sessionizer_checkpoint::InputPosition {
+            path: "day1.jsonl".into(),
+            size: 1000,
+            head_xxh3: "0123456789abcdef".into(),
+            offset: 600,
+            line: 6,
+        }],
+        next_seq: 6,
+        watermark: sessionizer_checkpoint::WatermarkState {
+            max_event_time_ms: Some(1_704_067_260_000),
+            watermark_ms: 1_704_067_200_000,
+            largest_gap_ms: 1_800_000,
+        },
+        outputs: vec![sessionizer_checkpoint::OutputCommit {
+            role: "sessions".into(),
+            path: "out.jsonl".into(),
+            committed_bytes: 250,
+        }],
+        counters: sessionizer_checkpoint::Counters {
+            records_read: 6,
+            in_sessions: 5,
+            invalid: 1,
+            ..Default::default()
+        },
+        keys: 2,
+        open_sessions: 2,
+        finished: false,
+        flushed: false,
+    };
+    d.write_manifest(&manifest).expect("manifest");
+}
+
+#[test]
+fn format_v1_fixture_is_read_and_written_byte_for_byte() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1");
+    if std::env::var_os("SESSIONIZER_WRITE_FIXTURES").is_some() {
+        write_fixture(&fixture);
+    }
+    let (m, got) = live(&StateDir::existing(&fixture).expect("fixture dir"));
+    assert_eq!(m.epoch, 2);
+    assert_eq!(m.inputs[0].offset, 600);
+    assert_eq!(m.watermark.largest_gap_ms, 1_800_000);
+    assert_eq!(m.counters.records_read, 6);
+    let want: Model = [("v2", "state-of-v2"), ("v3", "state-of-v3")]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect();
+    assert_eq!(got, want);
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_fixture(tmp.path());
+    for name in names(&fixture) {
+        assert_eq!(
+            std::fs::read(tmp.path().join(&name)).expect("written"),
+            std::fs::read(fixture.join(&name)).expect("fixture"),
+            "{name} differs from the format-1 fixture"
+        );
+    }
+}

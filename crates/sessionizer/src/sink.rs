@@ -1,0 +1,138 @@
+//! Where a job's outputs go: sessions, late events, dead letters.
+//!
+//! A [`Sink`] takes items one at a time. Closures, vectors and std channels are sinks;
+//! [`JsonLinesSink`] writes any serde type as JSON lines through the command line's
+//! output writer (files or stdout, buffered in blocks).
+
+use serde::Serialize;
+use sessionizer_connectors::OutputTarget;
+use sessionizer_connectors::encode::{OutputError, RecordWriter};
+use std::sync::mpsc;
+
+/// Why a sink refused an item.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The receiving end of a channel was dropped.
+    #[error("the receiving end of the output channel is closed")]
+    Closed,
+    /// Writing an output failed.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// An item could not be encoded as JSON.
+    #[error("cannot encode an output record as JSON: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// A destination for items of type `T`.
+///
+/// ```
+/// use sessionizer::sink::Sink;
+///
+/// let mut seen = Vec::new();
+/// let mut to_vec: Vec<u32> = Vec::new();
+/// let mut closure = |x: u32| seen.push(x * 10);
+/// to_vec.send(1).expect("a vector never refuses");
+/// closure.send(2).expect("a closure never refuses");
+/// assert_eq!(to_vec, [1]);
+/// assert_eq!(seen, [20]);
+/// ```
+pub trait Sink<T> {
+    /// Takes one item.
+    fn send(&mut self, item: T) -> Result<(), SinkError>;
+
+    /// Writes out what is buffered (the end of a run calls it).
+    fn flush(&mut self) -> Result<(), SinkError> {
+        Ok(())
+    }
+}
+
+impl<T, F: FnMut(T)> Sink<T> for F {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        self(item);
+        Ok(())
+    }
+}
+
+impl<T> Sink<T> for Vec<T> {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        self.push(item);
+        Ok(())
+    }
+}
+
+/// Lets a job fill a vector the caller keeps using (a source's dead letters, say).
+impl<T> Sink<T> for &mut Vec<T> {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        self.push(item);
+        Ok(())
+    }
+}
+
+impl<T> Sink<T> for mpsc::Sender<T> {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        mpsc::Sender::send(self, item).map_err(|_| SinkError::Closed)
+    }
+}
+
+/// Blocks while the channel is full: the job slows down to the consumer's pace.
+impl<T> Sink<T> for mpsc::SyncSender<T> {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        mpsc::SyncSender::send(self, item).map_err(|_| SinkError::Closed)
+    }
+}
+
+/// Writes items as JSON lines to a file or stdout, through the command line's
+/// [`RecordWriter`] (records are buffered and written in large blocks; call
+/// [`Sink::flush`] at the end).
+///
+/// ```
+/// use sessionizer::connectors::OutputTarget;
+/// use sessionizer::sink::{JsonLinesSink, Sink};
+///
+/// let dir = tempfile::tempdir().expect("temp dir");
+/// let path = dir.path().join("out.jsonl");
+/// let mut sink = JsonLinesSink::new(OutputTarget::File(path.clone()));
+/// sink.send(serde_json::json!({"key": "v1", "pages": 3})).expect("encoded");
+/// sink.flush().expect("written");
+/// assert_eq!(std::fs::read_to_string(path).expect("read"), "{\"key\":\"v1\",\"pages\":3}\n");
+/// ```
+#[derive(Debug)]
+pub struct JsonLinesSink {
+    writer: RecordWriter,
+    line: Vec<u8>,
+}
+
+impl JsonLinesSink {
+    /// A sink writing to `target` (created or truncated on the first write).
+    pub fn new(target: OutputTarget) -> Self {
+        JsonLinesSink {
+            writer: RecordWriter::new(target),
+            line: Vec::new(),
+        }
+    }
+
+    /// Records written so far.
+    pub fn records(&self) -> u64 {
+        self.writer.records()
+    }
+
+    /// Writes out everything buffered and flushes the target.
+    pub fn flush(&mut self) -> Result<(), SinkError> {
+        self.writer.finish()?;
+        Ok(())
+    }
+}
+
+impl<T: Serialize> Sink<T> for JsonLinesSink {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        self.line.clear();
+        serde_json::to_writer(&mut self.line, &item)?;
+        self.line.push(b'\n');
+        self.writer.append(&self.line, 1)?;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        JsonLinesSink::flush(self)
+    }
+}

@@ -1,0 +1,178 @@
+//! Sources of events. Any `IntoIterator` of events is a source (a vector, a std channel's
+//! `Receiver::iter`, a generator); [`JsonLines`] reads the command line's JSON-lines
+//! inputs (files in order, or stdin) into the user's own serde type, sending the lines
+//! that do not parse to a dead-letter sink with their reason and position.
+
+use crate::sink::{Sink, SinkError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sessionizer_connectors::InputSource;
+use sessionizer_connectors::input::{Batch, InputError, Inputs};
+use std::fmt;
+use std::marker::PhantomData;
+
+/// A record that could not be read as an event, in the command line's dead-letter shape:
+/// `{"reason":..,"source":"file:line","raw":..}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetter {
+    /// Why (serde's message, e.g. ``missing field `visit_id` at line 1 column 40``).
+    pub reason: String,
+    /// `file:line` (or `stdin:line`).
+    pub source: String,
+    /// The record as read.
+    pub raw: String,
+}
+
+/// Why a source stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// An input could not be read.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The dead-letter sink refused a record.
+    #[error("cannot write a dead letter: {0}")]
+    DeadLetter(#[from] SinkError),
+}
+
+/// What a [`JsonLines`] source read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceCounts {
+    /// Records read (blank lines are not records).
+    pub records: u64,
+    /// Records sent to the dead-letter sink.
+    pub invalid: u64,
+    /// Empty or whitespace-only lines, skipped.
+    pub blank_lines: u64,
+}
+
+/// Events of type `E` read from JSON lines: an iterator of the records that parse.
+///
+/// Records that do not parse go to the dead-letter sink `D`. An input error ends the
+/// iteration; [`finish`](Self::finish) reports it (call it after the run, it also flushes
+/// the dead letters).
+///
+/// ```
+/// use serde::Deserialize;
+/// use sessionizer::connectors::InputSource;
+/// use sessionizer::source::JsonLines;
+///
+/// #[derive(Deserialize)]
+/// struct Visit { visit_id: String }
+///
+/// let dir = tempfile::tempdir().expect("temp dir");
+/// let path = dir.path().join("visits.jsonl");
+/// std::fs::write(&path, "{\"visit_id\":\"v1\"}\n\n{\"page\":\"/\"}\n").expect("write");
+/// let mut dead = Vec::new();
+/// let mut source = JsonLines::<Visit, _>::open(vec![InputSource::File(path)], &mut dead)
+///     .expect("readable");
+/// let ids: Vec<String> = source.by_ref().map(|v| v.visit_id).collect();
+/// let counts = source.finish().expect("no input error");
+/// assert_eq!(ids, ["v1"]);
+/// assert_eq!((counts.records, counts.invalid, counts.blank_lines), (2, 1, 1));
+/// assert!(dead[0].reason.starts_with("missing field `visit_id`"));
+/// assert!(dead[0].source.ends_with("visits.jsonl:3"));
+/// ```
+pub struct JsonLines<E, D> {
+    inputs: Inputs,
+    batch: Batch,
+    next_line: usize,
+    dead: D,
+    error: Option<SourceError>,
+    counts: SourceCounts,
+    _events: PhantomData<fn() -> E>,
+}
+
+impl<E, D> fmt::Debug for JsonLines<E, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonLines")
+            .field("inputs", &self.inputs)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+/// How much input one read brings in.
+const BATCH_BYTES: usize = 1 << 20;
+
+impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
+    /// Reads `sources` in order; checks first that every file can be opened.
+    pub fn open(sources: Vec<InputSource>, dead_letters: D) -> Result<Self, SourceError> {
+        let inputs = Inputs::new(sources);
+        inputs.check_readable()?;
+        Ok(JsonLines {
+            inputs,
+            batch: Batch::default(),
+            next_line: 0,
+            dead: dead_letters,
+            error: None,
+            counts: SourceCounts::default(),
+            _events: PhantomData,
+        })
+    }
+
+    /// What was read so far.
+    pub fn counts(&self) -> SourceCounts {
+        self.counts
+    }
+
+    /// Flushes the dead-letter sink; returns the counts, or the error that ended the
+    /// iteration early.
+    pub fn finish(mut self) -> Result<SourceCounts, SourceError> {
+        if let Some(e) = self.error.take() {
+            return Err(e);
+        }
+        self.dead.flush()?;
+        Ok(self.counts)
+    }
+}
+
+impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
+    type Item = E;
+
+    fn next(&mut self) -> Option<E> {
+        if self.error.is_some() {
+            return None;
+        }
+        loop {
+            if self.next_line >= self.batch.lines.len() {
+                match self.inputs.next_batch(&mut self.batch, BATCH_BYTES) {
+                    Ok(true) => self.next_line = 0,
+                    Ok(false) => return None,
+                    Err(e) => {
+                        self.error = Some(e.into());
+                        return None;
+                    }
+                }
+                continue;
+            }
+            let i = self.next_line;
+            self.next_line += 1;
+            let line = self.batch.line(i);
+            if line.trim_ascii().is_empty() {
+                self.counts.blank_lines += 1;
+                continue;
+            }
+            self.counts.records += 1;
+            match serde_json::from_slice::<E>(line) {
+                Ok(event) => return Some(event),
+                Err(e) => {
+                    self.counts.invalid += 1;
+                    let span = self.batch.lines[i];
+                    let letter = DeadLetter {
+                        reason: e.to_string(),
+                        source: format!(
+                            "{}:{}",
+                            self.inputs.name(span.input as usize),
+                            span.line_no
+                        ),
+                        raw: String::from_utf8_lossy(line).into_owned(),
+                    };
+                    if let Err(e) = self.dead.send(letter) {
+                        self.error = Some(e.into());
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Arbitrary stateful processing over the user's own events: a function called per key
+//! with the key's new events and a [`GroupState`] handle, in micro-batches.
+//!
+//! The rules — which events a call gets, which watermark it sees, when timeouts fire —
+//! are those of [`sessionizer_window::stateful`]; this module adds the key and time
+//! extractors, the batching of an input into micro-batches ([`Batching`]) and the sinks.
+
+use crate::late::Late;
+use crate::sink::{Sink, SinkError};
+use crate::stream::{KeyFn, Stream, TimeFn};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sessionizer_core::Watermark;
+use sessionizer_window::WatermarkStrategy;
+use sessionizer_window::clock::{Clock, SystemClock};
+use sessionizer_window::stateful::{
+    BatchReport, GroupState, LateEvent, LatePolicy, SnapshotError, StatefulOperator,
+};
+use std::fmt;
+
+/// How [`StatefulJob::run`] cuts its input into micro-batches. Explicit batches
+/// ([`StatefulJob::process_batch`]) are always possible too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Batching {
+    /// Every event is a batch of its own: the function sees each event as it comes and
+    /// the watermark moves after each (the way Flink runs a `KeyedProcessFunction`).
+    PerEvent,
+    /// Batches of `n` consecutive events (the last may be shorter), like Spark
+    /// micro-batches of `n` records. `0` counts as 1.
+    Events(usize),
+}
+
+impl Batching {
+    fn size(self) -> usize {
+        match self {
+            Batching::PerEvent => 1,
+            Batching::Events(n) => n.max(1),
+        }
+    }
+}
+
+/// Configures a stateful job; made by [`Stream::flat_map_groups_with_state`].
+pub struct StatefulBuilder<E, K, T, W, S, F, C> {
+    stream: Stream<E, K, T, W>,
+    f: F,
+    clock: C,
+    late_policy: LatePolicy,
+    batching: Batching,
+    _state: std::marker::PhantomData<fn() -> S>,
+}
+
+impl<E, K, T, W: fmt::Debug, S, F, C: fmt::Debug> fmt::Debug
+    for StatefulBuilder<E, K, T, W, S, F, C>
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatefulBuilder")
+            .field("stream", &self.stream)
+            .field("clock", &self.clock)
+            .field("late_policy", &self.late_policy)
+            .field("batching", &self.batching)
+            .finish()
+    }
+}
+
+impl<E, K, T, W, S, F> StatefulBuilder<E, K, T, W, S, F, SystemClock> {
+    pub(crate) fn new(stream: Stream<E, K, T, W>, f: F) -> Self {
+        StatefulBuilder {
+            stream,
+            f,
+            clock: SystemClock,
+            late_policy: LatePolicy::Drop,
+            batching: Batching::PerEvent,
+            _state: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
+    /// The processing-time clock (default [`SystemClock`]; a
+    /// [`ManualClock`](sessionizer_window::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> StatefulBuilder<E, K, T, W, S, F, C2> {
+        StatefulBuilder {
+            stream: self.stream,
+            f: self.f,
+            clock,
+            late_policy: self.late_policy,
+            batching: self.batching,
+            _state: std::marker::PhantomData,
+        }
+    }
+
+    /// What happens to events at or behind their batch's watermark (default
+    /// [`LatePolicy::Drop`]: they go to the late sink).
+    pub fn late_events(mut self, policy: LatePolicy) -> Self {
+        self.late_policy = policy;
+        self
+    }
+
+    /// How [`StatefulJob::run`] cuts its input into batches (default
+    /// [`Batching::PerEvent`]).
+    pub fn batching(mut self, batching: Batching) -> Self {
+        self.batching = batching;
+        self
+    }
+
+    /// The job.
+    pub fn build(self) -> StatefulJob<E, K, T, W, S, F, C>
+    where
+        W: WatermarkStrategy,
+        C: Clock,
+    {
+        StatefulJob {
+            op: StatefulOperator::new(self.stream.watermark, self.clock)
+                .with_late_policy(self.late_policy),
+            key: self.stream.key,
+            time: self.stream.time,
+            f: self.f,
+            batching: self.batching,
+            key_buf: String::new(),
+            counts: StatefulCounts::default(),
+        }
+    }
+}
+
+/// A stateful job's accounting: every event pushed was given to the function or late.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatefulCounts {
+    /// Events pushed.
+    pub events: u64,
+    /// Events sent to the late sink.
+    pub late: u64,
+    /// Batches ended.
+    pub batches: u64,
+    /// Calls with events.
+    pub data_calls: u64,
+    /// Calls with `has_timed_out()`.
+    pub timeout_calls: u64,
+    /// Outputs the function returned.
+    pub outputs: u64,
+}
+
+/// A running stateful job; made by [`StatefulBuilder::build`].
+///
+/// ```
+/// use sessionizer::prelude::*;
+///
+/// // Pages per visit, reported once a visit has been quiet for 10 minutes of event time.
+/// let mut job = Stream::<(String, EventTime)>::new()
+///     .key_by(|(visit, _)| visit.clone())
+///     .event_time(|(_, t)| *t)
+///     .flat_map_groups_with_state(
+///         |visit: &str, events: Vec<(String, EventTime)>, state: &mut GroupState<'_, u32>| {
+///             if state.has_timed_out() {
+///                 return state.remove().map(|pages| format!("{visit}: {pages} pages"));
+///             }
+///             let pages = state.get().copied().unwrap_or(0) + events.len() as u32;
+///             state.update(pages);
+///             let last = events.iter().map(|e| e.1).max().unwrap_or(EventTime(0));
+///             state.set_timeout_timestamp(last.plus(minutes(10)));
+///             None
+///         },
+///     )
+///     .build();
+/// let events = [("v1", 0), ("v1", 60_000), ("v2", 120_000)]
+///     .map(|(v, t)| (v.to_string(), EventTime(t)));
+/// let mut out = Vec::new();
+/// job.run(events, &mut out, &mut Vec::new()).expect("vectors never refuse");
+/// assert_eq!(out, ["v1: 2 pages", "v2: 1 pages"]);
+/// ```
+pub struct StatefulJob<E, K, T, W, S, F, C> {
+    op: StatefulOperator<E, S, W, C>,
+    key: K,
+    time: T,
+    f: F,
+    batching: Batching,
+    key_buf: String,
+    counts: StatefulCounts,
+}
+
+impl<E, K, T, W: fmt::Debug, S: fmt::Debug, F, C: fmt::Debug> fmt::Debug
+    for StatefulJob<E, K, T, W, S, F, C>
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatefulJob")
+            .field("op", &self.op)
+            .field("batching", &self.batching)
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+fn to_late<E>(l: LateEvent<E>) -> Late<E> {
+    Late {
+        event: l.event,
+        time: l.time,
+        watermark: l.watermark,
+        reason: "behind_watermark",
+    }
+}
+
+impl<E, K, T, W, S, F, C, R> StatefulJob<E, K, T, W, S, F, C>
+where
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    C: Clock,
+    F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+    R: IntoIterator,
+{
+    /// Adds one event to the open batch (opening one: the clock is read then). A late
+    /// event goes to `late` at once.
+    pub fn push<L: Sink<Late<E>>>(&mut self, event: E, late: &mut L) -> Result<(), SinkError> {
+        self.key.key_into(&event, &mut self.key_buf);
+        let time = self.time.time_of(&event);
+        self.counts.events += 1;
+        if let Some(l) = self.op.push(&self.key_buf, time, event) {
+            self.counts.late += 1;
+            late.send(to_late(l))?;
+        }
+        Ok(())
+    }
+
+    /// Ends the open batch (an empty one if none is open): data calls, watermark step,
+    /// timeout calls; their outputs go to `out` in that order.
+    pub fn end_batch<O: Sink<R::Item>>(&mut self, out: &mut O) -> Result<BatchReport, SinkError> {
+        let mut error = None;
+        let report = self.op.end_batch(&mut self.f, &mut |o| {
+            if error.is_none() {
+                if let Err(e) = out.send(o) {
+                    error = Some(e);
+                }
+            }
+        });
+        self.count(&report);
+        error.map_or(Ok(report), Err)
+    }
+
+    /// One explicit micro-batch: pushes `events`, then ends the batch.
+    pub fn process_batch<I, O, L>(
+        &mut self,
+        events: I,
+        out: &mut O,
+        late: &mut L,
+    ) -> Result<BatchReport, SinkError>
+    where
+        I: IntoIterator<Item = E>,
+        O: Sink<R::Item>,
+        L: Sink<Late<E>>,
+    {
+        for event in events {
+            self.push(event, late)?;
+        }
+        self.end_batch(out)
+    }
+
+    /// An empty batch: processing-time timeouts that are due fire (call it on a timer
+    /// while no events come).
+    pub fn tick<O: Sink<R::Item>>(&mut self, out: &mut O) -> Result<BatchReport, SinkError> {
+        self.end_batch(out)
+    }
+
+    /// The end of a bounded input: ends the open batch, then every event-time timeout
+    /// fires (watermark +∞); both sinks are flushed.
+    pub fn finish<O, L>(&mut self, out: &mut O, late: &mut L) -> Result<StatefulCounts, SinkError>
+    where
+        O: Sink<R::Item>,
+        L: Sink<Late<E>>,
+    {
+        let mut error = None;
+        let report = self.op.finish(&mut self.f, &mut |o| {
+            if error.is_none() {
+                if let Err(e) = out.send(o) {
+                    error = Some(e);
+                }
+            }
+        });
+        self.count(&report);
+        if let Some(e) = error {
+            return Err(e);
+        }
+        out.flush()?;
+        late.flush()?;
+        Ok(self.counts)
+    }
+
+    /// Runs a bounded input: batches of [`Batching`] events, then
+    /// [`finish`](Self::finish).
+    pub fn run<I, O, L>(
+        &mut self,
+        events: I,
+        out: &mut O,
+        late: &mut L,
+    ) -> Result<StatefulCounts, SinkError>
+    where
+        I: IntoIterator<Item = E>,
+        O: Sink<R::Item>,
+        L: Sink<Late<E>>,
+    {
+        let size = self.batching.size();
+        let mut in_batch = 0;
+        for event in events {
+            self.push(event, late)?;
+            in_batch += 1;
+            if in_batch == size {
+                self.end_batch(out)?;
+                in_batch = 0;
+            }
+        }
+        self.finish(out, late)
+    }
+
+    fn count(&mut self, report: &BatchReport) {
+        self.counts.batches = self.op.batches();
+        self.counts.data_calls += report.data_calls;
+        self.counts.timeout_calls += report.timeout_calls;
+        self.counts.outputs += report.outputs;
+    }
+
+    /// The watermark of the open (or next) batch.
+    pub fn watermark(&self) -> Watermark {
+        self.op.watermark()
+    }
+
+    /// The accounting so far.
+    pub fn counts(&self) -> StatefulCounts {
+        self.counts
+    }
+
+    /// The state of `key`, if any.
+    pub fn state(&self, key: &str) -> Option<&S> {
+        self.op.state(key)
+    }
+
+    /// The underlying operator (on the same keyed-state + timers core as the session
+    /// window).
+    pub fn operator(&self) -> &StatefulOperator<E, S, W, C> {
+        &self.op
+    }
+}
+
+impl<E, K, T, W, S, F, C> StatefulJob<E, K, T, W, S, F, C>
+where
+    W: WatermarkStrategy,
+    C: Clock,
+    S: Serialize + DeserializeOwned,
+{
+    /// The keyed state and watermark as bytes (see
+    /// [`StatefulOperator::snapshot`]); between batches only.
+    pub fn snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
+        self.op.snapshot()
+    }
+
+    /// Continues from a [`snapshot`](Self::snapshot).
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {
+        self.op.restore(bytes)
+    }
+}

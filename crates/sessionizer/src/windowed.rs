@@ -1,0 +1,522 @@
+//! Declarative session windows over the user's own events: key, time, gap (or a gap
+//! per event), watermark, allowed lateness and aggregates; the engine does the rest
+//! (SPEC §2, `docs/semantics.md`).
+//!
+//! The job drives a [`SessionOperator`] one event at a time, exactly as the command line
+//! does: judge the event against the watermark as it stood before it, apply it, move the
+//! watermark, emit what became due.
+
+use crate::late::Late;
+use crate::sink::{Sink, SinkError};
+use crate::stream::{KeyFn, Stream, TimeFn};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use sessionizer_core::{DurationMs, EventTime, Watermark};
+use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
+use sessionizer_window::{
+    Emit, EmitMode, SessionOperator, SessionView, TypedEvent, Verdict, WatermarkStrategy,
+    WindowConfig, session_id,
+};
+use std::fmt;
+
+/// A per-event gap: `None` means the window's gap.
+pub trait GapFn<E> {
+    /// The gap of `event`, or `None` for the window's gap.
+    fn gap_of(&self, event: &E) -> Option<DurationMs>;
+}
+
+/// One gap for every event (the builder's default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FixedGap;
+
+impl<E> GapFn<E> for FixedGap {
+    #[inline]
+    fn gap_of(&self, _: &E) -> Option<DurationMs> {
+        None
+    }
+}
+
+impl<E, F: Fn(&E) -> Option<DurationMs>> GapFn<E> for F {
+    #[inline]
+    fn gap_of(&self, event: &E) -> Option<DurationMs> {
+        self(event)
+    }
+}
+
+/// Configures a session window job; made by [`Stream::session_windows`].
+///
+/// ```
+/// use sessionizer::prelude::*;
+///
+/// #[derive(Debug)]
+/// struct Visit { id: &'static str, at: EventTime }
+///
+/// let mut job = Stream::<Visit>::new()
+///     .key_by(|v| v.id)
+///     .event_time(|v| v.at)
+///     .watermark(BoundedOutOfOrderness::new(minutes(1)))
+///     .session_windows(minutes(10))
+///     .allowed_lateness(minutes(15))
+///     .aggregate(Count)
+///     .build();
+/// let visits = [("v1", 0), ("v1", 60_000), ("v2", 0), ("v1", 3_600_000)]
+///     .map(|(id, t)| Visit { id, at: EventTime(t) });
+/// let mut sessions = Vec::new();
+/// let mut late = Vec::new();
+/// job.run(visits, &mut sessions, &mut late).expect("vectors never refuse");
+/// let counts: Vec<(String, u64)> = sessions
+///     .iter()
+///     .filter_map(WindowOutput::session)
+///     .map(|s| (s.key.clone(), s.value))
+///     .collect();
+/// assert_eq!(counts, [("v2".to_string(), 1), ("v1".to_string(), 2), ("v1".to_string(), 1)]);
+/// assert!(late.is_empty());
+/// ```
+pub struct SessionWindowBuilder<E, K, T, W, A, G> {
+    stream: Stream<E, K, T, W>,
+    gap: DurationMs,
+    gap_fn: G,
+    allowed_lateness: DurationMs,
+    emit: EmitMode,
+    aggregate: A,
+}
+
+impl<E, K, T, W: fmt::Debug, A, G> fmt::Debug for SessionWindowBuilder<E, K, T, W, A, G> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionWindowBuilder")
+            .field("stream", &self.stream)
+            .field("gap", &self.gap)
+            .field("allowed_lateness", &self.allowed_lateness)
+            .field("emit", &self.emit)
+            .finish()
+    }
+}
+
+impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy>
+    SessionWindowBuilder<E, K, T, W, (), FixedGap>
+{
+    pub(crate) fn new(stream: Stream<E, K, T, W>, gap: DurationMs) -> Self {
+        SessionWindowBuilder {
+            stream,
+            gap,
+            gap_fn: FixedGap,
+            allowed_lateness: DurationMs::ZERO,
+            emit: EmitMode::OnClose,
+            aggregate: (),
+        }
+    }
+}
+
+impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
+    SessionWindowBuilder<E, K, T, W, A, G>
+{
+    /// A gap per event (`--gap-field`): `None` means the window's gap. Each event covers
+    /// `[t, t + gap]`; the events whose intervals chain form a session.
+    pub fn gap_fn<G2>(self, gap_fn: G2) -> SessionWindowBuilder<E, K, T, W, A, G2>
+    where
+        G2: Fn(&E) -> Option<DurationMs>,
+    {
+        SessionWindowBuilder {
+            stream: self.stream,
+            gap: self.gap,
+            gap_fn,
+            allowed_lateness: self.allowed_lateness,
+            emit: self.emit,
+            aggregate: self.aggregate,
+        }
+    }
+
+    /// How long a complete session still accepts late events (default 0): it is emitted
+    /// again, with the next revision, when one changes it.
+    pub fn allowed_lateness(mut self, lateness: DurationMs) -> Self {
+        self.allowed_lateness = lateness;
+        self
+    }
+
+    /// When sessions are emitted (default: once complete).
+    pub fn emit(mut self, mode: EmitMode) -> Self {
+        self.emit = mode;
+        self
+    }
+
+    /// What each session computes: one [`Aggregator`] (a tuple of them for several; see
+    /// [`crate::aggregators`] for the built-ins).
+    pub fn aggregate<A2: Aggregator<E>>(
+        self,
+        aggregate: A2,
+    ) -> SessionWindowBuilder<E, K, T, W, A2, G> {
+        SessionWindowBuilder {
+            stream: self.stream,
+            gap: self.gap,
+            gap_fn: self.gap_fn,
+            allowed_lateness: self.allowed_lateness,
+            emit: self.emit,
+            aggregate,
+        }
+    }
+
+    /// The job.
+    pub fn build(self) -> SessionWindowJob<E, K, T, W, A, G>
+    where
+        A: Aggregator<E>,
+        G: GapFn<E>,
+    {
+        let cfg = WindowConfig {
+            gap: self.gap,
+            allowed_lateness: self.allowed_lateness,
+            emit: self.emit,
+            aggregates: Vec::new(),
+            dedup: false,
+        };
+        SessionWindowJob {
+            op: SessionOperator::with_aggregate(cfg, Custom::new(self.aggregate)),
+            key: self.stream.key,
+            time: self.stream.time,
+            watermark: self.stream.watermark,
+            gap_fn: self.gap_fn,
+            gap: self.gap,
+            seq: 0,
+            key_buf: String::new(),
+            counts: WindowCounts::default(),
+        }
+    }
+}
+
+/// A session as emitted: its bounds, revision and the aggregate's result `value`.
+///
+/// As JSON (through [`JsonLinesSink`](crate::sink::JsonLinesSink)) it has the command
+/// line's shape: `key`, `session_id` (16 hex digits), `start`, `end` (RFC 3339),
+/// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value` when
+/// it serializes as a struct or map (nothing for `()`, else one field `value`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRecord<O> {
+    /// The key's text.
+    pub key: String,
+    /// The deterministic id of (key, start) — see [`session_id`].
+    pub session_id: u64,
+    /// The first event time.
+    pub start: EventTime,
+    /// The last event time.
+    pub end: EventTime,
+    /// Events in the session.
+    pub event_count: u64,
+    /// 0, then 1, 2, ... when late events change an emitted session.
+    pub revision: u32,
+    /// False for `EmitMode::OnUpdate` records of a session still open.
+    pub complete: bool,
+    /// The aggregate's result.
+    pub value: O,
+}
+
+impl<O> SessionRecord<O> {
+    /// `end - start`.
+    pub fn duration(&self) -> DurationMs {
+        DurationMs(self.end.millis() - self.start.millis())
+    }
+}
+
+fn hex_id(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+impl<O: Serialize> Serialize for SessionRecord<O> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("key", &self.key)?;
+        map.serialize_entry("session_id", &hex_id(self.session_id))?;
+        map.serialize_entry("start", &self.start.to_string())?;
+        map.serialize_entry("end", &self.end.to_string())?;
+        map.serialize_entry("duration_ms", &self.duration().millis())?;
+        map.serialize_entry("event_count", &self.event_count)?;
+        map.serialize_entry("revision", &self.revision)?;
+        map.serialize_entry("complete", &self.complete)?;
+        // The value's fields become the record's, as the command line's aggregates do.
+        match serde_json::to_value(&self.value).map_err(serde::ser::Error::custom)? {
+            serde_json::Value::Object(fields) => {
+                for (name, v) in &fields {
+                    map.serialize_entry(name, v)?;
+                }
+            }
+            serde_json::Value::Null => {}
+            other => map.serialize_entry("value", &other)?,
+        }
+        map.end()
+    }
+}
+
+/// A session emitted before that disappeared (merged into another, or its start moved
+/// so that its id changed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retraction {
+    /// The key's text.
+    pub key: String,
+    /// The id being retracted.
+    pub session_id: u64,
+    /// The start it had.
+    pub start: EventTime,
+}
+
+impl Serialize for Retraction {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(3))?;
+        map.serialize_entry("key", &self.key)?;
+        map.serialize_entry("session_id", &hex_id(self.session_id))?;
+        map.serialize_entry("retract", &true)?;
+        map.end()
+    }
+}
+
+/// What a session window job emits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WindowOutput<O> {
+    /// A session record.
+    Session(SessionRecord<O>),
+    /// A retraction (only with allowed lateness).
+    Retraction(Retraction),
+}
+
+impl<O> WindowOutput<O> {
+    /// The session record, if this is one.
+    pub fn session(&self) -> Option<&SessionRecord<O>> {
+        match self {
+            WindowOutput::Session(s) => Some(s),
+            WindowOutput::Retraction(_) => None,
+        }
+    }
+}
+
+impl<O: Serialize> Serialize for WindowOutput<O> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            WindowOutput::Session(r) => r.serialize(s),
+            WindowOutput::Retraction(r) => r.serialize(s),
+        }
+    }
+}
+
+/// A session window job's accounting: every event pushed is in a session or late.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowCounts {
+    /// Events pushed.
+    pub events: u64,
+    /// Events applied to a session.
+    pub in_sessions: u64,
+    /// Events too late (sent to the late sink).
+    pub late: u64,
+    /// Session records emitted.
+    pub sessions_emitted: u64,
+    /// Retractions emitted.
+    pub retractions: u64,
+}
+
+/// A running session window job; made by [`SessionWindowBuilder::build`].
+pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G> {
+    op: SessionOperator<Custom<A, E>>,
+    key: K,
+    time: T,
+    watermark: W,
+    gap_fn: G,
+    gap: DurationMs,
+    seq: u64,
+    key_buf: String,
+    counts: WindowCounts,
+}
+
+impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G> fmt::Debug
+    for SessionWindowJob<E, K, T, W, A, G>
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionWindowJob")
+            .field("config", self.op.config())
+            .field("watermark", &self.op.watermark())
+            .field("open_sessions", &self.op.open_sessions())
+            .field("counts", &self.counts)
+            .finish()
+    }
+}
+
+/// Adapts a [`Sink`] of [`WindowOutput`] to the operator's [`Emit`], keeping the first
+/// sink error (the operator's output path cannot fail).
+struct EmitTo<'s, S> {
+    sink: &'s mut S,
+    error: Option<SinkError>,
+    sessions: u64,
+    retractions: u64,
+}
+
+impl<S> EmitTo<'_, S> {
+    fn send<T>(&mut self, item: T)
+    where
+        S: Sink<T>,
+    {
+        if self.error.is_none() {
+            if let Err(e) = self.sink.send(item) {
+                self.error = Some(e);
+            }
+        }
+    }
+
+    fn result(self) -> Result<(), SinkError> {
+        self.error.map_or(Ok(()), Err)
+    }
+}
+
+impl<A, E, S> Emit<Custom<A, E>> for EmitTo<'_, S>
+where
+    A: Aggregator<E>,
+    S: Sink<WindowOutput<A::Output>>,
+{
+    fn session<'a>(&mut self, s: &SessionView<'a, CustomView<'a, A, E>>) {
+        self.sessions += 1;
+        let record = SessionRecord {
+            key: String::from_utf8_lossy(s.key).into_owned(),
+            session_id: session_id(s.key, s.start.millis()),
+            start: s.start,
+            end: s.end,
+            event_count: s.event_count,
+            revision: s.revision,
+            complete: s.complete,
+            value: s.aggregates.finish(),
+        };
+        self.send(WindowOutput::Session(record));
+    }
+
+    fn retraction(&mut self, key: &[u8], start: EventTime) {
+        self.retractions += 1;
+        self.send(WindowOutput::Retraction(Retraction {
+            key: String::from_utf8_lossy(key).into_owned(),
+            session_id: session_id(key, start.millis()),
+            start,
+        }));
+    }
+}
+
+impl<E, K, T, W, A, G> SessionWindowJob<E, K, T, W, A, G>
+where
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    A: Aggregator<E>,
+    G: GapFn<E>,
+{
+    /// Processes one event: judged against the watermark as it stood before it,
+    /// applied (or sent to `late`), then the watermark moves and the sessions it
+    /// completes go to `sessions`.
+    pub fn push<S, L>(
+        &mut self,
+        event: E,
+        sessions: &mut S,
+        late: &mut L,
+    ) -> Result<Verdict, SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+        L: Sink<Late<E>>,
+    {
+        self.key.key_into(&event, &mut self.key_buf);
+        let time = self.time.time_of(&event);
+        let gap = self.gap_fn.gap_of(&event).unwrap_or(self.gap);
+        let before = self.op.watermark();
+        let mut out = EmitTo {
+            sink: sessions,
+            error: None,
+            sessions: 0,
+            retractions: 0,
+        };
+        let verdict = self.op.on_typed(
+            &TypedEvent {
+                key: self.key_buf.as_bytes(),
+                time,
+                gap,
+                seq: self.seq,
+                dedup: None,
+                input: &event,
+            },
+            &mut out,
+        );
+        self.seq += 1;
+        self.counts.events += 1;
+        let w = self.watermark.observe(time);
+        self.op.advance_to(w, &mut out);
+        self.counts.sessions_emitted += out.sessions;
+        self.counts.retractions += out.retractions;
+        out.result()?;
+        match verdict {
+            // No dedup in this job: `Duplicate` cannot happen, and would be "in" anyway.
+            Verdict::Applied | Verdict::Duplicate => self.counts.in_sessions += 1,
+            Verdict::Late(reason) => {
+                self.counts.late += 1;
+                late.send(Late {
+                    event,
+                    time,
+                    watermark: before,
+                    reason: reason.as_str(),
+                })?;
+            }
+        }
+        Ok(verdict)
+    }
+
+    /// The end of a bounded input: the watermark becomes +∞ and every session is
+    /// emitted; then both sinks are flushed.
+    pub fn finish<S, L>(
+        &mut self,
+        sessions: &mut S,
+        late: &mut L,
+    ) -> Result<WindowCounts, SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+        L: Sink<Late<E>>,
+    {
+        let mut out = EmitTo {
+            sink: sessions,
+            error: None,
+            sessions: 0,
+            retractions: 0,
+        };
+        self.op.advance_to(Watermark::MAX, &mut out);
+        self.counts.sessions_emitted += out.sessions;
+        self.counts.retractions += out.retractions;
+        out.result()?;
+        sessions.flush()?;
+        late.flush()?;
+        Ok(self.counts)
+    }
+
+    /// Pushes every event of `events`, then [`finish`](Self::finish)es.
+    pub fn run<I, S, L>(
+        &mut self,
+        events: I,
+        sessions: &mut S,
+        late: &mut L,
+    ) -> Result<WindowCounts, SinkError>
+    where
+        I: IntoIterator<Item = E>,
+        S: Sink<WindowOutput<A::Output>>,
+        L: Sink<Late<E>>,
+    {
+        for event in events {
+            self.push(event, sessions, late)?;
+        }
+        self.finish(sessions, late)
+    }
+
+    /// The watermark the next event is judged against.
+    pub fn watermark(&self) -> Watermark {
+        self.op.watermark()
+    }
+
+    /// Sessions not yet final.
+    pub fn open_sessions(&self) -> usize {
+        self.op.open_sessions()
+    }
+
+    /// The accounting so far.
+    pub fn counts(&self) -> WindowCounts {
+        self.counts
+    }
+
+    /// The underlying operator: the same [`SessionOperator`] the command line runs,
+    /// with a user aggregate.
+    pub fn operator(&self) -> &SessionOperator<Custom<A, E>> {
+        &self.op
+    }
+}
