@@ -343,16 +343,23 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         }
     }
 
-    let dedup_flag = args.dedup || file.dedup.unwrap_or(false);
-    let dedup = match (dedup_flag, args.dedup_field.or(file.dedup_field)) {
-        (true, Some(_)) => {
-            return Err(ConfigError::Conflict(
-                "--dedup and --dedup-field exclude each other".into(),
-            ));
+    // A dedup flag on the command line replaces whatever the file says about dedup;
+    // clap already refuses --dedup together with --dedup-field.
+    let dedup = if args.dedup {
+        DedupMode::Record
+    } else if let Some(f) = &args.dedup_field {
+        DedupMode::Field(field("--dedup-field", f)?)
+    } else {
+        match (file.dedup.unwrap_or(false), file.dedup_field) {
+            (true, Some(_)) => {
+                return Err(ConfigError::Conflict(
+                    "the config file sets both dedup and dedup-field; keep one".into(),
+                ));
+            }
+            (true, None) => DedupMode::Record,
+            (false, Some(f)) => DedupMode::Field(field("dedup-field", &f)?),
+            (false, None) => DedupMode::Off,
         }
-        (true, None) => DedupMode::Record,
-        (false, Some(f)) => DedupMode::Field(field("--dedup-field", &f)?),
-        (false, None) => DedupMode::Off,
     };
     let emit = match args.emit.or(file.emit).unwrap_or(EmitArg::OnClose) {
         EmitArg::OnClose => EmitMode::OnClose,

@@ -45,6 +45,8 @@ fn s(p: &Path) -> &str {
 
 struct Dirty {
     _dir: tempfile::TempDir,
+    /// What the generator reported writing: (events, duplicate lines, invalid lines).
+    generated: (u64, u64, u64),
     input: PathBuf,
     out: PathBuf,
     dead: PathBuf,
@@ -56,7 +58,7 @@ struct Dirty {
 fn dirty_run(extra: &[&str]) -> Dirty {
     let dir = tempfile::tempdir().expect("tempdir");
     let input = dir.path().join("visits.jsonl");
-    run_ok(&[
+    let gen_out = run_ok(&[
         "generate",
         "--events",
         "20000",
@@ -75,6 +77,14 @@ fn dirty_run(extra: &[&str]) -> Dirty {
         "--output",
         s(&input),
     ]);
+    // "sessionizer: generated N events (L late), D duplicate lines, I invalid lines"
+    let report = String::from_utf8_lossy(&gen_out.stderr).into_owned();
+    let numbers: Vec<u64> = report
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 4, "generator report: {report}");
+    let generated = (numbers[0], numbers[2], numbers[3]);
     let out = dir.path().join("sessions.jsonl");
     let stats = dir.path().join("stats.json");
     let mut args = vec![
@@ -91,6 +101,7 @@ fn dirty_run(extra: &[&str]) -> Dirty {
     args.extend_from_slice(extra);
     run_ok(&args);
     Dirty {
+        generated,
         dead: dir.path().join("sessions.dead-letter.jsonl"),
         late: dir.path().join("sessions.late.jsonl"),
         input,
@@ -118,6 +129,9 @@ fn accounting_adds_up_on_dirty_generated_data() {
         n("records_read")
     );
     assert_eq!(n("records_read") as usize, lines(&d.input).len());
+    // Every line the generator made invalid is counted invalid, and only those.
+    assert_eq!(n("invalid"), d.generated.2);
+    assert_eq!(n("records_read"), d.generated.0 + d.generated.1 + d.generated.2);
     assert!(
         n("duplicates") > 0 && n("late") > 0 && n("invalid") > 0,
         "{st}"
@@ -191,8 +205,22 @@ fn every_invalid_line_is_in_the_dead_letter_file_with_reason_and_position() {
                 .join(" "),
         );
     }
-    // The generator cycles through several kinds of invalid lines.
-    assert!(reasons.len() >= 4, "{reasons:?}");
+    // The generator cycles through six kinds of invalid lines: truncated JSON, an
+    // array, missing visit_id, null event_time, an unparseable time, year 2500.
+    assert_eq!(dead.len() as u64, d.generated.2);
+    for expected in [
+        "not valid JSON",
+        "not a JSON object",
+        "missing key field visit_id",
+        "time field event_time is null",
+        "time field event_time is not a valid timestamp",
+        "time field event_time is outside the valid time range",
+    ] {
+        assert!(
+            dead.iter().any(|r| r["reason"].as_str().is_some_and(|x| x.starts_with(expected))),
+            "no dead letter says '{expected}': {reasons:?}"
+        );
+    }
     // And every late record names the event as read.
     let mut late = 0;
     for rec in json_lines(&d.late) {
@@ -405,6 +433,19 @@ name = "visited_pages"
     let (stdout, _, code) = run_stdin(&["run", "--config", s(&cfg), "--gap", "5m"], input);
     assert_eq!(code, 0);
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
+
+    // A dedup flag replaces the file's dedup choice: the file drops byte-identical
+    // repeats, the flag makes two events with the same page duplicates.
+    std::fs::write(&cfg, "dedup = true\n").expect("write config");
+    let same_page = r#"{"visit_id":"x","event_time":"2024-01-01T00:00:00Z","page":"/1"}
+{"visit_id":"x","event_time":"2024-01-01T00:00:01Z","page":"/1"}
+"#;
+    let (_, stderr, code) = run_stdin(&["run", "--config", s(&cfg)], same_page);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("duplicates 0"), "{stderr}");
+    let (_, stderr, code) = run_stdin(&["run", "--config", s(&cfg), "--dedup-field", "page"], same_page);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("duplicates 1"), "{stderr}");
 
     std::fs::write(&cfg, "gapp = \"1m\"\n").expect("write config");
     let (_, stderr, code) = run_stdin(&["run", "--config", s(&cfg)], input);

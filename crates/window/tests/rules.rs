@@ -1,5 +1,5 @@
 //! The hand-worked rule scenarios of tests/support/mod.rs (SPEC §2/§3 and
-//! docs/semantics-draft-for-helpers.md), run through the engine: the exact records,
+//! docs/semantics.md), run through the engine: the exact records,
 //! late records and counts.
 
 mod support;

@@ -128,7 +128,7 @@ pub fn late(index: usize, reason: &'static str, watermark: i64) -> RefLate {
 
 // ---------------------------------------------------------------------------------------
 // Hand-worked scenarios. Every expected output below was derived by hand from SPEC §2/§3
-// and docs/semantics-draft-for-helpers.md (the derivation is in the comments), never by
+// and docs/semantics.md (the derivation is in the comments), never by
 // running code. Notation: "W" is the watermark before an event, "W'" the one after it.
 // ---------------------------------------------------------------------------------------
 

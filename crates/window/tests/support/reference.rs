@@ -1,5 +1,5 @@
 //! A naive reference model of SPEC §2 / §3 as refined by
-//! `docs/semantics-draft-for-helpers.md`.
+//! `docs/semantics.md` (rules S-1 to S-31).
 //!
 //! Written for being obviously correct, not fast:
 //! - every applied event of every live session is kept;
