@@ -9,37 +9,59 @@ use sessionizer_window::{AggKind, EmitMode, WindowConfig};
 /// What to do with an invalid record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnInvalid {
+    /// Write it to the dead-letter output with the reason and its position.
     DeadLetter,
+    /// Only count it.
     Skip,
+    /// Stop the run with an error naming it.
     Fail,
 }
 
 /// One aggregate of the output record.
 #[derive(Debug, Clone)]
 pub struct Aggregate {
+    /// What to compute.
     pub kind: AggKind,
+    /// The event field it reads (a dotted path).
     pub field: FieldPath,
+    /// The name of its member in the session record.
     pub name: String,
 }
 
 /// Everything a pipeline run needs, checked.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
+    /// The inputs, read one after another as one stream.
     pub inputs: Vec<InputSource>,
+    /// Where session records and retractions go.
     pub output: OutputTarget,
+    /// Where invalid records go (with `OnInvalid::DeadLetter`).
     pub dead_letter: OutputTarget,
+    /// Where too-late events go.
     pub late_output: OutputTarget,
+    /// The session key field.
     pub key: FieldPath,
+    /// The event-time field.
     pub time: FieldPath,
+    /// How the event-time field is written.
     pub time_format: TimeFormat,
+    /// The default gap `G`.
     pub gap: DurationMs,
+    /// A field that may carry an event's own gap.
     pub gap_field: Option<FieldPath>,
+    /// How far the watermark trails the largest event time (`D`).
     pub watermark_delay: DurationMs,
+    /// How long complete sessions still accept late events (`A`).
     pub allowed_lateness: DurationMs,
+    /// Valid event times: `start <= t < end`.
     pub valid_range: (EventTime, EventTime),
+    /// The aggregates of the session record, in output order.
     pub aggregates: Vec<Aggregate>,
+    /// Whether and how duplicates are recognised.
     pub dedup: DedupMode,
+    /// On close only, or on every update too.
     pub emit: EmitMode,
+    /// What to do with invalid records.
     pub on_invalid: OnInvalid,
     /// Worker threads; keys are shared among them by hash. The output is the same for
     /// every value.
@@ -71,6 +93,7 @@ impl PipelineConfig {
         }
     }
 
+    /// The output names of the aggregates, in order.
     pub fn aggregate_names(&self) -> Vec<String> {
         self.aggregates.iter().map(|a| a.name.clone()).collect()
     }

@@ -9,15 +9,23 @@ use std::fmt::Write as _;
 pub struct RunStats {
     /// Records read (blank lines are not records and are counted apart).
     pub records_read: u64,
+    /// Records applied to a session.
     pub in_sessions: u64,
+    /// Records dropped as duplicates (`--dedup`, `--dedup-field`).
     pub duplicates: u64,
+    /// Records too late (written to the late output).
     pub late: u64,
+    /// Records that are not valid events (written to the dead-letter output).
     pub invalid: u64,
     /// Empty or whitespace-only lines, skipped.
     pub blank_lines: u64,
+    /// Session records emitted (every revision counts).
     pub sessions_emitted: u64,
+    /// Retraction records emitted.
     pub retractions: u64,
+    /// Bytes read from the inputs.
     pub bytes_read: u64,
+    /// Wall-clock time of the run.
     pub elapsed_ms: u64,
     /// Peak resident set size of the process (Linux; absent elsewhere).
     #[serde(skip_serializing_if = "Option::is_none")]
