@@ -42,7 +42,7 @@ for mode in none 1s 100ms 0s; do
   if [ "$mode" = none ]; then
     echo "no checkpoints:        $best ms = $(stat "$WORK/best.json" "f\"{1e3/max(s['elapsed_ms'],1):.2f}M events/s\"")"
   else
-    echo "interval $mode: $(printf '%6s' "$best") ms; $(stat "$WORK/best.json" "f\"{s['checkpoints']['written']} checkpoints ({s['checkpoints']['bases']} bases), {s['checkpoints']['bytes']/2**20:.1f} MiB, {s['checkpoints']['write_us_total']/1e3:.0f} ms writing, longest {s['checkpoints']['write_us_max']/1e3:.1f} ms\"")"
+    echo "interval $mode: $(printf '%6s' "$best") ms; $(stat "$WORK/best.json" "f\"{s['checkpoints']['written']} checkpoints ({s['checkpoints']['bases']} bases), {s['checkpoints']['bytes']/2**20:.1f} MiB, pipeline paused {s['checkpoints']['pause_us_total']/1e3:.0f} ms in all (longest {s['checkpoints']['pause_us_max']/1e3:.1f} ms), writing in the background {s['checkpoints']['write_us_total']/1e3:.0f} ms\"")"
   fi
 done
 
@@ -64,12 +64,12 @@ open(f"{work}/empty.jsonl", "w").close()
 PY
 JOB=(--time-format epoch-ms --collect page --progress never --state-dir "$WORK/open-state" --keep-open)
 "$BIN" run --input "$WORK/open.jsonl" --output "$WORK/open-out.jsonl" --stats-file "$WORK/s.json" "${JOB[@]}" 2>/dev/null
-echo "base, 1M open sessions: $(stat "$WORK/s.json" "f\"{s['checkpoints']['last_bytes']/2**20:.1f} MiB, {s['checkpoints']['last_keys']} keys, {s['checkpoints']['write_us_max']/1e3:.0f} ms\"")"
+echo "base, 1M open sessions: $(stat "$WORK/s.json" "f\"{s['checkpoints']['last_bytes']/2**20:.1f} MiB, {s['checkpoints']['last_keys']} keys, encode {s['checkpoints']['pause_us_max']/1e3:.0f} ms + write {s['checkpoints']['write_us_max']/1e3:.0f} ms\"")"
 cp -r "$WORK/open-state" "$WORK/open-state.saved"
 for k in 1000 10000 100000 1000000; do
   rm -rf "$WORK/open-state" && cp -r "$WORK/open-state.saved" "$WORK/open-state"
   "$BIN" run --input "$WORK/touch-$k.jsonl" --output "$WORK/open-out.jsonl" --stats-file "$WORK/s.json" "${JOB[@]}" 2>/dev/null
-  echo "$(printf '%8d' "$k") changed keys: $(stat "$WORK/s.json" "f\"{s['checkpoints']['last_bytes']/2**10:10.1f} KiB, {s['checkpoints']['last_keys']} keys written ({'base' if s['checkpoints']['bases'] else 'delta'}), {s['checkpoints']['write_us_max']/1e3:.1f} ms; restore before it {s['checkpoints']['restore_us']/1e3:.0f} ms\"")"
+  echo "$(printf '%8d' "$k") changed keys: $(stat "$WORK/s.json" "f\"{s['checkpoints']['last_bytes']/2**10:10.1f} KiB, {s['checkpoints']['last_keys']} keys written ({'base' if s['checkpoints']['bases'] else 'delta'}), encode {s['checkpoints']['pause_us_max']/1e3:.1f} ms + write {s['checkpoints']['write_us_max']/1e3:.1f} ms; restore before it {s['checkpoints']['restore_us']/1e3:.0f} ms\"")"
 done
 
 echo "== 3. restore of 1M open sessions (best of $REPEAT)"

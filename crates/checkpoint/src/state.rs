@@ -21,20 +21,44 @@ use std::collections::HashSet;
 
 const TOMBSTONE: u32 = u32::MAX;
 
+/// Bytes per chunk of a [`StateEntries`] buffer.
+const CHUNK: usize = 1 << 20;
+
 /// Entries of one shard, appended to a state payload.
+///
+/// The bytes are kept in chunks of about 1 MiB (an entry never straddles two) rather
+/// than one growing vector: a base of a million keys is ~100 MiB, and doubling a vector
+/// up to that copies it about twice over and faults in every page again.
 #[derive(Debug, Default)]
 pub struct StateEntries {
-    buf: Vec<u8>,
+    chunks: Vec<Vec<u8>>,
+    /// Chunks in use (the others are kept for reuse).
+    used: usize,
     puts: u64,
     tombstones: u64,
 }
 
 impl StateEntries {
-    /// Forgets the entries, keeping the buffer.
+    /// Forgets the entries, keeping the buffers.
     pub fn clear(&mut self) {
-        self.buf.clear();
+        for c in &mut self.chunks[..self.used] {
+            c.clear();
+        }
+        self.used = 0;
         self.puts = 0;
         self.tombstones = 0;
+    }
+
+    /// The chunk to append the next entry to.
+    fn chunk(&mut self) -> &mut Vec<u8> {
+        let full = self.used == 0 || self.chunks[self.used - 1].len() >= CHUNK;
+        if full {
+            if self.chunks.len() == self.used {
+                self.chunks.push(Vec::with_capacity(CHUNK + CHUNK / 4));
+            }
+            self.used += 1;
+        }
+        &mut self.chunks[self.used - 1]
     }
 
     /// Adds `key` with the value that `encode` appends to the buffer it is given.
@@ -42,28 +66,35 @@ impl StateEntries {
     /// # Panics
     /// If a key or value exceeds 4 GiB - 2 bytes (no session state comes near).
     pub fn put_with(&mut self, key: &[u8], encode: impl FnOnce(&mut Vec<u8>)) {
-        push_len(&mut self.buf, key.len());
-        self.buf.extend_from_slice(key);
-        let at = self.buf.len();
-        self.buf.extend_from_slice(&[0; 4]);
-        encode(&mut self.buf);
-        let len = self.buf.len() - at - 4;
+        let buf = self.chunk();
+        push_len(buf, key.len());
+        buf.extend_from_slice(key);
+        let at = buf.len();
+        buf.extend_from_slice(&[0; 4]);
+        encode(buf);
+        let len = buf.len() - at - 4;
         assert!(len < TOMBSTONE as usize, "state value of 4 GiB");
-        self.buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
+        buf[at..at + 4].copy_from_slice(&(len as u32).to_le_bytes());
         self.puts += 1;
     }
 
     /// Records that `key` has no state any more.
     pub fn tombstone(&mut self, key: &[u8]) {
-        push_len(&mut self.buf, key.len());
-        self.buf.extend_from_slice(key);
-        self.buf.extend_from_slice(&TOMBSTONE.to_le_bytes());
+        let buf = self.chunk();
+        push_len(buf, key.len());
+        buf.extend_from_slice(key);
+        buf.extend_from_slice(&TOMBSTONE.to_le_bytes());
         self.tombstones += 1;
     }
 
-    /// The encoded entries.
-    pub fn bytes(&self) -> &[u8] {
-        &self.buf
+    /// The encoded entries, as consecutive parts of a payload.
+    pub fn parts(&self) -> impl Iterator<Item = &[u8]> {
+        self.chunks[..self.used].iter().map(Vec::as_slice)
+    }
+
+    /// The encoded entries in one buffer (tests, small states).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.parts().flatten().copied().collect()
     }
 
     pub fn puts(&self) -> u64 {
@@ -281,7 +312,7 @@ mod tests {
         let n = parts.iter().map(|p| p.len()).sum();
         let mut out = count_header(n).to_vec();
         for p in parts {
-            out.extend_from_slice(p.bytes());
+            out.extend_from_slice(&p.to_bytes());
         }
         out
     }
@@ -306,6 +337,26 @@ mod tests {
         let mut extra = p.clone();
         extra.push(0);
         assert!(collect_entries(&extra).is_err());
+    }
+
+    #[test]
+    fn entries_spanning_many_chunks_read_back_whole() {
+        let mut e = StateEntries::default();
+        for round in 0..2 {
+            e.clear();
+            for i in 0..30_000u32 {
+                e.put_with(&i.to_le_bytes(), |v| {
+                    v.extend_from_slice(&[round as u8; 100])
+                });
+            }
+            assert!(e.parts().count() > 2, "several chunks");
+            let p = payload(&[&e]);
+            let all = collect_entries(&p).expect("valid");
+            assert_eq!(all.len(), 30_000);
+            assert!(all.iter().enumerate().all(|(i, (k, v))| {
+                *k == (i as u32).to_le_bytes() && v.is_some_and(|v| v == [round as u8; 100])
+            }));
+        }
     }
 
     #[test]

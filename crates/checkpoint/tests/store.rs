@@ -52,7 +52,7 @@ fn commit(w: &mut CheckpointWriter, model: &mut Model, changes: &[(&str, Option<
         }
     }
     let state = EncodedState {
-        parts: vec![entries.bytes()],
+        parts: entries.parts().collect(),
         puts: entries.puts(),
         tombstones: entries.tombstones(),
     };
@@ -193,7 +193,7 @@ fn a_failed_write_leaves_the_previous_checkpoint_usable_and_no_temp_file() {
     let mut entries = StateEntries::default();
     entries.put_with(b"a", |o| o.extend_from_slice(b"2"));
     let state = EncodedState {
-        parts: vec![entries.bytes()],
+        parts: entries.parts().collect(),
         puts: 1,
         tombstones: 0,
     };
@@ -223,13 +223,13 @@ fn write_fixture(dir: &Path) {
     base.put_with(b"v1", |o| o.extend_from_slice(b"state-of-v1"));
     base.put_with(b"v2", |o| o.extend_from_slice(b"state-of-v2"));
     let base_ref = d
-        .write_state(FileKind::Base, 1, &[base.bytes()], 2, 0)
+        .write_state(FileKind::Base, 1, &base.parts().collect::<Vec<_>>(), 2, 0)
         .expect("base");
     let mut delta = StateEntries::default();
     delta.put_with(b"v3", |o| o.extend_from_slice(b"state-of-v3"));
     delta.tombstone(b"v1");
     let delta_ref = d
-        .write_state(FileKind::Delta, 2, &[delta.bytes()], 1, 1)
+        .write_state(FileKind::Delta, 2, &delta.parts().collect::<Vec<_>>(), 1, 1)
         .expect("delta");
     let manifest = Manifest {
         epoch: 2,

@@ -386,7 +386,8 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
     let checkpoint = checkpoint_config(
         args.state_dir.or(file.state_dir),
         args.checkpoint_interval.or(file.checkpoint_interval),
-        args.checkpoint_every_records.or(file.checkpoint_every_records),
+        args.checkpoint_every_records
+            .or(file.checkpoint_every_records),
         args.keep_open || file.keep_open.unwrap_or(false),
         &inputs,
     )?;

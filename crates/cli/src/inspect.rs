@@ -182,7 +182,7 @@ fn collect_sessions(
             if only.is_some_and(|k| k.as_bytes() != key) {
                 return Ok(());
             }
-            let sessions = describe_sessions(value)
+            let sessions = describe_sessions(key, value)
                 .map_err(|e| format!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
             all.push((String::from_utf8_lossy(key).into_owned(), sessions));
             Ok::<(), String>(())
@@ -192,11 +192,60 @@ fn collect_sessions(
     Ok(all)
 }
 
-/// PLACEHOLDER until the window crate has a state codec: the size of the state.
-fn describe_sessions(value: &[u8]) -> Result<Vec<Value>, String> {
-    Ok(vec![json!({"state_bytes": value.len()})])
+/// One key's sessions as JSON: bounds, count, revision, status and the aggregates so far.
+fn describe_sessions(key: &[u8], value: &[u8]) -> Result<Vec<Value>, String> {
+    let sessions =
+        sessionizer_window::codec::decode_sessions_any(value).map_err(|e| e.to_string())?;
+    let mut list: Vec<&sessionizer_window::session::Session> = sessions.sessions().iter().collect();
+    list.sort_by_key(|s| s.start());
+    Ok(list
+        .into_iter()
+        .map(|s| {
+            let time = |t: i64| format_rfc3339_ms(EventTime(t));
+            let aggregates: Vec<Value> = s
+                .aggregates()
+                .iter()
+                .map(|a| {
+                    let mut out = Vec::new();
+                    a.write_json(&mut out);
+                    serde_json::from_slice(&out).unwrap_or(Value::Null)
+                })
+                .collect();
+            json!({
+                "session_id": format!("{:016x}", sessionizer_window::session_id(key, s.start())),
+                "start": time(s.start()),
+                "end": time(s.last()),
+                "close": time(s.close()),
+                "event_count": s.event_count(),
+                "next_revision": s.next_revision(),
+                "emitted": s.emitted(),
+                "final": s.is_final(),
+                "aggregates": aggregates,
+            })
+        })
+        .collect())
 }
 
 fn session_line(s: &Value) -> String {
-    s.to_string()
+    let status = if s["final"] == true {
+        "final (bounds only)"
+    } else if s["emitted"] == true {
+        "emitted, kept for lateness"
+    } else {
+        "open"
+    };
+    let aggregates = s["aggregates"]
+        .as_array()
+        .map(|a| a.iter().map(Value::to_string).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    format!(
+        "{} {} .. {} (closes {}), {} events, next revision {}, {status}{}{aggregates}",
+        s["session_id"].as_str().unwrap_or("?"),
+        s["start"].as_str().unwrap_or("?"),
+        s["end"].as_str().unwrap_or("?"),
+        s["close"].as_str().unwrap_or("?"),
+        s["event_count"],
+        s["next_revision"],
+        if aggregates.is_empty() { "" } else { "; " },
+    )
 }

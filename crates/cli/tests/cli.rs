@@ -131,7 +131,10 @@ fn accounting_adds_up_on_dirty_generated_data() {
     assert_eq!(n("records_read") as usize, lines(&d.input).len());
     // Every line the generator made invalid is counted invalid, and only those.
     assert_eq!(n("invalid"), d.generated.2);
-    assert_eq!(n("records_read"), d.generated.0 + d.generated.1 + d.generated.2);
+    assert_eq!(
+        n("records_read"),
+        d.generated.0 + d.generated.1 + d.generated.2
+    );
     assert!(
         n("duplicates") > 0 && n("late") > 0 && n("invalid") > 0,
         "{st}"
@@ -217,7 +220,9 @@ fn every_invalid_line_is_in_the_dead_letter_file_with_reason_and_position() {
         "time field event_time is outside the valid time range",
     ] {
         assert!(
-            dead.iter().any(|r| r["reason"].as_str().is_some_and(|x| x.starts_with(expected))),
+            dead.iter().any(|r| r["reason"]
+                .as_str()
+                .is_some_and(|x| x.starts_with(expected))),
             "no dead letter says '{expected}': {reasons:?}"
         );
     }
@@ -443,7 +448,10 @@ name = "visited_pages"
     let (_, stderr, code) = run_stdin(&["run", "--config", s(&cfg)], same_page);
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("duplicates 0"), "{stderr}");
-    let (_, stderr, code) = run_stdin(&["run", "--config", s(&cfg), "--dedup-field", "page"], same_page);
+    let (_, stderr, code) = run_stdin(
+        &["run", "--config", s(&cfg), "--dedup-field", "page"],
+        same_page,
+    );
     assert_eq!(code, 0, "{stderr}");
     assert!(stderr.contains("duplicates 1"), "{stderr}");
 

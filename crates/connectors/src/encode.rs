@@ -131,13 +131,30 @@ impl RecordWriter {
     /// committed length returned (what a checkpoint records); stdout and stderr are only
     /// flushed (at least once: a recovery cannot take back what they printed), `None`.
     pub fn commit(&mut self) -> Result<Option<u64>, OutputError> {
+        match self.prepare_commit()? {
+            Some(pending) => pending.sync().map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The first half of [`commit`](Self::commit): writes everything buffered and notes
+    /// the length, returning what is left to make it durable — a sync that another
+    /// thread may run while this writer goes on appending (the sync then covers more
+    /// than the committed length, which is harmless: recovery cuts back to it). `None`
+    /// for stdout and stderr, which are only flushed.
+    pub fn prepare_commit(&mut self) -> Result<Option<PendingSync>, OutputError> {
         self.finish()?;
-        match &mut self.out {
-            Some(Sink::File(f)) => {
-                f.sync_data().map_err(|e| error(&self.target, e))?;
-                Ok(Some(self.written))
-            }
-            None if matches!(self.target, OutputTarget::File(_)) => Ok(Some(self.written)),
+        match &self.out {
+            Some(Sink::File(f)) => Ok(Some(PendingSync {
+                name: self.target.display_name(),
+                file: Some(f.try_clone().map_err(|e| error(&self.target, e))?),
+                len: self.written,
+            })),
+            None if matches!(self.target, OutputTarget::File(_)) => Ok(Some(PendingSync {
+                name: self.target.display_name(),
+                file: None,
+                len: self.written,
+            })),
             _ => Ok(None),
         }
     }
@@ -166,9 +183,7 @@ impl RecordWriter {
     pub fn finish(&mut self) -> Result<(), OutputError> {
         self.write_buffer()?;
         if let Some(out) = &mut self.out {
-            out.writer()
-                .flush()
-                .map_err(|e| error(&self.target, e))?;
+            out.writer().flush().map_err(|e| error(&self.target, e))?;
         }
         Ok(())
     }
@@ -201,6 +216,37 @@ fn error(target: &OutputTarget, source: io::Error) -> OutputError {
     OutputError {
         name: target.display_name(),
         source,
+    }
+}
+
+/// A file output's length at a checkpoint, not yet synced to disk.
+#[derive(Debug)]
+pub struct PendingSync {
+    name: String,
+    /// A handle on the file (`None`: it was never opened, so nothing to sync).
+    file: Option<std::fs::File>,
+    len: u64,
+}
+
+impl PendingSync {
+    /// The committed length this sync makes durable.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Syncs the file's data to disk; returns the committed length.
+    pub fn sync(&self) -> Result<u64, OutputError> {
+        if let Some(f) = &self.file {
+            f.sync_data().map_err(|source| OutputError {
+                name: self.name.clone(),
+                source,
+            })?;
+        }
+        Ok(self.len)
     }
 }
 
@@ -383,7 +429,10 @@ mod tests {
 
         let mut w = RecordWriter::new(OutputTarget::File(path.clone()));
         let err = w.open_at(100).expect_err("shorter than committed");
-        assert!(err.to_string().contains("shorter than the 100 bytes"), "{err}");
+        assert!(
+            err.to_string().contains("shorter than the 100 bytes"),
+            "{err}"
+        );
 
         let mut w = RecordWriter::new(OutputTarget::Stderr);
         assert_eq!(w.commit().expect("commit"), None, "stderr has no length");

@@ -52,9 +52,16 @@ pub struct CheckpointStats {
     pub last_epoch: Option<u64>,
     pub last_bytes: u64,
     pub last_keys: u64,
-    /// Time spent writing checkpoints, in all and the longest one (microseconds).
+    /// Time spent writing checkpoints — syncing the outputs, writing the state file
+    /// and the manifest — in all and the longest one (microseconds). This happens on a
+    /// thread of its own while the pipeline goes on.
     pub write_us_total: u64,
     pub write_us_max: u64,
+    /// Time the pipeline stood still for checkpoints — flushing outputs, encoding the
+    /// changed state, waiting for the previous checkpoint's write — in all and the
+    /// longest pause (microseconds).
+    pub pause_us_total: u64,
+    pub pause_us_max: u64,
     /// Time spent restoring the checkpoint this run resumed from: reading and checking
     /// its files, decoding every key into its shard (microseconds).
     pub restore_us: u64,
@@ -109,10 +116,11 @@ impl RunStats {
             }
             let _ = write!(
                 s,
-                "\n  checkpoints written {} ({} bytes, {:.1} ms longest)",
+                "\n  checkpoints written {} ({} bytes; longest write {:.1} ms, longest pause {:.1} ms)",
                 c.written,
                 c.bytes,
-                c.write_us_max as f64 / 1e3
+                c.write_us_max as f64 / 1e3,
+                c.pause_us_max as f64 / 1e3
             );
         }
         s

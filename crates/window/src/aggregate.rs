@@ -15,6 +15,7 @@
 //! Order-sensitive aggregates order by [`Position`] (event time, then input sequence
 //! number), so the result does not depend on arrival order or on how sessions merged.
 
+use crate::codec::{CodecError, Reader, Writer};
 use hashbrown::HashSet;
 use sessionizer_core::EventTime;
 use std::cmp::Ordering;
@@ -491,6 +492,170 @@ impl AggState {
             AggState::Sum(_) => 0,
             AggState::Min(e) | AggState::Max(e) => e.as_ref().map_or(0, |e| e.raw.capacity()),
         }
+    }
+}
+
+impl AggKind {
+    /// The aggregate's code in checkpoints (`docs/checkpoint-format.md`).
+    fn code(self) -> u8 {
+        match self {
+            AggKind::Collect => 1,
+            AggKind::First => 2,
+            AggKind::Last => 3,
+            AggKind::CountDistinct => 4,
+            AggKind::Sum => 5,
+            AggKind::Min => 6,
+            AggKind::Max => 7,
+        }
+    }
+
+    pub(crate) fn from_code(code: u8) -> Option<AggKind> {
+        Some(match code {
+            1 => AggKind::Collect,
+            2 => AggKind::First,
+            3 => AggKind::Last,
+            4 => AggKind::CountDistinct,
+            5 => AggKind::Sum,
+            6 => AggKind::Min,
+            7 => AggKind::Max,
+            _ => return None,
+        })
+    }
+}
+
+impl AggState {
+    fn kind(&self) -> AggKind {
+        match self {
+            AggState::Collect(_) => AggKind::Collect,
+            AggState::First(_) => AggKind::First,
+            AggState::Last(_) => AggKind::Last,
+            AggState::CountDistinct(_) => AggKind::CountDistinct,
+            AggState::Sum(_) => AggKind::Sum,
+            AggState::Min(_) => AggKind::Min,
+            AggState::Max(_) => AggKind::Max,
+        }
+    }
+
+    /// Appends the checkpoint encoding of this state (`docs/checkpoint-format.md`).
+    pub(crate) fn encode(&self, w: &mut Writer<'_>) {
+        w.u8(self.kind().code());
+        let at = |w: &mut Writer<'_>, at: At| {
+            w.i64(at.0);
+            w.u64(at.1);
+        };
+        match self {
+            AggState::Collect(c) => {
+                w.count(c.items.len());
+                for item in &c.items {
+                    at(w, item.at);
+                    let from = item.offset as usize;
+                    w.bytes(&c.bytes[from..from + item.len as usize]);
+                }
+            }
+            AggState::First(p) | AggState::Last(p) => match p {
+                None => w.bool(false),
+                Some(p) => {
+                    w.bool(true);
+                    at(w, p.at);
+                    w.bytes(&p.raw);
+                }
+            },
+            AggState::CountDistinct(set) => {
+                w.count(set.len());
+                for &h in set {
+                    w.u128(h);
+                }
+            }
+            AggState::Sum(sum) => {
+                w.i128(sum.int);
+                w.f64(sum.float);
+                w.bool(sum.any);
+                w.bool(sum.any_float);
+            }
+            AggState::Min(e) | AggState::Max(e) => match e {
+                None => w.bool(false),
+                Some(e) => {
+                    w.bool(true);
+                    w.f64(e.value);
+                    at(w, e.at);
+                    w.bytes(&e.raw);
+                }
+            },
+        }
+    }
+
+    /// Reads a state written by [`encode`](Self::encode), which must be of `kind`.
+    pub(crate) fn decode(r: &mut Reader<'_>, kind: AggKind) -> Result<AggState, CodecError> {
+        let code = r.u8()?;
+        let found = AggKind::from_code(code).ok_or(CodecError::AggKind(code))?;
+        if found != kind {
+            return Err(CodecError::AggMismatch {
+                expected: kind.name(),
+                found: found.name(),
+            });
+        }
+        let at = |r: &mut Reader<'_>| -> Result<At, CodecError> { Ok((r.i64()?, r.u64()?)) };
+        let picked = |r: &mut Reader<'_>| -> Result<Option<Picked>, CodecError> {
+            if !r.bool("value marker")? {
+                return Ok(None);
+            }
+            let at = at(r)?;
+            Ok(Some(Picked {
+                at,
+                raw: r.bytes()?.to_vec(),
+            }))
+        };
+        let extreme = |r: &mut Reader<'_>| -> Result<Option<Extreme>, CodecError> {
+            if !r.bool("value marker")? {
+                return Ok(None);
+            }
+            let value = r.f64()?;
+            let at = at(r)?;
+            Ok(Some(Extreme {
+                value,
+                at,
+                raw: r.bytes()?.to_vec(),
+            }))
+        };
+        Ok(match kind {
+            AggKind::Collect => {
+                let n = r.count(20)?;
+                let mut c = Collected {
+                    items: Vec::with_capacity(n),
+                    bytes: Vec::new(),
+                };
+                for _ in 0..n {
+                    let at = at(r)?;
+                    let raw = r.bytes()?;
+                    // Lengths came through a u32 and the bytes were there: they fit.
+                    c.items.push(CollectedItem {
+                        at,
+                        offset: c.bytes.len() as u32,
+                        len: raw.len() as u32,
+                    });
+                    c.bytes.extend_from_slice(raw);
+                }
+                AggState::Collect(c)
+            }
+            AggKind::First => AggState::First(picked(r)?),
+            AggKind::Last => AggState::Last(picked(r)?),
+            AggKind::CountDistinct => {
+                let n = r.count(16)?;
+                let mut set = FastSet::with_capacity_and_hasher(n, Default::default());
+                for _ in 0..n {
+                    set.insert(r.u128()?);
+                }
+                AggState::CountDistinct(set)
+            }
+            AggKind::Sum => AggState::Sum(Sum {
+                int: r.i128()?,
+                float: r.f64()?,
+                any: r.bool("sum marker")?,
+                any_float: r.bool("sum marker")?,
+            }),
+            AggKind::Min => AggState::Min(extreme(r)?),
+            AggKind::Max => AggState::Max(extreme(r)?),
+        })
     }
 }
 

@@ -15,6 +15,11 @@
 //! deadlines live in a side vector that stays empty until the first processing-time
 //! timer is set, so the session window, which never sets one, pays nothing for them:
 //! not a byte per key, not a branch per event.
+//!
+//! With [`track_changes`](KeyedStore::track_changes) on, the store also remembers which
+//! keys were handed out mutably or removed since the last
+//! [`drain_changes`](KeyedStore::drain_changes): an incremental checkpoint writes only
+//! those. Off (the default), it costs one predictable branch per mutable access.
 
 use crate::clock::ProcessingTime;
 use hashbrown::HashTable;
@@ -53,6 +58,14 @@ pub struct KeyedStore<S> {
     /// one.
     proc_deadline: Vec<i64>,
     proc_timers: BinaryHeap<Reverse<(i64, SlotId)>>,
+    /// Change tracking for incremental checkpoints: on or off, the slots handed out
+    /// mutably (listed, and one bit per slot so each is listed once), and the keys
+    /// removed, since the last drain. Kept apart from the slots so that a store without
+    /// tracking pays not a byte per key.
+    tracking: bool,
+    changed: Vec<SlotId>,
+    changed_bits: Vec<u64>,
+    removed: Vec<KeyBytes>,
 }
 
 impl<S> Default for KeyedStore<S> {
@@ -65,6 +78,10 @@ impl<S> Default for KeyedStore<S> {
             timers: BinaryHeap::new(),
             proc_deadline: Vec::new(),
             proc_timers: BinaryHeap::new(),
+            tracking: false,
+            changed: Vec::new(),
+            changed_bits: Vec::new(),
+            removed: Vec::new(),
         }
     }
 }
@@ -72,6 +89,20 @@ impl<S> Default for KeyedStore<S> {
 impl<S: Default> KeyedStore<S> {
     /// The slot of `key`, created with default state when the key has none.
     pub fn slot_for(&mut self, key: &[u8]) -> SlotId {
+        let id = self.slot_unmarked(key);
+        self.mark(id);
+        id
+    }
+
+    /// Puts a key back with its state (a restore from a checkpoint): not a change, so
+    /// the next incremental checkpoint does not write it again.
+    pub fn restore(&mut self, key: &[u8], state: S) -> SlotId {
+        let id = self.slot_unmarked(key);
+        self.slots[id as usize].state = state;
+        id
+    }
+
+    fn slot_unmarked(&mut self, key: &[u8]) -> SlotId {
         let hash = self.hasher.hash_one(key);
         let KeyedStore {
             hasher,
@@ -129,15 +160,88 @@ impl<S> KeyedStore<S> {
         &self.slots[id as usize].state
     }
 
-    /// The state of slot `id`, mutably.
+    /// The state of slot `id`, mutably. With change tracking on, the key counts as
+    /// changed.
     pub fn state_mut(&mut self, id: SlotId) -> &mut S {
+        self.mark(id);
         &mut self.slots[id as usize].state
     }
 
-    /// The key and a mutable handle on its state at once.
+    /// The key and a mutable handle on its state at once. With change tracking on, the
+    /// key counts as changed.
     pub fn key_and_state_mut(&mut self, id: SlotId) -> (&[u8], &mut S) {
+        self.mark(id);
         let slot = &mut self.slots[id as usize];
         (&slot.key, &mut slot.state)
+    }
+
+    #[inline]
+    fn mark(&mut self, id: SlotId) {
+        if self.tracking && !self.take_bit(id, true) {
+            self.changed.push(id);
+        }
+    }
+
+    /// Sets slot `id`'s changed bit to `to`; returns what it was.
+    fn take_bit(&mut self, id: SlotId, to: bool) -> bool {
+        let (word, bit) = ((id / 64) as usize, 1u64 << (id % 64));
+        if self.changed_bits.len() <= word {
+            if !to {
+                return false;
+            }
+            self.changed_bits.resize(word + 1, 0);
+        }
+        let was = self.changed_bits[word] & bit != 0;
+        if to {
+            self.changed_bits[word] |= bit;
+        } else {
+            self.changed_bits[word] &= !bit;
+        }
+        was
+    }
+
+    /// Starts (or stops) remembering which keys change, for incremental checkpoints.
+    /// Keys changed before it was turned on are not known: take a full snapshot then.
+    pub fn track_changes(&mut self, on: bool) {
+        self.tracking = on;
+        if !on {
+            self.forget_changes();
+        }
+    }
+
+    /// Calls `f` once for every key changed or removed since the last drain (or since
+    /// tracking started): with its state, or `None` when it has none any more. Then
+    /// forgets them. A key handed out mutably counts as changed even if nothing was
+    /// written: an extra entry in a checkpoint, never a missing one.
+    pub fn drain_changes(&mut self, mut f: impl FnMut(&[u8], Option<&S>)) {
+        let mut removed = std::mem::take(&mut self.removed);
+        removed.sort_unstable();
+        removed.dedup();
+        for key in &removed {
+            // A key removed and then created again is reported once, with its state.
+            if self.find(key).is_none() {
+                f(key, None);
+            }
+        }
+        removed.clear();
+        self.removed = removed;
+        let mut changed = std::mem::take(&mut self.changed);
+        for &id in &changed {
+            // A slot listed twice (removed, then reused by another key) is reported once.
+            if self.take_bit(id, false) {
+                let slot = &self.slots[id as usize];
+                f(&slot.key, Some(&slot.state));
+            }
+        }
+        changed.clear();
+        self.changed = changed;
+    }
+
+    /// Forgets the changes without reporting them (after a full snapshot).
+    pub fn forget_changes(&mut self) {
+        self.changed.clear();
+        self.changed_bits.clear();
+        self.removed.clear();
     }
 
     /// Drops a key and its state. Its pending timer entry goes stale and is skipped.
@@ -150,9 +254,13 @@ impl<S> KeyedStore<S> {
             entry.remove();
         }
         let slot = &mut self.slots[id as usize];
-        slot.key = KeyBytes::new();
+        let key = std::mem::take(&mut slot.key);
         slot.state = S::default();
         slot.timer = NO_TIMER;
+        if self.tracking {
+            self.take_bit(id, false);
+            self.removed.push(key);
+        }
         if let Some(d) = self.proc_deadline.get_mut(id as usize) {
             *d = NO_TIMER;
         }
@@ -240,6 +348,9 @@ impl<S> KeyedStore<S> {
         self.timers.clear();
         self.proc_deadline.clear();
         self.proc_timers.clear();
+        // Removals cannot be reported any more: a tracking owner takes a full snapshot
+        // after clearing.
+        self.forget_changes();
     }
 
     /// Every key with state, in no particular order.
@@ -324,6 +435,54 @@ mod tests {
             None,
             "a removed key's processing timer is stale"
         );
+    }
+
+    #[test]
+    fn changes_are_tracked_once_per_key_and_removals_become_tombstones() {
+        let mut store: KeyedStore<u32> = KeyedStore::default();
+        let a = store.slot_for(b"a");
+        *store.state_mut(a) = 1;
+        store.track_changes(true);
+        let drained = |store: &mut KeyedStore<u32>| {
+            let mut v = Vec::new();
+            store.drain_changes(|k, s| v.push((k.to_vec(), s.copied())));
+            v.sort();
+            v
+        };
+        assert_eq!(
+            drained(&mut store),
+            vec![],
+            "nothing changed since tracking began"
+        );
+        *store.state_mut(a) = 2;
+        *store.state_mut(a) = 3;
+        let b = store.slot_for(b"b");
+        store.remove(b);
+        let c = store.slot_for(b"c");
+        assert_eq!(c, b, "the slot is reused");
+        *store.state_mut(c) = 9;
+        assert_eq!(
+            drained(&mut store),
+            vec![
+                (b"a".to_vec(), Some(3)),
+                (b"b".to_vec(), None),
+                (b"c".to_vec(), Some(9))
+            ]
+        );
+        store.remove(a);
+        let a2 = store.slot_for(b"a");
+        *store.state_mut(a2) = 5;
+        assert_eq!(
+            drained(&mut store),
+            vec![(b"a".to_vec(), Some(5))],
+            "removed then created again: its new state"
+        );
+        let restored = store.restore(b"r", 7);
+        assert_eq!(*store.state(restored), 7);
+        assert_eq!(drained(&mut store), vec![], "a restore is not a change");
+        *store.state_mut(restored) = 8;
+        store.forget_changes();
+        assert_eq!(drained(&mut store), vec![]);
     }
 
     #[test]

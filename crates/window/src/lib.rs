@@ -16,12 +16,15 @@
 //!   snapshot / restore of the keyed state.
 //! * [`watermark`] — watermark strategies ([`BoundedOutOfOrderness`], or any
 //!   [`WatermarkStrategy`]).
+//! * [`codec`] — the checkpoint encoding of one key's sessions (the keyed state of
+//!   `sessionizer run --state-dir`).
 //!
 //! The rules implemented here are SPEC §2, refined in `docs/semantics.md`; the stateful
 //! operator's batching and timeout rules are in `docs/library.md`.
 
 pub mod aggregate;
 pub mod clock;
+pub mod codec;
 pub mod keyed;
 pub mod operator;
 pub mod session;

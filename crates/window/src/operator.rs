@@ -125,7 +125,10 @@ pub struct SessionView<'a, V = &'a [AggState]> {
     pub close: EventTime,
     /// Events applied to the session.
     pub event_count: u64,
-    /// 0 for the first record of a session id, then 1, 2, ... (SPEC §2 revisions).
+    /// The session's emission count, continued across merges and id changes: 0 for the
+    /// first record of a new session, then 1, 2, ... A session whose id changed (its
+    /// start moved) continues its predecessor's count (docs/semantics.md S-22), so
+    /// `(session_id, revision)` is unique but a new id need not start at 0.
     pub revision: u32,
     /// False only for `on-update` records of a session still open.
     pub complete: bool,
@@ -256,6 +259,67 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// The keyed state, for inspection.
     pub fn store(&self) -> &KeyedStore<KeySessions<A::Acc>> {
         &self.store
+    }
+
+    /// The largest gap of any valid event so far (`G` before any): how long final
+    /// bounds are remembered. Part of a checkpoint.
+    pub fn largest_gap(&self) -> DurationMs {
+        DurationMs(self.largest_gap)
+    }
+
+    /// Starts (or stops) remembering which keys change, for incremental checkpoints
+    /// ([`drain_changes`](Self::drain_changes)).
+    pub fn track_changes(&mut self, on: bool) {
+        self.store.track_changes(on);
+    }
+
+    /// Calls `f` for every key whose sessions changed since the last call (with them)
+    /// or that has none any more (`None`), then forgets the changes.
+    pub fn drain_changes(&mut self, f: impl FnMut(&[u8], Option<&KeySessions<A::Acc>>)) {
+        self.store.drain_changes(f);
+    }
+
+    /// Forgets the changes without reporting them (a full snapshot was just taken).
+    pub fn forget_changes(&mut self) {
+        self.store.forget_changes();
+    }
+
+    /// Puts a key's sessions back from a checkpoint. Its timer is derived from them —
+    /// the earliest of: the close of a changed live session (it completes then), close +
+    /// lateness of an emitted one (it becomes final), close + lateness + the largest gap
+    /// of a final one (it is forgotten) — which is exactly when an uninterrupted run
+    /// would next act on the key, so timers need not be stored. Call
+    /// [`observe_gap`](Self::observe_gap) with the checkpoint's largest gap first.
+    pub fn restore_key(&mut self, key: &[u8], sessions: KeySessions<A::Acc>) {
+        let lateness = self.cfg.allowed_lateness.millis();
+        let retention = lateness.saturating_add(self.largest_gap);
+        let mut next = i64::MAX;
+        let mut open = 0;
+        for s in sessions.sessions() {
+            let at = if s.is_final() {
+                s.close().saturating_add(retention)
+            } else if s.is_dirty() {
+                s.close()
+            } else {
+                s.close().saturating_add(lateness)
+            };
+            next = next.min(at);
+            open += usize::from(!s.is_final());
+        }
+        if sessions.sessions().is_empty() {
+            return;
+        }
+        let id = self.store.restore(key, sessions);
+        self.open_sessions += open;
+        self.store.schedule(id, EventTime(next));
+    }
+
+    /// Sets the watermark of a restored checkpoint without firing anything: every timer
+    /// due by then had fired before the checkpoint was taken.
+    pub fn restore_watermark(&mut self, w: Watermark) {
+        if w > self.watermark {
+            self.watermark = w;
+        }
     }
 
     /// Records the gap of a valid event that another shard of the same job processes.

@@ -4,7 +4,8 @@
 //! where `close = max(t_i + g_i)`. The event *touches* a session when the two intervals
 //! intersect (inclusive) — with one gap `G` for all this is `start - G <= t <= last + G`.
 
-use crate::aggregate::{AggState, Position, SessionAggregate};
+use crate::aggregate::{AggKind, AggState, Position, SessionAggregate};
+use crate::codec::{CodecError, Reader, Writer};
 use sessionizer_core::EventTime;
 use smallvec::SmallVec;
 use std::fmt;
@@ -136,6 +137,16 @@ impl<Acc> Session<Acc> {
         self.flags & FINAL != 0
     }
 
+    /// Whether the session was emitted (and not changed into another id since).
+    pub fn emitted(&self) -> bool {
+        self.was_emitted()
+    }
+
+    /// The revision its next record will carry.
+    pub fn next_revision(&self) -> u32 {
+        self.next_revision
+    }
+
     pub(crate) fn is_dirty(&self) -> bool {
         self.flags & DIRTY != 0
     }
@@ -243,6 +254,86 @@ impl Session<Vec<AggState>> {
     /// The JSON aggregate states (empty when none are configured).
     pub fn aggregates(&self) -> &[AggState] {
         self.acc().map_or(&[], Vec::as_slice)
+    }
+
+    /// Appends the checkpoint encoding of this session (`docs/checkpoint-format.md`).
+    pub(crate) fn encode(&self, w: &mut Writer<'_>) {
+        w.i64(self.start);
+        w.i64(self.last);
+        w.i64(self.close);
+        w.u64(self.count);
+        w.u32(self.next_revision);
+        w.u8(self.flags);
+        match &self.contents {
+            None => w.bool(false),
+            Some(c) => {
+                w.bool(true);
+                match &c.acc {
+                    None => w.bool(false),
+                    Some(aggs) => {
+                        w.bool(true);
+                        w.u8(u8::try_from(aggs.len()).expect("at most 255 aggregates"));
+                        for a in aggs {
+                            a.encode(w);
+                        }
+                    }
+                }
+                w.count(c.seen.len());
+                for &h in &c.seen {
+                    w.u128(h);
+                }
+            }
+        }
+    }
+
+    /// Reads a session written by [`encode`](Self::encode); its aggregates must be
+    /// `kinds`, in order.
+    pub(crate) fn decode(r: &mut Reader<'_>, kinds: &[AggKind]) -> Result<Self, CodecError> {
+        let (start, last, close) = (r.i64()?, r.i64()?, r.i64()?);
+        let count = r.u64()?;
+        let next_revision = r.u32()?;
+        let flags = r.u8()?;
+        if flags & !(EMITTED | DIRTY | FINAL) != 0 {
+            return Err(CodecError::Byte {
+                what: "session flags",
+                value: flags,
+            });
+        }
+        let contents = if r.bool("contents marker")? {
+            let acc = if r.bool("aggregates marker")? {
+                let n = r.u8()? as usize;
+                if n != kinds.len() {
+                    return Err(CodecError::Aggregates {
+                        expected: kinds.len(),
+                        found: n,
+                    });
+                }
+                let mut aggs = Vec::with_capacity(n);
+                for &kind in kinds {
+                    aggs.push(AggState::decode(r, kind)?);
+                }
+                Some(aggs)
+            } else {
+                None
+            };
+            let n = r.count(16)?;
+            let mut seen = FastSet::with_capacity_and_hasher(n, Default::default());
+            for _ in 0..n {
+                seen.insert(r.u128()?);
+            }
+            Some(Box::new(Contents { acc, seen }))
+        } else {
+            None
+        };
+        Ok(Session {
+            start,
+            last,
+            close,
+            count,
+            next_revision,
+            flags,
+            contents,
+        })
     }
 }
 

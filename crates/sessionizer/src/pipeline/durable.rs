@@ -3,12 +3,13 @@
 //! A checkpoint is taken between two batches, when nothing is in flight: every record
 //! of the batches so far has been judged, applied and encoded. Then:
 //!
-//! 1. every file output is flushed and synced, and its length noted (the committed
+//! 1. every file output's buffer is written out and its length noted (the committed
 //!    length: recovery cuts the file back to it);
 //! 2. each shard encodes its keyed state — every key for a base, only the keys changed
 //!    or removed since the previous checkpoint for a delta (in parallel, one buffer per
 //!    shard);
-//! 3. the state file, then the manifest (input positions, watermark, output lengths,
+//! 3. on a thread of its own, while the pipeline goes on: the outputs are synced, then
+//!    the state file and the manifest (input positions, watermark, output lengths,
 //!    counters, options) are written atomically by `sessionizer-checkpoint`.
 //!
 //! A crash before step 3 completes leaves the previous checkpoint as the newest; the
@@ -26,9 +27,10 @@ use super::shard::Shard;
 use crate::config::{CheckpointConfig, PipelineConfig};
 use crate::stats::{CheckpointStats, RunStats};
 use sessionizer_checkpoint::{
-    CheckpointWriter, Counters, EncodedState, InputPosition, LoadedState, Manifest, OutputCommit,
-    StateDir, StateEntries, WatermarkState,
+    CheckpointWriter, Committed, Counters, EncodedState, InputPosition, LoadedState, Manifest,
+    OutputCommit, StateDir, StateEntries, WatermarkState,
 };
+use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
 use sessionizer_connectors::{InputSource, OutputTarget};
 use std::path::Path;
@@ -55,7 +57,11 @@ pub(crate) struct Start {
 #[derive(Debug)]
 pub(crate) struct Durable {
     cfg: CheckpointConfig,
-    writer: CheckpointWriter,
+    /// The thread that syncs outputs and writes checkpoint files.
+    background: Background,
+    /// Whether the next checkpoint is a full base (the writer's decision, known once
+    /// the previous checkpoint is written).
+    next_is_base: bool,
     options: Vec<(String, String)>,
     /// This run's inputs: identity, and how far each was consumed.
     inputs: Vec<InputPosition>,
@@ -63,7 +69,8 @@ pub(crate) struct Durable {
     pub carried: Counters,
     last_at: Instant,
     records_at_last: u64,
-    /// One buffer of encoded entries per shard.
+    /// One buffer of encoded entries per shard (with the background thread while a
+    /// checkpoint is being written).
     parts: Vec<StateEntries>,
     /// Input bytes consumed when this run started (a resumed run starts mid-input).
     start_offsets: u64,
@@ -84,12 +91,6 @@ impl Durable {
         warn: &dyn Fn(&str),
     ) -> Result<(Durable, Start), RunError> {
         let dir_label = dir_name(cfg);
-        if !super::operator_state::SUPPORTED {
-            return Err(RunError::Resume {
-                dir: dir_label,
-                message: "this build cannot checkpoint the session window yet".into(),
-            });
-        }
         let mut inputs = Vec::with_capacity(pipeline.inputs.len());
         for source in &pipeline.inputs {
             let InputSource::File(path) = source else {
@@ -148,6 +149,8 @@ impl Durable {
             .map(|(m, _)| m.counters.clone())
             .unwrap_or_default();
         let writer = CheckpointWriter::new(dir, start.restore.as_ref().map(|(m, _)| m))?;
+        let next_is_base = writer.next_is_base();
+        let background = Background::start(writer)?;
         let stats = CheckpointStats {
             resumed_from: start.restore.as_ref().map(|(m, _)| m.epoch),
             records_before: carried.records_read,
@@ -158,7 +161,8 @@ impl Durable {
         Ok((
             Durable {
                 cfg: cfg.clone(),
-                writer,
+                background,
+                next_is_base,
                 options,
                 inputs,
                 carried,
@@ -203,21 +207,28 @@ impl Durable {
         }
     }
 
-    /// Writes one checkpoint of the job. `outputs` are the committed lengths (already
-    /// synced), `shards` the state, `stats` the run's counters so far.
+    /// Takes one checkpoint of the job: encodes the state changed since the previous
+    /// one (every key for a base) while the pipeline waits, then hands the output syncs
+    /// and the file writes to the background thread and returns; `wait` (the last
+    /// checkpoint of a run) also waits for them. `outputs` are the file outputs flushed
+    /// up to their committed lengths, `stats` the run's counters so far.
     #[allow(clippy::too_many_arguments)]
     pub fn checkpoint(
         &mut self,
         pool: Option<&rayon::ThreadPool>,
         shards: &mut [Shard],
-        outputs: Vec<OutputCommit>,
+        outputs: Vec<(&'static str, String, PendingSync)>,
         stats: &RunStats,
         next_seq: u64,
         finished: bool,
         flushed: bool,
+        wait: bool,
     ) -> Result<(), RunError> {
-        let started = Instant::now();
-        let base = self.writer.next_is_base();
+        let paused = Instant::now();
+        // One checkpoint at a time: its buffers, and whether the next is a base, come
+        // back with it.
+        self.wait()?;
+        let base = self.next_is_base;
         let parts = &mut self.parts;
         match pool {
             Some(pool) => {
@@ -235,11 +246,6 @@ impl Durable {
                 }
             }
         }
-        let state = EncodedState {
-            parts: self.parts.iter().map(StateEntries::bytes).collect(),
-            puts: self.parts.iter().map(StateEntries::puts).sum(),
-            tombstones: self.parts.iter().map(StateEntries::tombstones).sum(),
-        };
         if finished {
             for p in &mut self.inputs {
                 p.offset = p.size;
@@ -255,7 +261,14 @@ impl Durable {
                 watermark_ms: lead.op.watermark().millis(),
                 largest_gap_ms: lead.largest_gap().millis(),
             },
-            outputs,
+            outputs: outputs
+                .iter()
+                .map(|(role, path, pending)| OutputCommit {
+                    role: role.to_string(),
+                    path: path.clone(),
+                    committed_bytes: pending.len(),
+                })
+                .collect(),
             counters: self.counters(shards, stats),
             keys: shards.iter().map(|s| s.op.keys() as u64).sum(),
             open_sessions: shards.iter().map(|s| s.op.open_sessions() as u64).sum(),
@@ -263,19 +276,40 @@ impl Durable {
             flushed,
             ..Manifest::default()
         };
-        let committed = self.writer.commit(&state, manifest)?;
-        let took = started.elapsed().as_micros() as u64;
+        self.background.send(Work {
+            syncs: outputs.into_iter().map(|(_, _, p)| p).collect(),
+            parts: std::mem::take(&mut self.parts),
+            base,
+            manifest,
+        })?;
+        self.last_at = Instant::now();
+        self.records_at_last = stats.records_read;
+        let pause = paused.elapsed().as_micros() as u64;
+        self.stats.pause_us_total += pause;
+        self.stats.pause_us_max = self.stats.pause_us_max.max(pause);
+        if wait {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the checkpoint being written, if any, and takes back its buffers.
+    fn wait(&mut self) -> Result<(), RunError> {
+        let Some(done) = self.background.wait()? else {
+            return Ok(());
+        };
+        self.parts = done.parts;
+        self.next_is_base = done.next_is_base;
+        let committed = done.result?;
         let st = &mut self.stats;
         st.written += 1;
-        st.bases += u64::from(base);
+        st.bases += u64::from(committed.kind == sessionizer_checkpoint::FileKind::Base);
         st.bytes += committed.state_bytes + committed.manifest_bytes;
         st.last_epoch = Some(committed.epoch);
         st.last_bytes = committed.state_bytes + committed.manifest_bytes;
         st.last_keys = committed.puts + committed.tombstones;
-        st.write_us_total += took;
-        st.write_us_max = st.write_us_max.max(took);
-        self.last_at = Instant::now();
-        self.records_at_last = stats.records_read;
+        st.write_us_total += done.took_us;
+        st.write_us_max = st.write_us_max.max(done.took_us);
         Ok(())
     }
 
@@ -303,6 +337,127 @@ impl Durable {
                     .saturating_sub(self.start_offsets),
         }
     }
+}
+
+/// One checkpoint for the background thread: outputs to sync first, then the state and
+/// the manifest to write.
+#[derive(Debug)]
+struct Work {
+    syncs: Vec<PendingSync>,
+    parts: Vec<StateEntries>,
+    base: bool,
+    manifest: Manifest,
+}
+
+/// What the background thread reports for one checkpoint.
+#[derive(Debug)]
+struct Done {
+    result: Result<Committed, RunError>,
+    parts: Vec<StateEntries>,
+    next_is_base: bool,
+    took_us: u64,
+}
+
+/// The checkpoint writer on a thread of its own, so that syncing outputs to disk and
+/// writing checkpoint files (tens of milliseconds for a few MiB) overlap the next
+/// batches instead of stalling them. Crash safety does not depend on it: a checkpoint
+/// exists once its manifest is renamed into place, after the outputs were synced; the
+/// pipeline meanwhile only appends after the committed lengths, which recovery cuts off.
+#[derive(Debug)]
+struct Background {
+    work: Option<std::sync::mpsc::SyncSender<Work>>,
+    done: std::sync::mpsc::Receiver<Done>,
+    in_flight: bool,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Background {
+    fn start(mut writer: CheckpointWriter) -> Result<Background, RunError> {
+        let (work, work_rx) = std::sync::mpsc::sync_channel::<Work>(1);
+        let (done_tx, done) = std::sync::mpsc::channel::<Done>();
+        let thread = std::thread::Builder::new()
+            .name("sessionizer-checkpoint".into())
+            .spawn(move || {
+                while let Ok(w) = work_rx.recv() {
+                    let began = Instant::now();
+                    let result = write(&mut writer, &w);
+                    let report = Done {
+                        result,
+                        parts: w.parts,
+                        next_is_base: writer.next_is_base(),
+                        took_us: began.elapsed().as_micros() as u64,
+                    };
+                    if done_tx.send(report).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| RunError::Workers {
+                workers: 1,
+                message: format!("checkpoint thread: {e}"),
+            })?;
+        Ok(Background {
+            work: Some(work),
+            done,
+            in_flight: false,
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&mut self, w: Work) -> Result<(), RunError> {
+        let sent = self.work.as_ref().is_some_and(|tx| tx.send(w).is_ok());
+        if !sent {
+            return Err(Self::gone());
+        }
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// The report of the checkpoint in flight, `None` when there is none.
+    fn wait(&mut self) -> Result<Option<Done>, RunError> {
+        if !self.in_flight {
+            return Ok(None);
+        }
+        self.in_flight = false;
+        self.done.recv().map(Some).map_err(|_| Self::gone())
+    }
+
+    fn gone() -> RunError {
+        RunError::Workers {
+            workers: 1,
+            message: "the checkpoint thread stopped unexpectedly".into(),
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread after the checkpoint it is writing.
+        self.work = None;
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Syncs the outputs, then writes the state file and the manifest.
+fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError> {
+    debug_assert_eq!(
+        writer.next_is_base(),
+        w.base,
+        "base decided on stale information"
+    );
+    // Outputs first: the manifest must never claim bytes that are not on disk. A sync
+    // failure is fatal, never retried.
+    for pending in &w.syncs {
+        pending.sync()?;
+    }
+    let state = EncodedState {
+        parts: w.parts.iter().flat_map(StateEntries::parts).collect(),
+        puts: w.parts.iter().map(StateEntries::puts).sum(),
+        tombstones: w.parts.iter().map(StateEntries::tombstones).sum(),
+    };
+    Ok(writer.commit(&state, w.manifest.clone())?)
 }
 
 /// Decides how a run continues a checkpoint, or why it cannot.

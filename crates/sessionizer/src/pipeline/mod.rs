@@ -19,7 +19,6 @@
 //! batches and resumes it from the newest valid checkpoint.
 
 mod durable;
-mod operator_state;
 mod parse;
 mod shard;
 
@@ -27,7 +26,7 @@ use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
 use crate::stats::RunStats;
 use durable::{Durable, Start};
 use parse::Parsed;
-use sessionizer_checkpoint::{CheckpointError, OutputCommit};
+use sessionizer_checkpoint::CheckpointError;
 use sessionizer_connectors::encode::OutputError;
 use sessionizer_connectors::input::{InputError, ReadPosition};
 use sessionizer_connectors::{Batch, Inputs, OutputTarget, RecordWriter, SessionEncoder};
@@ -69,9 +68,7 @@ pub enum RunError {
     },
     #[error("cannot continue the job in {dir}: {message}")]
     Resume { dir: String, message: String },
-    #[error(
-        "cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}"
-    )]
+    #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
     RestoreState {
         dir: String,
         key: String,
@@ -379,8 +376,7 @@ impl<'c> Job<'c> {
             }
         }
         self.stats.bytes_read = reader.finish();
-        let keep_open =
-            self.durable.as_ref().is_some_and(Durable::keep_open) && !flushed_before;
+        let keep_open = self.durable.as_ref().is_some_and(Durable::keep_open) && !flushed_before;
         if !keep_open {
             // End of a bounded input: the watermark becomes +infinity, every session is
             // emitted.
@@ -431,6 +427,10 @@ impl<'c> Job<'c> {
         checkpoint: Option<&CheckpointConfig>,
     ) -> Result<(), RunError> {
         let dir = checkpoint.map_or_else(String::new, |c| c.state_dir.display().to_string());
+        // The largest gap first: restored timers of final sessions depend on it.
+        for s in &mut self.shards {
+            s.restore_progress(&manifest.watermark);
+        }
         let shards = self.shards.len();
         let restored = state.for_each_live(|key, value| {
             let shard = parse::shard_of(key, shards) as usize;
@@ -454,13 +454,11 @@ impl<'c> Job<'c> {
                 });
             }
         }
-        for s in &mut self.shards {
-            s.restore_progress(&manifest.watermark);
-        }
         Ok(())
     }
 
-    /// Commits the outputs and writes a checkpoint.
+    /// Flushes the outputs and takes a checkpoint (its writing goes on in the
+    /// background unless `finished`: the last one is waited for).
     fn checkpoint(&mut self, next_seq: u64, finished: bool, flushed: bool) -> Result<(), RunError> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
@@ -470,13 +468,9 @@ impl<'c> Job<'c> {
             .into_iter()
             .zip(durable::ROLES)
         {
-            let committed = w.commit()?;
-            if let (Some(len), OutputTarget::File(p)) = (committed, w.target()) {
-                outputs.push(OutputCommit {
-                    role: role.to_string(),
-                    path: p.display().to_string(),
-                    committed_bytes: len,
-                });
+            let pending = w.prepare_commit()?;
+            if let (Some(pending), OutputTarget::File(p)) = (pending, w.target()) {
+                outputs.push((role, p.display().to_string(), pending));
             }
         }
         durable.checkpoint(
@@ -487,6 +481,7 @@ impl<'c> Job<'c> {
             next_seq,
             finished,
             flushed,
+            finished,
         )
     }
 

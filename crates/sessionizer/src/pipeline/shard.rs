@@ -10,11 +10,11 @@
 //! produced them.
 
 use super::parse::{Kind, Parsed};
-use super::operator_state::OperatorState;
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourcePos, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
+use sessionizer_window::codec;
 use sessionizer_window::{
     BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
 };
@@ -231,12 +231,27 @@ impl Shard {
     /// changed or removed since the last checkpoint. Either way the changes are then
     /// forgotten: the checkpoint holds them.
     pub fn encode_state(&mut self, base: bool, out: &mut StateEntries) {
-        self.op.encode_state(base, out);
+        out.clear();
+        if base {
+            self.op.forget_changes();
+            for (_, key, sessions) in self.op.store().iter() {
+                out.put_with(key, |buf| codec::encode_sessions(sessions, buf));
+            }
+        } else {
+            self.op.drain_changes(|key, sessions| match sessions {
+                Some(s) => out.put_with(key, |buf| codec::encode_sessions(s, buf)),
+                None => out.tombstone(key),
+            });
+        }
     }
 
-    /// Puts one key's state back from a checkpoint.
+    /// Puts one key's state back from a checkpoint (after
+    /// [`restore_progress`](Self::restore_progress)).
     pub fn restore_key(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
-        self.op.restore_key(key, value)
+        let sessions =
+            codec::decode_sessions(value, self.op.config()).map_err(|e| e.to_string())?;
+        self.op.restore_key(key, sessions);
+        Ok(())
     }
 
     /// The largest gap of any valid event so far.

@@ -1,0 +1,793 @@
+//! Durable state end to end (SPEC §4, docs/checkpoint-format.md): the real binary on
+//! real files, killed with SIGKILL, its checkpoints damaged on disk, its writes made to
+//! fail. The one property checked everywhere: the file outputs at the end equal, byte
+//! for byte, those of one uninterrupted run.
+
+use rand::{Rng, SeedableRng};
+use sessionizer_checkpoint::dir::file_name;
+use sessionizer_checkpoint::{FileKind, Manifest, StateDir};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("spawn sessionizer")
+}
+
+fn run_ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Generates dirty visits: out of order, late, duplicated and invalid lines.
+fn generate(path: &Path, events: u64, seed: u64) {
+    run_ok(&[
+        "generate",
+        "--events",
+        &events.to_string(),
+        "--keys",
+        "3000",
+        "--seed",
+        &seed.to_string(),
+        "--out-of-order",
+        "30s",
+        "--late-fraction",
+        "0.003",
+        "--late-by",
+        "4m",
+        "--duplicate-fraction",
+        "0.003",
+        "--invalid-fraction",
+        "0.001",
+        "--return-fraction",
+        "0.05",
+        "--output",
+        s(path),
+    ]);
+}
+
+/// The options of every job here: lateness (revisions, retractions, late events),
+/// dedup, an aggregate whose order depends on input sequence numbers.
+const JOB: &[&str] = &[
+    "--collect",
+    "page",
+    "--last",
+    "referrer",
+    "--dedup",
+    "--gap",
+    "10m",
+    "--watermark-delay",
+    "1m",
+    "--allowed-lateness",
+    "5m",
+    "--progress",
+    "never",
+];
+
+/// The three file outputs of a job writing `dir/out.jsonl`.
+fn outputs(dir: &Path) -> [PathBuf; 3] {
+    [
+        dir.join("out.jsonl"),
+        dir.join("out.dead-letter.jsonl"),
+        dir.join("out.late.jsonl"),
+    ]
+}
+
+/// Asserts that two output files are equal, showing the first line that differs rather
+/// than megabytes of bytes.
+fn assert_same_file(got: &Path, want: &Path) {
+    let (g, w) = (
+        std::fs::read(got).unwrap_or_else(|e| panic!("{}: {e}", got.display())),
+        std::fs::read(want).unwrap_or_else(|e| panic!("{}: {e}", want.display())),
+    );
+    if g == w {
+        return;
+    }
+    let (gl, wl): (Vec<&[u8]>, Vec<&[u8]>) = (
+        g.split(|&b| b == b'\n').collect(),
+        w.split(|&b| b == b'\n').collect(),
+    );
+    let i = gl
+        .iter()
+        .zip(&wl)
+        .position(|(a, b)| a != b)
+        .unwrap_or(gl.len().min(wl.len()));
+    panic!(
+        "{} differs from {} ({} vs {} bytes, {} vs {} lines); first difference at line {}:\n got: {}\nwant: {}",
+        got.display(),
+        want.display(),
+        g.len(),
+        w.len(),
+        gl.len(),
+        wl.len(),
+        i + 1,
+        gl.get(i)
+            .map_or("<none>".into(), |l| String::from_utf8_lossy(l)),
+        wl.get(i)
+            .map_or("<none>".into(), |l| String::from_utf8_lossy(l)),
+    );
+}
+
+fn assert_same_outputs(got_dir: &Path, want_dir: &Path) {
+    for (g, w) in outputs(got_dir).iter().zip(outputs(want_dir).iter()) {
+        assert_same_file(g, w);
+    }
+}
+
+fn stats(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("stats file")).expect("stats JSON")
+}
+
+/// The accounting of a stats file, without timings.
+fn counts(path: &Path) -> Vec<(String, u64)> {
+    let v = stats(path);
+    [
+        "records_read",
+        "in_sessions",
+        "duplicates",
+        "late",
+        "invalid",
+        "sessions_emitted",
+        "retractions",
+        "bytes_read",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), v[k].as_u64().unwrap_or(u64::MAX)))
+    .collect()
+}
+
+/// Runs the job once without a state directory into `dir`; returns how long it took.
+fn reference(input: &[&Path], dir: &Path) -> Duration {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let mut args = vec!["run".to_string()];
+    for i in input {
+        args.extend(["--input".into(), s(i).into()]);
+    }
+    args.extend(["--output".into(), s(&dir.join("out.jsonl")).into()]);
+    args.extend(["--stats-file".into(), s(&dir.join("stats.json")).into()]);
+    args.extend(JOB.iter().map(|a| a.to_string()));
+    let started = Instant::now();
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    run_ok(&argv);
+    started.elapsed()
+}
+
+/// `run` args for a durable job over `input` writing into `dir`.
+fn durable_args(input: &[&Path], dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["run".to_string()];
+    for i in input {
+        args.extend(["--input".into(), s(i).into()]);
+    }
+    args.extend(["--output".into(), s(&dir.join("out.jsonl")).into()]);
+    args.extend(["--state-dir".into(), s(&dir.join("state")).into()]);
+    args.extend(["--stats-file".into(), s(&dir.join("stats.json")).into()]);
+    args.extend(JOB.iter().map(|a| a.to_string()));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    args
+}
+
+fn run_durable(input: &[&Path], dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let args = durable_args(input, dir, extra);
+    let mut cmd = bin();
+    cmd.args(&args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("spawn sessionizer")
+}
+
+/// How much of the input the newest checkpoint has consumed (0 without one).
+fn done_fraction(state: &Path, events: u64) -> f64 {
+    let Ok(dir) = StateDir::existing(state) else {
+        return 0.0;
+    };
+    match dir.recover() {
+        Ok(r) => r.found.map_or(0.0, |f| {
+            f.manifest.counters.records_read as f64 / events as f64
+        }),
+        Err(_) => 0.0,
+    }
+}
+
+/// SPEC §4's promise, tested the hard way: ~1M events, a checkpoint every 20 ms, the
+/// process killed with SIGKILL at 20+ random instants (during startup, restore, reading,
+/// checkpointing, anywhere) and restarted each time with a random number of workers
+/// (the state is re-hashed), until a run finishes. The outputs then equal those of an
+/// uninterrupted run, byte for byte, and so does the accounting.
+#[test]
+fn killed_at_random_instants_and_restarted_the_job_gives_the_uninterrupted_output() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    let events: u64 = std::env::var("SESSIONIZER_CRASH_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    generate(&input, events, 11);
+    let want = tmp.path().join("want");
+    let took = reference(&[&input], &want);
+
+    let seed = std::env::var("SESSIONIZER_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_241_130);
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+    let got = tmp.path().join("got");
+    std::fs::create_dir_all(&got).expect("mkdir");
+    let log_path = tmp.path().join("runs.log");
+    let (mut kills, mut runs) = (0u32, 0u32);
+    let mut progress: Vec<f64> = Vec::new();
+    let mut slice = took / 16;
+    loop {
+        runs += 1;
+        assert!(
+            runs <= 400,
+            "no run finished after {runs} restarts; see {}",
+            log_path.display()
+        );
+        // Each run gets on average 1/32 of the uninterrupted run's time (uniform in
+        // [0.5 ms, 1/16]), so the kills spread over the whole job — startup, restore,
+        // reading, checkpointing, the end of input — and it takes about 30 runs, 20+
+        // of them killed, to finish. Runs that made no progress (killed before their
+        // first checkpoint: startup and restore take a while on a slow machine) get
+        // 25% more time each, so the job always gets through. Should it near the end
+        // with fewer than 20 kills, the delays shrink so the last stretch is killed too.
+        let done = done_fraction(&got.join("state"), events);
+        if progress.last().is_some_and(|&last| last >= done) {
+            slice = slice.mul_f64(1.25);
+        } else {
+            slice = took / 16;
+        }
+        progress.push(done);
+        let slice = if kills < 20 && done > 0.6 {
+            slice.min(took.mul_f64((1.0 - done) / f64::from(2 * (21 - kills))))
+        } else {
+            slice
+        };
+        let delay =
+            Duration::from_micros(rng.random_range(500..=slice.as_micros().max(1_000) as u64));
+        let workers = rng.random_range(1..=3u32).to_string();
+        let args = durable_args(
+            &[&input],
+            &got,
+            &["--checkpoint-interval", "20ms", "--workers", &workers],
+        );
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("log");
+        let mut child = bin()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + delay;
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        };
+        match status {
+            Some(status) if status.success() => break,
+            Some(status) => panic!(
+                "run {runs} failed ({status}); log:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            ),
+            None => {
+                child.kill().expect("SIGKILL");
+                child.wait().expect("reap");
+                kills += 1;
+            }
+        }
+    }
+    assert!(
+        kills >= 20,
+        "only {kills} kills before the job finished (runs take {took:?}); lower the delays"
+    );
+    let percent: Vec<String> = progress
+        .iter()
+        .map(|d| format!("{:.0}%", d * 100.0))
+        .collect();
+    eprintln!(
+        "crash test: {events} events, {kills} kills in {runs} runs (uninterrupted: {took:?}); done at each start: {}",
+        percent.join(" ")
+    );
+    assert_same_outputs(&got, &want);
+    assert_eq!(
+        counts(&got.join("stats.json")),
+        counts(&want.join("stats.json"))
+    );
+}
+
+/// Splits the lines of `input` into two files at line `at`.
+fn split(input: &Path, at: usize, a: &Path, b: &Path) {
+    let text = std::fs::read(input).expect("read");
+    let mut cut = 0;
+    for _ in 0..at {
+        cut += text[cut..]
+            .iter()
+            .position(|&c| c == b'\n')
+            .expect("enough lines")
+            + 1;
+    }
+    std::fs::write(a, &text[..cut]).expect("write");
+    std::fs::write(b, &text[cut..]).expect("write");
+}
+
+/// SPEC §2 end of input with `--keep-open`: a session that spans midnight comes out
+/// whole from two daily runs, and the two runs give exactly the output of one run over
+/// both files.
+#[test]
+fn keep_open_then_the_next_file_equals_one_run_over_both() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let day1 = tmp.path().join("day1.jsonl");
+    let day2 = tmp.path().join("day2.jsonl");
+    std::fs::write(
+        &day1,
+        concat!(
+            r#"{"visit_id":"noon","event_time":"2024-01-01T12:00:00Z","page":"/a"}"#,
+            "\n",
+            r#"{"visit_id":"noon","event_time":"2024-01-01T12:05:00Z","page":"/b"}"#,
+            "\n",
+            r#"{"visit_id":"night","event_time":"2024-01-01T23:40:00Z","page":"/home"}"#,
+            "\n",
+            r#"{"visit_id":"night","event_time":"2024-01-01T23:48:00Z","page":"/x"}"#,
+            "\n",
+            r#"{"visit_id":"night","event_time":"2024-01-01T23:55:00Z","page":"/search"}"#,
+            "\n",
+        ),
+    )
+    .expect("write");
+    std::fs::write(
+        &day2,
+        concat!(
+            r#"{"visit_id":"night","event_time":"2024-01-02T00:04:00Z","page":"/cart"}"#,
+            "\n",
+            r#"{"visit_id":"morning","event_time":"2024-01-02T08:00:00Z","page":"/m"}"#,
+            "\n",
+        ),
+    )
+    .expect("write");
+    let want = tmp.path().join("want");
+    reference(&[&day1, &day2], &want);
+
+    let got = tmp.path().join("got");
+    std::fs::create_dir_all(&got).expect("mkdir");
+    let first = run_durable(&[&day1], &got, &["--keep-open"], &[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let after_day1 = std::fs::read_to_string(got.join("out.jsonl")).expect("out");
+    assert!(
+        after_day1.contains("\"noon\"") && !after_day1.contains("night"),
+        "{after_day1}"
+    );
+
+    let second = run_durable(&[&day2], &got, &["--workers", "2"], &[]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_same_outputs(&got, &want);
+    let night: Vec<serde_json::Value> = std::fs::read_to_string(got.join("out.jsonl"))
+        .expect("out")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .filter(|v: &serde_json::Value| v["key"] == "night")
+        .collect();
+    assert_eq!(night.len(), 1, "{night:?}");
+    assert_eq!(night[0]["start"], "2024-01-01T23:40:00.000Z");
+    assert_eq!(night[0]["end"], "2024-01-02T00:04:00.000Z");
+    assert_eq!(
+        night[0]["page"],
+        serde_json::json!(["/home", "/x", "/search", "/cart"])
+    );
+    assert_eq!(
+        counts(&got.join("stats.json")),
+        counts(&want.join("stats.json"))
+    );
+}
+
+/// The same on dirty generated data cut in the middle: late events, revisions,
+/// retractions, duplicates and dead letters all come out as from one run.
+#[test]
+fn keep_open_across_a_cut_in_dirty_data_equals_one_run() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let all = tmp.path().join("all.jsonl");
+    generate(&all, 30_000, 5);
+    let (a, b) = (tmp.path().join("a.jsonl"), tmp.path().join("b.jsonl"));
+    split(&all, 17_000, &a, &b);
+    let want = tmp.path().join("want");
+    reference(&[&a, &b], &want);
+    let got = tmp.path().join("got");
+    std::fs::create_dir_all(&got).expect("mkdir");
+    let first = run_durable(&[&a], &got, &["--keep-open", "--workers", "3"], &[]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    // Running the first file again changes nothing: it is resumed at its end.
+    let again = run_durable(&[&a], &got, &["--keep-open"], &[]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    let second = run_durable(&[&b], &got, &[], &[]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_same_outputs(&got, &want);
+    assert_eq!(
+        counts(&got.join("stats.json")),
+        counts(&want.join("stats.json"))
+    );
+}
+
+/// The newest manifest of a state directory.
+fn newest(state: &Path) -> Manifest {
+    StateDir::existing(state)
+        .expect("state dir")
+        .recover()
+        .expect("recover")
+        .found
+        .expect("a checkpoint")
+        .manifest
+}
+
+/// Starts a durable job over `input` that stops (as a crash would) when its `nth`
+/// checkpoint file write fails; returns the stderr of that run.
+fn stop_at_write(input: &Path, dir: &Path, nth: u64) -> String {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let out = run_durable(
+        &[input],
+        dir,
+        &["--checkpoint-interval", "0s"],
+        &[("SESSIONIZER_TEST_FAIL_CHECKPOINT_WRITE", &nth.to_string())],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "expected the injected failure: {}",
+        stderr(&out)
+    );
+    stderr(&out)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    FlipByte,
+    Truncate,
+}
+
+fn damage(path: &Path, how: Damage) {
+    let mut bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    match how {
+        Damage::FlipByte => {
+            let i = bytes.len() / 3;
+            bytes[i] ^= 0x20;
+        }
+        Damage::Truncate => bytes.truncate(bytes.len() * 2 / 3),
+    }
+    std::fs::write(path, bytes).expect("write damaged file");
+}
+
+/// Flipping a byte in, or truncating, each kind of checkpoint file (manifest, base,
+/// delta) of the newest checkpoint is detected and reported; the job resumes from the
+/// checkpoint before it and its outputs are still exact.
+#[test]
+fn a_damaged_newest_checkpoint_of_each_kind_falls_back_and_the_output_stays_exact() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 150_000, 3);
+    let want = tmp.path().join("want");
+    reference(&[&input], &want);
+    let dir = tmp.path().join("got");
+    for kind in [FileKind::Manifest, FileKind::Delta, FileKind::Base] {
+        for how in [Damage::FlipByte, Damage::Truncate] {
+            // Stop the job at successive checkpoint writes until the newest checkpoint
+            // is one whose file of this kind no older checkpoint shares.
+            let mut found = None;
+            for nth in 4..60 {
+                stop_at_write(&input, &dir, nth);
+                let m = newest(&dir.join("state"));
+                let file = match kind {
+                    FileKind::Manifest => {
+                        Some(file_name(FileKind::Manifest, m.epoch)).filter(|_| m.epoch > 1)
+                    }
+                    FileKind::Delta => m
+                        .deltas
+                        .last()
+                        .filter(|d| d.epoch == m.epoch)
+                        .map(|d| d.file.clone()),
+                    FileKind::Base => {
+                        Some(m.base.file.clone()).filter(|_| m.base.epoch == m.epoch && m.epoch > 1)
+                    }
+                };
+                if let Some(f) = file {
+                    found = Some((m, f));
+                    break;
+                }
+            }
+            let (m, file) =
+                found.unwrap_or_else(|| panic!("no checkpoint with a fresh {kind:?} file"));
+            damage(&dir.join("state").join(&file), how);
+            let out = run_durable(&[&input], &dir, &[], &[]);
+            let err = stderr(&out);
+            assert!(out.status.success(), "{kind:?} {how:?}: {err}");
+            assert!(
+                err.contains(&format!("checkpoint {} in", m.epoch))
+                    && err.contains("damaged")
+                    && err.contains(&file),
+                "{kind:?} {how:?}: the damage is reported, naming the file: {err}"
+            );
+            assert_same_outputs(&dir, &want);
+            assert_eq!(
+                counts(&dir.join("stats.json")),
+                counts(&want.join("stats.json"))
+            );
+        }
+    }
+}
+
+/// None valid: the run refuses to start, says so, and leaves the outputs alone.
+#[test]
+fn no_valid_checkpoint_refuses_to_start_over_existing_output() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 60_000, 9);
+    let dir = tmp.path().join("got");
+    stop_at_write(&input, &dir, 7);
+    let state = dir.join("state");
+    for epoch in StateDir::existing(&state)
+        .expect("dir")
+        .list()
+        .expect("list")
+        .manifests
+    {
+        damage(
+            &state.join(file_name(FileKind::Manifest, epoch)),
+            Damage::FlipByte,
+        );
+    }
+    let before = std::fs::read(dir.join("out.jsonl")).expect("out");
+    let out = run_durable(&[&input], &dir, &[], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("no valid checkpoint") && err.contains("refusing to start"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(dir.join("out.jsonl")).expect("out"),
+        before,
+        "output untouched"
+    );
+}
+
+/// A failure while writing a checkpoint (here an injected "no space left on device" in
+/// the middle of a file) stops the run with a message naming the file and saying the
+/// previous checkpoint is intact; the next run resumes from it and the output is exact.
+#[test]
+fn a_failed_checkpoint_write_is_a_clear_error_and_the_previous_checkpoint_resumes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 60_000, 13);
+    let want = tmp.path().join("want");
+    reference(&[&input], &want);
+    let dir = tmp.path().join("got");
+    for nth in [1, 2, 5, 6] {
+        let err = stop_at_write(&input, &dir, nth);
+        assert!(
+            err.contains("cannot write")
+                && err.contains(".ckpt")
+                && err.contains("no space left on device")
+                && err.contains("previous checkpoint is left intact"),
+            "write {nth}: {err}"
+        );
+        let names: Vec<String> = std::fs::read_dir(dir.join("state"))
+            .expect("state")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with(".tmp-")),
+            "no temp file left: {names:?}"
+        );
+        let out = run_durable(&[&input], &dir, &[], &[]);
+        assert!(out.status.success(), "write {nth}: {}", stderr(&out));
+        assert_same_outputs(&dir, &want);
+    }
+}
+
+/// Resuming with other options is refused, naming each difference; an input file that
+/// changed under the checkpoint is refused, naming it; stdin and stray checkpoint flags
+/// are refused up front.
+#[test]
+fn changed_options_and_changed_inputs_are_refused_by_name() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 40_000, 21);
+    let dir = tmp.path().join("got");
+    stop_at_write(&input, &dir, 3);
+
+    let mut args = durable_args(&[&input], &dir, &[]);
+    let gap = args.iter().position(|a| a == "--gap").expect("--gap") + 1;
+    args[gap] = "20m".into();
+    args.extend(["--first".into(), "user_id".into()]);
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&argv);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--gap was 10m when the checkpoint was taken, this run has 20m"),
+        "{err}"
+    );
+    assert!(
+        err.contains("aggregates was collect page as page, last referrer as referrer"),
+        "{err}"
+    );
+
+    let mut text = std::fs::read(&input).expect("read");
+    text.extend_from_slice(b"{\"visit_id\":\"new\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n");
+    std::fs::write(&input, text).expect("append");
+    let out = run_durable(&[&input], &dir, &[], &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "input {} changed since the checkpoint",
+            input.display()
+        )),
+        "{err}"
+    );
+
+    let out = run(&["run", "--input", "-", "--state-dir", s(&dir.join("state"))]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("stdin"), "{}", stderr(&out));
+    let out = run(&["run", "--input", s(&input), "--keep-open"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--keep-open needs --state-dir"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `inspect` shows the checkpoints, positions, watermark, counts and the open sessions,
+/// all of them or one key's, as text and as JSON.
+#[test]
+fn inspect_shows_positions_watermark_counts_and_open_sessions() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let day1 = tmp.path().join("day1.jsonl");
+    std::fs::write(
+        &day1,
+        concat!(
+            r#"{"visit_id":"v1","event_time":"2024-01-01T23:40:00Z","page":"/home"}"#,
+            "\n",
+            r#"{"visit_id":"v2","event_time":"2024-01-01T23:50:00Z","page":"/x"}"#,
+            "\n",
+            r#"{"visit_id":"v1","event_time":"2024-01-01T23:48:00Z","page":"/search"}"#,
+            "\n",
+        ),
+    )
+    .expect("write");
+    let dir = tmp.path().join("got");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let out = run_durable(&[&day1], &dir, &["--keep-open"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let state = dir.join("state");
+
+    let text =
+        String::from_utf8(run_ok(&["inspect", "--state-dir", s(&state)]).stdout).expect("utf8");
+    let size = std::fs::metadata(&day1).expect("meta").len();
+    for want in [
+        "end of input (--keep-open: sessions kept)",
+        &format!("{}: {size} of {size} bytes read, 3 lines", day1.display()),
+        "watermark: 2024-01-01T23:49:00.000Z",
+        "read 3 = in sessions 3 + duplicates 0 + late 0 + invalid 0",
+        "--gap 10m",
+        "\"v1\"",
+        "\"v2\"",
+        "[\"/home\",\"/search\"]",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let one =
+        String::from_utf8(run_ok(&["inspect", "--state-dir", s(&state), "--key", "v2"]).stdout)
+            .expect("utf8");
+    assert!(one.contains("\"v2\"") && !one.contains("\"v1\""), "{one}");
+
+    let json: serde_json::Value =
+        serde_json::from_slice(&run_ok(&["inspect", "--state-dir", s(&state), "--json"]).stdout)
+            .expect("json");
+    assert_eq!(json["newest_valid"]["finished"], true);
+    assert_eq!(json["sessions"].as_array().map(Vec::len), Some(2));
+    assert_eq!(json["sessions"][0]["sessions"][0]["event_count"], 2);
+}
+
+/// Unmounts a tmpfs when dropped, whatever the test did.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` at `at`; `None` when this machine does not let us (not
+    /// root, no mount namespace): the caller then skips.
+    fn mount(at: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs", s(at)])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|st| st.success());
+        ok.then(|| Tmpfs(at.to_path_buf()))
+    }
+
+    fn resize(&self, size: &str) {
+        let st = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}"), s(&self.0)])
+            .status()
+            .expect("mount");
+        assert!(st.success(), "remount {size}");
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A real full disk: the state directory on a 10 MiB tmpfs fills up while the job
+/// checkpoints. The run stops with the system's "No space left on device", naming the
+/// file; once there is room again, the next run resumes from the last checkpoint that
+/// was written whole and the output is exact. Skipped where tmpfs cannot be mounted.
+#[test]
+fn a_full_disk_while_checkpointing_stops_the_run_and_it_resumes_once_there_is_room() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 150_000, 13);
+    let want = tmp.path().join("want");
+    reference(&[&input], &want);
+    let dir = tmp.path().join("got");
+    let Some(disk) = Tmpfs::mount(&dir.join("state"), "10m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let out = run_durable(&[&input], &dir, &["--checkpoint-interval", "0s"], &[]);
+    let err = stderr(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the disk should have filled: {err}"
+    );
+    assert!(
+        err.contains("No space left on device")
+            && err.contains(".ckpt")
+            && err.contains("previous checkpoint is left intact"),
+        "{err}"
+    );
+    let before = newest(&dir.join("state"));
+    assert!(
+        before.counters.records_read > 0,
+        "some checkpoints fit before the disk was full"
+    );
+    disk.resize("512m");
+    let out = run_durable(&[&input], &dir, &[], &[]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("resumed from checkpoint {}", before.epoch)),
+        "{err}"
+    );
+    assert_same_outputs(&dir, &want);
+    drop(disk);
+}

@@ -1,0 +1,211 @@
+//! The checkpoint encoding of one key's session state: the value of a key in a base or
+//! delta file (`docs/checkpoint-format.md`, "Value: one key's sessions").
+//!
+//! Hand-written rather than serde: the state is the bulk of a checkpoint (1M open
+//! sessions restore in well under a second), its layout is documented and versioned
+//! with the file format, and decoding checks every length against the bytes there are,
+//! so a value never panics the restore whatever it holds.
+//!
+//! Only the command line's sessions (JSON aggregates) are encoded; a window over a
+//! user's own aggregate keeps its state in memory (the library's stateful operator has
+//! its own snapshot).
+
+use crate::aggregate::AggState;
+use crate::operator::WindowConfig;
+use crate::session::{KeySessions, Session};
+use smallvec::SmallVec;
+
+/// Why a value cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("session state is truncated")]
+    Truncated,
+    #[error("session state has {0} bytes after its end")]
+    Trailing(usize),
+    #[error("unknown aggregate kind {0} in session state")]
+    AggKind(u8),
+    #[error("session state holds {found} aggregates where this job has {expected}")]
+    Aggregates { expected: usize, found: usize },
+    #[error("session state holds a {found} aggregate where this job has {expected}")]
+    AggMismatch {
+        expected: &'static str,
+        found: &'static str,
+    },
+    #[error("invalid {what} byte {value} in session state")]
+    Byte { what: &'static str, value: u8 },
+    #[error("a key with no sessions in session state")]
+    Empty,
+}
+
+/// Appends little-endian integers and length-prefixed bytes.
+pub(crate) struct Writer<'a>(pub &'a mut Vec<u8>);
+
+impl Writer<'_> {
+    pub fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    pub fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i64(&mut self, v: i64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn u128(&mut self, v: u128) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn i128(&mut self, v: i128) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    pub fn f64(&mut self, v: f64) {
+        self.u64(v.to_bits());
+    }
+    pub fn bool(&mut self, v: bool) {
+        self.u8(u8::from(v));
+    }
+    /// `len:u32 bytes`.
+    ///
+    /// # Panics
+    /// If `b` exceeds 4 GiB (a single aggregate value; the collect buffer already
+    /// refuses that).
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.u32(u32::try_from(b.len()).expect("value larger than 4 GiB"));
+        self.0.extend_from_slice(b);
+    }
+    /// A count that fits the layout's `u32`.
+    pub fn count(&mut self, n: usize) {
+        self.u32(u32::try_from(n).expect("more than 2^32 items"));
+    }
+}
+
+/// Reads what [`Writer`] wrote, refusing to run past the end.
+pub(crate) struct Reader<'a>(pub &'a [u8]);
+
+impl<'a> Reader<'a> {
+    pub fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+        if self.0.len() < n {
+            return Err(CodecError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CodecError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+    pub fn u8(&mut self) -> Result<u8, CodecError> {
+        Ok(self.array::<1>()?[0])
+    }
+    pub fn u32(&mut self) -> Result<u32, CodecError> {
+        self.array().map(u32::from_le_bytes)
+    }
+    pub fn u64(&mut self) -> Result<u64, CodecError> {
+        self.array().map(u64::from_le_bytes)
+    }
+    pub fn i64(&mut self) -> Result<i64, CodecError> {
+        self.array().map(i64::from_le_bytes)
+    }
+    pub fn u128(&mut self) -> Result<u128, CodecError> {
+        self.array().map(u128::from_le_bytes)
+    }
+    pub fn i128(&mut self) -> Result<i128, CodecError> {
+        self.array().map(i128::from_le_bytes)
+    }
+    pub fn f64(&mut self) -> Result<f64, CodecError> {
+        self.u64().map(f64::from_bits)
+    }
+    pub fn bool(&mut self, what: &'static str) -> Result<bool, CodecError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            value => Err(CodecError::Byte { what, value }),
+        }
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+    /// A count of items of at least `min_size` bytes each, checked against the bytes
+    /// left so that a damaged count cannot make a huge allocation.
+    pub fn count(&mut self, min_size: usize) -> Result<usize, CodecError> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(min_size.max(1)) > self.0.len() {
+            return Err(CodecError::Truncated);
+        }
+        Ok(n)
+    }
+}
+
+/// Appends the checkpoint encoding of one key's sessions.
+///
+/// # Panics
+/// If a key has more than 255 sessions (two sessions of a key are at least a gap apart
+/// and only those within lateness and retention are kept, so a handful at most).
+pub fn encode_sessions(sessions: &KeySessions, out: &mut Vec<u8>) {
+    let mut w = Writer(out);
+    let list = sessions.sessions();
+    w.u8(u8::try_from(list.len()).expect("more than 255 sessions of one key"));
+    for s in list {
+        s.encode(&mut w);
+    }
+}
+
+/// Reads one key's sessions written by [`encode_sessions`] for a window configured as
+/// `cfg` (its aggregates must be the ones encoded).
+pub fn decode_sessions(bytes: &[u8], cfg: &WindowConfig) -> Result<KeySessions, CodecError> {
+    let mut r = Reader(bytes);
+    let n = r.u8()? as usize;
+    if n == 0 {
+        return Err(CodecError::Empty);
+    }
+    let mut sessions = SmallVec::with_capacity(n);
+    for _ in 0..n {
+        sessions.push(Session::decode(&mut r, &cfg.aggregates)?);
+    }
+    if !r.0.is_empty() {
+        return Err(CodecError::Trailing(r.0.len()));
+    }
+    Ok(KeySessions { sessions })
+}
+
+/// Reads one key's sessions without knowing the job's options (`inspect`): the
+/// aggregates are taken as encoded.
+pub fn decode_sessions_any(bytes: &[u8]) -> Result<KeySessions, CodecError> {
+    let mut r = Reader(bytes);
+    let n = r.u8()? as usize;
+    if n == 0 {
+        return Err(CodecError::Empty);
+    }
+    let mut sessions = SmallVec::with_capacity(n);
+    for _ in 0..n {
+        let kinds = peek_kinds(r.0)?;
+        sessions.push(Session::decode(&mut r, &kinds)?);
+    }
+    if !r.0.is_empty() {
+        return Err(CodecError::Trailing(r.0.len()));
+    }
+    Ok(KeySessions { sessions })
+}
+
+/// The aggregate kinds of the encoded session at the start of `bytes`, found by reading
+/// it once with each kind as it comes.
+fn peek_kinds(bytes: &[u8]) -> Result<Vec<crate::aggregate::AggKind>, CodecError> {
+    let mut r = Reader(bytes);
+    r.take(8 * 3 + 8 + 4 + 1)?;
+    if !r.bool("contents marker")? || !r.bool("aggregates marker")? {
+        return Ok(Vec::new());
+    }
+    let n = r.u8()? as usize;
+    let mut kinds = Vec::with_capacity(n);
+    for _ in 0..n {
+        let code = r.0.first().copied().ok_or(CodecError::Truncated)?;
+        let kind = crate::aggregate::AggKind::from_code(code).ok_or(CodecError::AggKind(code))?;
+        AggState::decode(&mut r, kind)?;
+        kinds.push(kind);
+    }
+    Ok(kinds)
+}
