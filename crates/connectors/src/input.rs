@@ -208,6 +208,16 @@ impl Inputs {
                 return Ok(!batch.lines.is_empty());
             };
             let want = target_bytes.saturating_sub(filled).max(CHUNK_MIN);
+            // Line positions are 32-bit: only a single line of 4 GiB gets here.
+            if filled + want > u32::MAX as usize {
+                return Err(InputError {
+                    name: names[cur.index].clone(),
+                    source: io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("line {} is longer than 4 GiB", cur.line_no + 1),
+                    ),
+                });
+            }
             if batch.data.len() < filled + want {
                 batch.data.resize(filled + want, 0);
             }
@@ -321,8 +331,9 @@ fn push_line(batch: &mut Batch, start: usize, stop: usize, input: u32, line_no: 
         stop
     };
     batch.lines.push(LineSpan {
-        start: u32::try_from(start).expect("batch larger than 4 GiB"),
-        end: u32::try_from(end).expect("batch larger than 4 GiB"),
+        // `next_batch` keeps batches under 4 GiB.
+        start: u32::try_from(start).expect("batch under 4 GiB"),
+        end: u32::try_from(end).expect("batch under 4 GiB"),
         input,
         line_no,
     });

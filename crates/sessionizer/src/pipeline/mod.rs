@@ -38,40 +38,78 @@ use std::time::Instant;
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// An input could not be opened or read.
     #[error(transparent)]
     Input(#[from] InputError),
+    /// An output could not be written, flushed or synced.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// An invalid record with `--on-invalid fail`.
     #[error(
         "invalid record at {position}: {reason} (stopping because of --on-invalid fail; use --on-invalid dead-letter to set such records aside)"
     )]
-    InvalidRecord { position: String, reason: String },
+    InvalidRecord {
+        /// `file:line`.
+        position: String,
+        /// Why the record is invalid.
+        reason: String,
+    },
+    /// The worker or reader threads could not be started.
     #[error("cannot start {workers} worker threads: {message}")]
-    Workers { workers: usize, message: String },
+    Workers {
+        /// How many were asked for.
+        workers: usize,
+        /// The system's reason.
+        message: String,
+    },
+    /// The reader thread stopped without reaching the end of the inputs (it panicked):
+    /// the run stops rather than pass a truncated input off as complete.
+    #[error(
+        "the input reader stopped unexpectedly before the end of the inputs; no output was committed past that point"
+    )]
+    ReaderFailed,
+    /// Reading or writing the checkpoint files failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// The checkpoint was taken with options that shape the state differently.
     #[error(
         "the checkpoint in {dir} was taken with other options: {}; run with the checkpoint's options, or use another --state-dir",
         differences.join("; ")
     )]
     OptionsChanged {
+        /// The state directory.
         dir: String,
+        /// One line per differing option.
         differences: Vec<String>,
     },
+    /// An input file is not the one the checkpoint was reading.
     #[error(
         "input {path} changed since the checkpoint in {dir} was taken ({what}); resuming would skip or repeat records. Restore the file, or use another --state-dir"
     )]
     InputChanged {
+        /// The state directory.
         dir: String,
+        /// The input file.
         path: String,
+        /// What differs.
         what: String,
     },
+    /// The job in the state directory cannot continue with these inputs.
     #[error("cannot continue the job in {dir}: {message}")]
-    Resume { dir: String, message: String },
+    Resume {
+        /// The state directory.
+        dir: String,
+        /// Why not.
+        message: String,
+    },
+    /// A key's state in the checkpoint does not decode.
     #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
     RestoreState {
+        /// The state directory.
         dir: String,
+        /// The key, as text.
         key: String,
+        /// What is wrong with it.
         reason: String,
     },
 }
@@ -130,14 +168,14 @@ pub fn run_with(
 /// Reads batches on a thread of its own, one batch ahead of the workers, so that reading
 /// (mostly the kernel copying file pages) overlaps decoding and sessionizing.
 struct ReadAhead {
-    full: std::sync::mpsc::Receiver<Result<Batch, InputError>>,
+    full: std::sync::mpsc::Receiver<Result<Option<Batch>, InputError>>,
     empty: std::sync::mpsc::SyncSender<Batch>,
     thread: std::thread::JoinHandle<u64>,
 }
 
 impl ReadAhead {
     fn start(mut inputs: Inputs) -> Result<ReadAhead, RunError> {
-        let (full_tx, full) = std::sync::mpsc::sync_channel(1);
+        let (full_tx, full) = std::sync::mpsc::sync_channel::<Result<Option<Batch>, InputError>>(1);
         let (empty, empty_rx) = std::sync::mpsc::sync_channel::<Batch>(2);
         for _ in 0..2 {
             let _ = empty.send(Batch::default());
@@ -149,11 +187,16 @@ impl ReadAhead {
                 while let Ok(mut batch) = empty_rx.recv() {
                     match inputs.next_batch(&mut batch, BATCH_BYTES) {
                         Ok(true) => {
-                            if full_tx.send(Ok(batch)).is_err() {
+                            if full_tx.send(Ok(Some(batch))).is_err() {
                                 break;
                             }
                         }
-                        Ok(false) => break,
+                        Ok(false) => {
+                            // The end is said out loud: a closed channel without it
+                            // means the reader died, not that the input ended.
+                            let _ = full_tx.send(Ok(None));
+                            break;
+                        }
                         Err(e) => {
                             let _ = full_tx.send(Err(e));
                             break;
@@ -174,11 +217,11 @@ impl ReadAhead {
     }
 
     /// The next batch, `None` at the end of the inputs.
-    fn next(&mut self) -> Result<Option<Batch>, InputError> {
+    fn next(&mut self) -> Result<Option<Batch>, RunError> {
         match self.full.recv() {
-            Ok(Ok(batch)) => Ok(Some(batch)),
-            Ok(Err(e)) => Err(e),
-            Err(_) => Ok(None),
+            Ok(Ok(batch)) => Ok(batch),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(RunError::ReaderFailed),
         }
     }
 
@@ -188,9 +231,9 @@ impl ReadAhead {
     }
 
     /// Bytes read in all.
-    fn finish(self) -> u64 {
+    fn finish(self) -> Result<u64, RunError> {
         drop(self.empty);
-        self.thread.join().unwrap_or(0)
+        self.thread.join().map_err(|_| RunError::ReaderFailed)
     }
 }
 
@@ -375,7 +418,7 @@ impl<'c> Job<'c> {
                 self.checkpoint(first_step, false, false)?;
             }
         }
-        self.stats.bytes_read = reader.finish();
+        self.stats.bytes_read = reader.finish()?;
         let keep_open = self.durable.as_ref().is_some_and(Durable::keep_open) && !flushed_before;
         if !keep_open {
             // End of a bounded input: the watermark becomes +infinity, every session is
@@ -584,7 +627,7 @@ impl<'c> Job<'c> {
         for &(si, ti) in &self.order {
             let t = &shards[si].out.tags[ti];
             let buf = &shards[si].out.encoder.buf;
-            let (from, len) = (t.bytes.0 as usize, t.bytes.1 as usize);
+            let (from, len) = t.bytes;
             self.sessions.append(&buf[from..from + len], 1)?;
         }
 
@@ -596,8 +639,7 @@ impl<'c> Job<'c> {
         for (_, si, i) in lates {
             let (_, from, len) = shards[si].late_steps[i];
             let buf = &shards[si].late;
-            self.late
-                .append(&buf[from as usize..(from + len) as usize], 1)?;
+            self.late.append(&buf[from..from + len], 1)?;
         }
         Ok(())
     }

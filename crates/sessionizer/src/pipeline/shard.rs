@@ -33,9 +33,9 @@ pub(crate) struct Tag {
     pub close: i64,
     pub start: i64,
     /// The key in [`Tagged::keys`].
-    pub key: (u32, u32),
+    pub key: (usize, usize),
     /// The record in [`Tagged::encoder`]'s buffer.
-    pub bytes: (u32, u32),
+    pub bytes: (usize, usize),
 }
 
 /// An [`Emit`] that encodes and, with several shards, tags every record.
@@ -53,7 +53,7 @@ impl Tagged {
         if !self.tagging {
             return;
         }
-        let k = (self.keys.len() as u32, key.len() as u32);
+        let k = (self.keys.len(), key.len());
         self.keys.extend_from_slice(key);
         self.tags.push(Tag {
             step: self.step,
@@ -61,13 +61,13 @@ impl Tagged {
             close,
             start,
             key: k,
-            bytes: (from as u32, (self.encoder.buf.len() - from) as u32),
+            bytes: (from, self.encoder.buf.len() - from),
         });
     }
 
     /// The key bytes of a tag.
     pub fn key(&self, t: &Tag) -> &[u8] {
-        &self.keys[t.key.0 as usize..(t.key.0 + t.key.1) as usize]
+        &self.keys[t.key.0..t.key.0 + t.key.1]
     }
 
     pub fn clear(&mut self) {
@@ -103,7 +103,7 @@ pub(crate) struct Shard {
     pub out: Tagged,
     /// Late-event records of the batch, and the step of each.
     pub late: Vec<u8>,
-    pub late_steps: Vec<(u64, u32, u32)>,
+    pub late_steps: Vec<(u64, usize, usize)>,
     pub in_sessions: u64,
     pub duplicates: u64,
     pub late_count: u64,
@@ -190,11 +190,7 @@ impl Shard {
                                 event.time,
                                 line,
                             );
-                            self.late_steps.push((
-                                step,
-                                from as u32,
-                                (self.late.len() - from) as u32,
-                            ));
+                            self.late_steps.push((step, from, self.late.len() - from));
                         }
                     }
                 } else {
