@@ -38,6 +38,11 @@ fn inspect(args: &sessionizer_cli::args::InspectArgs) -> ExitCode {
         out.flush()?;
         Ok(())
     });
+    exit_code(result)
+}
+
+/// 0 on success and when stdout was closed early (`| head`), else the error and 1.
+fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e)
@@ -106,23 +111,10 @@ fn generate(args: &sessionizer_cli::generate::GenerateArgs) -> ExitCode {
             sessionizer_cli::generate::generate(args, &mut out).map_err(anyhow::Error::from)
         }
     };
-    match result {
-        Ok(report) => {
-            eprintln!(
-                "sessionizer: generated {} events ({} late), {} duplicate lines, {} invalid lines",
-                report.events, report.late, report.duplicates, report.invalid
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == ErrorKind::BrokenPipe) =>
-        {
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("sessionizer: {e:#}");
-            ExitCode::from(1)
-        }
-    }
+    exit_code(result.map(|report| {
+        eprintln!(
+            "sessionizer: generated {} events ({} late), {} duplicate lines, {} invalid lines",
+            report.events, report.late, report.duplicates, report.invalid
+        );
+    }))
 }
