@@ -147,6 +147,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub late_output: Option<String>,
 
+    /// With stdin input: once no input has come for this long, the watermark moves on
+    /// with the wall clock, so quiet keys still see their sessions close (a live tail).
+    /// Off unless given.
+    #[arg(long, value_name = "DUR")]
+    pub idle_timeout: Option<String>,
+
     /// Worker threads; keys are shared among them by hash, decoding is parallel too.
     /// The output is byte-identical for every N. [default: 1]
     #[arg(long, value_name = "N")]

@@ -76,6 +76,7 @@ pub struct FileConfig {
     pub stats_file: Option<PathBuf>,
     pub progress: Option<ProgressArg>,
     pub workers: Option<usize>,
+    pub idle_timeout: Option<String>,
     pub state_dir: Option<PathBuf>,
     pub checkpoint_interval: Option<String>,
     pub checkpoint_every_records: Option<u64>,
@@ -375,6 +376,10 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         OnInvalidArg::Fail => OnInvalid::Fail,
     };
 
+    let idle_timeout = match args.idle_timeout.or(file.idle_timeout) {
+        Some(v) => Some(duration("--idle-timeout", Some(v), "0s")?).filter(|d| d.millis() > 0),
+        None => None,
+    };
     let workers = args.workers.or(file.workers).unwrap_or(1);
     if !(1..=256).contains(&workers) {
         return Err(ConfigError::Invalid {
@@ -409,6 +414,7 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         emit,
         on_invalid,
         workers,
+        idle_timeout,
     };
     Ok(RunConfig {
         pipeline,

@@ -619,3 +619,69 @@ fn output_is_byte_identical_for_1_2_and_4_workers() {
         }
     }
 }
+
+/// SPEC §2: a quiet live source lets the watermark move on with the wall clock, so a
+/// session closes while stdin is still open; an event that then arrives behind the
+/// moved watermark is late. Without --idle-timeout nothing closes until the input ends.
+#[test]
+fn idle_stdin_moves_the_watermark_with_the_wall_clock() {
+    use std::io::{BufRead, BufReader};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    let spawn = |extra: &[&str]| {
+        let mut args = vec!["run", "--gap", "1s", "--watermark-delay", "0s"];
+        args.extend_from_slice(extra);
+        let mut child = bin()
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let first = b"{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n";
+    let behind = b"{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00.500Z\"}\n";
+
+    let (mut child, lines) = spawn(&["--idle-timeout", "200ms"]);
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(first).expect("write");
+    stdin.flush().expect("flush");
+    let session = lines
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the session closes while stdin is still open");
+    assert!(session.contains("\"event_count\":1"), "{session}");
+    stdin.write_all(behind).expect("write");
+    drop(stdin);
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("in sessions 1 | duplicates 0 | late 1"),
+        "{stderr}"
+    );
+
+    let (mut child, lines) = spawn(&[]);
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(first).expect("write");
+    stdin.flush().expect("flush");
+    assert!(
+        lines.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "without --idle-timeout the watermark waits for events"
+    );
+    drop(stdin);
+    assert!(
+        lines.recv_timeout(Duration::from_secs(20)).is_ok(),
+        "emitted at the end of input"
+    );
+    child.wait().expect("wait");
+}

@@ -63,6 +63,9 @@ pub struct PipelineConfig {
     pub emit: EmitMode,
     /// What to do with invalid records.
     pub on_invalid: OnInvalid,
+    /// With stdin input: after this long without input the watermark moves on with the
+    /// wall clock (SPEC §2). `None`: it waits for events.
+    pub idle_timeout: Option<DurationMs>,
     /// Worker threads; keys are shared among them by hash. The output is the same for
     /// every value.
     pub workers: usize,

@@ -29,11 +29,13 @@ use parse::Parsed;
 use sessionizer_checkpoint::CheckpointError;
 use sessionizer_connectors::encode::OutputError;
 use sessionizer_connectors::input::{InputError, ReadPosition};
-use sessionizer_connectors::{Batch, Inputs, OutputTarget, RecordWriter, SessionEncoder};
-use sessionizer_core::Watermark;
+use sessionizer_connectors::{
+    Batch, InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder,
+};
 use sessionizer_core::decode::Decoder;
+use sessionizer_core::{EventTime, Watermark};
 use shard::{Shard, Tag};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Why a run stopped.
 #[derive(Debug, thiserror::Error)]
@@ -216,12 +218,22 @@ impl ReadAhead {
         })
     }
 
-    /// The next batch, `None` at the end of the inputs.
-    fn next(&mut self) -> Result<Option<Batch>, RunError> {
-        match self.full.recv() {
-            Ok(Ok(batch)) => Ok(batch),
-            Ok(Err(e)) => Err(e.into()),
-            Err(_) => Err(RunError::ReaderFailed),
+    /// The next batch, the end of the inputs, or — when `wait` is given and no batch
+    /// came within it — `Next::Idle`.
+    fn next_within(&mut self, wait: Option<Duration>) -> Result<Next, RunError> {
+        use std::sync::mpsc::RecvTimeoutError;
+        let received = match wait {
+            None => self.full.recv().map_err(|_| RunError::ReaderFailed),
+            Some(d) => match self.full.recv_timeout(d) {
+                Ok(r) => Ok(r),
+                Err(RecvTimeoutError::Timeout) => return Ok(Next::Idle),
+                Err(RecvTimeoutError::Disconnected) => Err(RunError::ReaderFailed),
+            },
+        }?;
+        match received {
+            Ok(Some(batch)) => Ok(Next::Batch(batch)),
+            Ok(None) => Ok(Next::End),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -264,6 +276,20 @@ fn finished_inputs(batch: &Batch, out: &mut Vec<(u32, u64)>) {
             out.push((l.input, l.line_no));
         }
     }
+}
+
+/// What the reader has for the job.
+enum Next {
+    Batch(Batch),
+    End,
+    /// Nothing arrived within the wait.
+    Idle,
+}
+
+/// How often a quiet live input is checked: often enough for the watermark to follow the
+/// wall clock smoothly, never busier than every 10 ms.
+fn idle_tick(idle: Duration) -> Duration {
+    (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 /// Runs `f` on every shard, shard `i` always on worker thread `i`: a shard's sessions
@@ -397,7 +423,34 @@ impl<'c> Job<'c> {
         let mut last_end = start.position;
         let mut reader = ReadAhead::start(inputs)?;
         let mut finished_lines = Vec::new();
-        while let Some(batch) = reader.next()? {
+        // With a live input (stdin) and --idle-timeout, a quiet input lets the watermark
+        // move on with the wall clock (SPEC §2).
+        let idle = match self.cfg.idle_timeout {
+            Some(d) if self.cfg.inputs.contains(&InputSource::Stdin) => Some(
+                Duration::from_millis(u64::try_from(d.millis()).unwrap_or(0)),
+            ),
+            _ => None,
+        };
+        let mut last_input = Instant::now();
+        let mut watermark_at_last_input = Watermark::MIN;
+        loop {
+            let batch = match reader.next_within(idle.map(idle_tick))? {
+                Next::End => break,
+                Next::Idle => {
+                    if let Some(limit) = idle {
+                        let quiet = last_input.elapsed();
+                        if quiet >= limit && watermark_at_last_input.is_finite() {
+                            let ms = i64::try_from(quiet.as_millis()).unwrap_or(i64::MAX);
+                            let w = Watermark::at(EventTime(
+                                watermark_at_last_input.millis().saturating_add(ms),
+                            ));
+                            self.advance_idle(w, first_step)?;
+                        }
+                    }
+                    continue;
+                }
+                Next::Batch(batch) => batch,
+            };
             self.decode(&batch)?;
             self.sessionize(&batch, first_step);
             self.merge()?;
@@ -408,6 +461,8 @@ impl<'c> Job<'c> {
                 d.consumed(batch.end, &finished_lines);
             }
             reader.recycle(batch);
+            last_input = Instant::now();
+            watermark_at_last_input = self.shards[0].op.watermark();
             let open = self.shards.iter().map(|s| s.op.open_sessions()).sum();
             observer.progress(self.stats.records_read, open, self.shards[0].op.watermark());
             if self
@@ -526,6 +581,28 @@ impl<'c> Job<'c> {
             flushed,
             finished,
         )
+    }
+
+    /// Moves every shard's watermark to `w` while a live input is quiet, and writes out
+    /// what became due.
+    fn advance_idle(&mut self, w: Watermark, step: u64) -> Result<(), RunError> {
+        if w <= self.shards[0].op.watermark() {
+            return Ok(());
+        }
+        for s in &mut self.shards {
+            s.clear_outputs();
+        }
+        let advance = |s: &mut Shard| s.advance_idle(w, step);
+        match &self.pool {
+            Some(pool) => on_each_shard(pool, &mut self.shards, advance),
+            None => advance(&mut self.shards[0]),
+        }
+        self.merge()?;
+        // A live reader is waiting for these: write them out now.
+        for w in [&mut self.sessions, &mut self.late] {
+            w.finish()?;
+        }
+        Ok(())
     }
 
     /// Phase one: decode the batch's lines, in parallel ranges.

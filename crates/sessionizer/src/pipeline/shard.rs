@@ -15,6 +15,7 @@ use sessionizer_connectors::encode::{SourcePos, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::codec;
+use sessionizer_window::watermark::WatermarkStrategy;
 use sessionizer_window::{
     BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
 };
@@ -204,6 +205,14 @@ impl Shard {
                 }
             }
         }
+    }
+
+    /// Moves the watermark to `w` without an event (a quiet live input, SPEC §2): later
+    /// events are judged against it, as if event time had moved on.
+    pub fn advance_idle(&mut self, w: Watermark, step: u64) {
+        self.watermark.resume_at(w);
+        self.out.step = step;
+        self.op.advance_to(w, &mut self.out);
     }
 
     /// The end of a bounded input: the watermark becomes +infinity.
