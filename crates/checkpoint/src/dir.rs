@@ -99,10 +99,16 @@ pub struct CheckpointInfo {
     pub status: Result<Manifest, Damage>,
 }
 
+/// The lock file inside a state directory.
+const LOCK_FILE: &str = "LOCK";
+
 /// A state directory.
 #[derive(Debug)]
 pub struct StateDir {
     path: PathBuf,
+    /// The exclusive lock on `DIR/LOCK`, held while this process writes checkpoints
+    /// (released by the OS when the process ends, killed or not).
+    _lock: Option<fs::File>,
     /// Test hook: the n-th file write of this process fails (see [`Self::fail_write_at`]).
     fail_write_at: Option<u64>,
     writes: u64,
@@ -116,8 +122,35 @@ impl StateDir {
             path: path.to_path_buf(),
             source,
         })?;
+        let lock_path = path.join(LOCK_FILE);
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| CheckpointError::Write {
+                action: "create the lock file",
+                path: lock_path.clone(),
+                source,
+            })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(CheckpointError::Locked {
+                    path: path.to_path_buf(),
+                });
+            }
+            Err(fs::TryLockError::Error(source)) => {
+                return Err(CheckpointError::Write {
+                    action: "lock",
+                    path: lock_path,
+                    source,
+                });
+            }
+        }
         Ok(StateDir {
             path: path.to_path_buf(),
+            _lock: Some(lock),
             fail_write_at: None,
             writes: 0,
         })
@@ -133,6 +166,7 @@ impl StateDir {
         }
         Ok(StateDir {
             path: path.to_path_buf(),
+            _lock: None,
             fail_write_at: None,
             writes: 0,
         })

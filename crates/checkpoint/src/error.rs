@@ -69,6 +69,11 @@ pub enum CheckpointError {
         dir: PathBuf,
         details: Vec<(u64, Damage)>,
     },
+    /// Another process holds the state directory's lock.
+    #[error(
+        "another sessionizer run is using the state directory {path}; wait for it to end (two runs on one state directory would overwrite each other's checkpoints and outputs)"
+    )]
+    Locked { path: PathBuf },
     /// The manifest could not be encoded (a bug, not an I/O problem).
     #[error("cannot encode the checkpoint manifest: {0}")]
     Encode(#[source] serde_json::Error),

@@ -40,3 +40,15 @@ pub fn input_identity(path: &std::path::Path) -> std::io::Result<(u64, String)> 
     (&mut f).take(HEAD_BYTES as u64).read_to_end(&mut head)?;
     Ok((size, format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&head))))
 }
+
+/// Whether the file at `path` starts with the same bytes as a file that had `size` bytes
+/// and head hash `head_xxh3` ([`input_identity`]): true for the same file grown by
+/// appending.
+pub fn starts_like(path: &std::path::Path, size: u64, head_xxh3: &str) -> std::io::Result<bool> {
+    use std::io::Read;
+    let f = std::fs::File::open(path)?;
+    let mut head = Vec::with_capacity(HEAD_BYTES);
+    f.take(size.min(HEAD_BYTES as u64)).read_to_end(&mut head)?;
+    Ok(head.len() as u64 == size.min(HEAD_BYTES as u64)
+        && format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&head)) == head_xxh3)
+}

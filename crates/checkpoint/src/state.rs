@@ -258,10 +258,10 @@ impl LoadedState {
         for (name, payload) in self.files.iter().skip(1).rev() {
             for entry in entries(payload) {
                 let (key, value) = entry.map_err(|r| damaged(name, r))?;
-                if seen.insert(key) {
-                    if let Some(v) = value {
-                        f(key, v).map_err(LiveError::Apply)?;
-                    }
+                if seen.insert(key)
+                    && let Some(v) = value
+                {
+                    f(key, v).map_err(LiveError::Apply)?;
                 }
             }
         }

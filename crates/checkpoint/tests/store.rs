@@ -89,7 +89,7 @@ fn restore_is_base_plus_deltas_and_only_three_checkpoints_are_kept() {
     );
     commit(&mut w, &mut model, &[("a", Some("2")), ("b", None)], 2);
     commit(&mut w, &mut model, &[("d", Some("3")), ("b", Some("3"))], 3);
-    let reader = StateDir::open(tmp.path()).expect("open");
+    let reader = StateDir::existing(tmp.path()).expect("open");
     let (m, got) = live(&reader);
     assert_eq!(got, model);
     assert_eq!(m.epoch, 3);
@@ -142,7 +142,7 @@ fn a_damaged_newest_checkpoint_falls_back_and_none_valid_is_refused() {
     let mut model = Model::new();
     commit(&mut w, &mut model, &[("a", Some("1"))], 1);
     commit(&mut w, &mut model, &[("a", Some("2"))], 2);
-    let reader = StateDir::open(tmp.path()).expect("open");
+    let reader = StateDir::existing(tmp.path()).expect("open");
 
     // A flipped byte in the newest delta: checkpoint 1 is used, 2 is reported.
     let delta = tmp.path().join(file_name(FileKind::Delta, 2));
@@ -210,7 +210,7 @@ fn a_failed_write_leaves_the_previous_checkpoint_usable_and_no_temp_file() {
         "{:?}",
         names(tmp.path())
     );
-    let (m, got) = live(&StateDir::open(tmp.path()).expect("open"));
+    let (m, got) = live(&StateDir::existing(tmp.path()).expect("open"));
     assert_eq!((m.epoch, got), (1, before));
 }
 
@@ -298,4 +298,17 @@ fn format_v1_fixture_is_read_and_written_byte_for_byte() {
             "{name} differs from the format-1 fixture"
         );
     }
+}
+
+/// Two runs on one state directory would overwrite each other's checkpoints: the second
+/// is refused while the first holds the lock, and admitted once it is gone.
+#[test]
+fn a_state_directory_is_used_by_one_run_at_a_time() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let first = StateDir::open(tmp.path()).expect("first run");
+    let err = StateDir::open(tmp.path()).expect_err("second run while the first holds it");
+    assert!(matches!(err, CheckpointError::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("another sessionizer run"), "{err}");
+    drop(first);
+    StateDir::open(tmp.path()).expect("admitted after the first is gone");
 }

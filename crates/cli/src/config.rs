@@ -233,13 +233,13 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
                 )));
             }
         }
-        if let OutputTarget::File(out) = a {
-            if inputs.iter().any(|i| Path::new(i) == out) {
-                return Err(ConfigError::Conflict(format!(
-                    "{} is both an input and an output",
-                    out.display()
-                )));
-            }
+        if let OutputTarget::File(out) = a
+            && inputs.iter().any(|i| Path::new(i) == out)
+        {
+            return Err(ConfigError::Conflict(format!(
+                "{} is both an input and an output",
+                out.display()
+            )));
         }
     }
 

@@ -791,3 +791,34 @@ fn a_full_disk_while_checkpointing_stops_the_run_and_it_resumes_once_there_is_ro
     assert_same_outputs(&dir, &want);
     drop(disk);
 }
+
+/// A file read to its end by a --keep-open run and then appended to is not taken for a
+/// new file at the same path: that would apply its first lines twice.
+#[test]
+fn an_input_appended_to_after_a_keep_open_run_is_refused_not_read_twice() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let log = tmp.path().join("events.jsonl");
+    let first = concat!(
+        r#"{"visit_id":"a","event_time":"2024-01-01T00:00:00Z","page":"/1"}"#,
+        "\n",
+        r#"{"visit_id":"a","event_time":"2024-01-01T00:01:00Z","page":"/2"}"#,
+        "\n"
+    );
+    std::fs::write(&log, first).expect("write");
+    let out = run_durable(&[&log], tmp.path(), &["--keep-open"], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let before = std::fs::read(tmp.path().join("out.jsonl")).expect("output");
+    let more = r#"{"visit_id":"a","event_time":"2024-01-01T00:02:00Z","page":"/3"}"#;
+    std::fs::write(&log, format!("{first}{more}\n")).expect("append");
+    let out = run_durable(&[&log], tmp.path(), &["--keep-open"], &[]);
+    assert!(!out.status.success(), "an appended input must be refused");
+    let message = stderr(&out);
+    assert!(
+        message.contains("events.jsonl") && message.contains("grew"),
+        "{message}"
+    );
+    assert_eq!(
+        std::fs::read(tmp.path().join("out.jsonl")).expect("output"),
+        before
+    );
+}

@@ -385,12 +385,12 @@ impl Extractor {
             err: JsonError::TooDeep,
         };
         let result = sc.document();
-        if result.is_err() || sc.high & HI != 0 {
-            if let Err(e) = std::str::from_utf8(line) {
-                return Err(JsonError::NotUtf8 {
-                    offset: e.valid_up_to(),
-                });
-            }
+        if (result.is_err() || sc.high & HI != 0)
+            && let Err(e) = std::str::from_utf8(line)
+        {
+            return Err(JsonError::NotUtf8 {
+                offset: e.valid_up_to(),
+            });
         }
         result
     }

@@ -92,7 +92,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 #[inline]
 fn is_leap(y: u32) -> bool {
-    y % 4 == 0 && (y % 100 != 0 || y % 400 == 0)
+    y.is_multiple_of(4) && (!y.is_multiple_of(100) || y.is_multiple_of(400))
 }
 
 #[inline]

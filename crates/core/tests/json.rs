@@ -539,7 +539,7 @@ impl Choices {
         self.0
     }
     fn one_in(&mut self, n: u64) -> bool {
-        self.next() % n == 0
+        self.next().is_multiple_of(n)
     }
 }
 

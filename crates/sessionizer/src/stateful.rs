@@ -225,10 +225,10 @@ where
     pub fn end_batch<O: Sink<R::Item>>(&mut self, out: &mut O) -> Result<BatchReport, SinkError> {
         let mut error = None;
         let report = self.op.end_batch(&mut self.f, &mut |o| {
-            if error.is_none() {
-                if let Err(e) = out.send(o) {
-                    error = Some(e);
-                }
+            if error.is_none()
+                && let Err(e) = out.send(o)
+            {
+                error = Some(e);
             }
         });
         self.count(&report);
@@ -268,10 +268,10 @@ where
     {
         let mut error = None;
         let report = self.op.finish(&mut self.f, &mut |o| {
-            if error.is_none() {
-                if let Err(e) = out.send(o) {
-                    error = Some(e);
-                }
+            if error.is_none()
+                && let Err(e) = out.send(o)
+            {
+                error = Some(e);
             }
         });
         self.count(&report);

@@ -348,10 +348,10 @@ impl<S> EmitTo<'_, S> {
     where
         S: Sink<T>,
     {
-        if self.error.is_none() {
-            if let Err(e) = self.sink.send(item) {
-                self.error = Some(e);
-            }
+        if self.error.is_none()
+            && let Err(e) = self.sink.send(item)
+        {
+            self.error = Some(e);
         }
     }
 

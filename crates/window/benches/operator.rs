@@ -32,7 +32,7 @@ fn events(n: usize) -> Vec<(Vec<u8>, i64)> {
         state ^= state >> 7;
         state ^= state << 17;
         let slot = (state % 1000) as usize;
-        if state % 12 == 0 {
+        if state.is_multiple_of(12) {
             visit_of_slot[slot] = next_visit;
             next_visit += 1;
         }

@@ -140,25 +140,26 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Appends the checkpoint encoding of one key's sessions.
-///
-/// # Panics
-/// If a key has more than 255 sessions (two sessions of a key are at least a gap apart
-/// and only those within lateness and retention are kept, so a handful at most).
+/// Appends the checkpoint encoding of one key's sessions. A key usually has one or two,
+/// but a long allowed lateness or a large per-event gap can keep hundreds: the count is
+/// a `u32`.
 pub fn encode_sessions(sessions: &KeySessions, out: &mut Vec<u8>) {
     let mut w = Writer(out);
     let list = sessions.sessions();
-    w.u8(u8::try_from(list.len()).expect("more than 255 sessions of one key"));
+    w.count(list.len());
     for s in list {
         s.encode(&mut w);
     }
 }
 
+/// The fewest bytes one encoded session takes (bounds, count, revision, flags).
+const SESSION_MIN_BYTES: usize = 8 * 3 + 8 + 4 + 1;
+
 /// Reads one key's sessions written by [`encode_sessions`] for a window configured as
 /// `cfg` (its aggregates must be the ones encoded).
 pub fn decode_sessions(bytes: &[u8], cfg: &WindowConfig) -> Result<KeySessions, CodecError> {
     let mut r = Reader(bytes);
-    let n = r.u8()? as usize;
+    let n = r.count(SESSION_MIN_BYTES)?;
     if n == 0 {
         return Err(CodecError::Empty);
     }
@@ -176,7 +177,7 @@ pub fn decode_sessions(bytes: &[u8], cfg: &WindowConfig) -> Result<KeySessions, 
 /// aggregates are taken as encoded.
 pub fn decode_sessions_any(bytes: &[u8]) -> Result<KeySessions, CodecError> {
     let mut r = Reader(bytes);
-    let n = r.u8()? as usize;
+    let n = r.count(SESSION_MIN_BYTES)?;
     if n == 0 {
         return Err(CodecError::Empty);
     }
@@ -208,4 +209,53 @@ fn peek_kinds(bytes: &[u8]) -> Result<Vec<crate::aggregate::AggKind>, CodecError
         kinds.push(kind);
     }
     Ok(kinds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::{Emit, EmitMode, Event, SessionOperator, SessionView};
+    use sessionizer_core::{DurationMs, EventTime, Watermark};
+
+    struct Discard;
+    impl Emit for Discard {
+        fn session(&mut self, _: &SessionView<'_>) {}
+        fn retraction(&mut self, _: &[u8], _: EventTime) {}
+    }
+
+    /// A long allowed lateness keeps hundreds of sessions of one key: they all go
+    /// through the codec (a one-byte count once made checkpointing panic here).
+    #[test]
+    fn a_key_with_hundreds_of_sessions_round_trips() {
+        let cfg = WindowConfig {
+            gap: DurationMs(1),
+            allowed_lateness: DurationMs(86_400_000),
+            emit: EmitMode::OnClose,
+            aggregates: Vec::new(),
+            dedup: false,
+        };
+        let mut op = SessionOperator::new(cfg.clone());
+        for i in 0..300i64 {
+            let ev = Event {
+                key: b"k",
+                time: EventTime(i * 10),
+                gap: DurationMs(1),
+                seq: i as u64,
+                dedup: None,
+                values: &[],
+            };
+            op.on_event(&ev, &mut Discard);
+            op.advance_to(Watermark::at(EventTime(i * 10)), &mut Discard);
+        }
+        let id = op.store().find(b"k").expect("key k");
+        let sessions = op.store().state(id);
+        assert_eq!(sessions.sessions().len(), 300);
+        let mut bytes = Vec::new();
+        encode_sessions(sessions, &mut bytes);
+        let back = decode_sessions(&bytes, &cfg).expect("decodes");
+        assert_eq!(back.sessions().len(), 300);
+        let starts: Vec<i64> = back.sessions().iter().map(|s| s.start()).collect();
+        let expected: Vec<i64> = sessions.sessions().iter().map(|s| s.start()).collect();
+        assert_eq!(starts, expected);
+    }
 }

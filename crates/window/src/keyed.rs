@@ -315,11 +315,11 @@ impl<S> KeyedStore<S> {
                 return None;
             }
             self.proc_timers.pop();
-            if let Some(live) = self.proc_deadline.get_mut(id as usize) {
-                if *live == deadline {
-                    *live = NO_TIMER;
-                    return Some(id);
-                }
+            if let Some(live) = self.proc_deadline.get_mut(id as usize)
+                && *live == deadline
+            {
+                *live = NO_TIMER;
+                return Some(id);
             }
         }
         None

@@ -464,10 +464,10 @@ impl<A: SessionAggregate> SessionOperator<A> {
             self.watermark = w;
         }
         let w = self.watermark;
-        if let Some((id, start)) = self.changed.take() {
-            if self.cfg.emit == EmitMode::OnUpdate {
-                self.emit_update(id, start, w, out);
-            }
+        if let Some((id, start)) = self.changed.take()
+            && self.cfg.emit == EmitMode::OnUpdate
+        {
+            self.emit_update(id, start, w, out);
         }
 
         self.fired.clear();

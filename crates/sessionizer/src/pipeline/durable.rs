@@ -442,11 +442,14 @@ impl Drop for Background {
 
 /// Syncs the outputs, then writes the state file and the manifest.
 fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError> {
-    debug_assert_eq!(
-        writer.next_is_base(),
-        w.base,
-        "base decided on stale information"
-    );
+    // The shards encoded either every key (a base) or the changes (a delta); the writer
+    // must label the file the same way, or a "base" would silently lack unchanged keys.
+    if writer.next_is_base() != w.base {
+        return Err(RunError::Resume {
+            dir: writer.dir_mut().path().display().to_string(),
+            message: "internal error: the checkpoint writer and the shards disagree on whether this checkpoint is a full base; nothing was written, the previous checkpoint is intact".into(),
+        });
+    }
     // Outputs first: the manifest must never claim bytes that are not on disk. A sync
     // failure is fatal, never retried.
     for pending in &w.syncs {
@@ -493,7 +496,28 @@ fn plan_resume(
             false
         } else if manifest.finished && !manifest.flushed && changed.len() == inputs.len() {
             // Every file at these paths is new (a daily file rotated in place): the
-            // finished checkpoint accepts them as the next input.
+            // finished checkpoint accepts them as the next input — unless one is the
+            // same file grown by appending, whose head would be read a second time.
+            for &i in &changed {
+                let (then, now) = (&manifest.inputs[i], &inputs[i]);
+                let grown = now.size > then.size
+                    && sessionizer_checkpoint::starts_like(
+                        std::path::Path::new(&now.path),
+                        then.size,
+                        &then.head_xxh3,
+                    )
+                    .unwrap_or(false);
+                if grown {
+                    return Err(RunError::InputChanged {
+                        dir: dir.to_string(),
+                        path: now.path.clone(),
+                        what: format!(
+                            "it grew from {} to {} bytes after it was read to its end; each file is read once, so put new events in a new file",
+                            then.size, now.size
+                        ),
+                    });
+                }
+            }
             true
         } else {
             let i = changed[0];

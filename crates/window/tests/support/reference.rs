@@ -395,19 +395,18 @@ impl Model<'_> {
         let w2 = Some(w.map_or(cand, |w| w.max(cand)));
 
         // 6a.
-        if p.on_update {
-            if let Some(rm) = applied_r {
-                if !wm_reached(w2, r_close) {
-                    let ks = self.keys.get_mut(&e.key).unwrap();
-                    let si = ks.sessions.iter().position(|s| s.members == rm).unwrap();
-                    let s = ks.sessions[si].clone();
-                    let rec = self.record(&e.key, &s, s.next_rev, false);
-                    self.run.out.push(rec);
-                    let s = &mut self.keys.get_mut(&e.key).unwrap().sessions[si];
-                    s.next_rev += 1;
-                    s.emitted = true;
-                }
-            }
+        if p.on_update
+            && let Some(rm) = applied_r
+            && !wm_reached(w2, r_close)
+        {
+            let ks = self.keys.get_mut(&e.key).unwrap();
+            let si = ks.sessions.iter().position(|s| s.members == rm).unwrap();
+            let s = ks.sessions[si].clone();
+            let rec = self.record(&e.key, &s, s.next_rev, false);
+            self.run.out.push(rec);
+            let s = &mut self.keys.get_mut(&e.key).unwrap().sessions[si];
+            s.next_rev += 1;
+            s.emitted = true;
         }
         // 6b–6d.
         self.emit_completions(w2);
