@@ -77,7 +77,9 @@ impl Listing {
 /// A usable checkpoint: its manifest and its verified state files.
 #[derive(Debug)]
 pub struct Recovered {
+    /// The checkpoint's manifest.
     pub manifest: Manifest,
+    /// The payloads of its base and deltas, checksums verified.
     pub state: LoadedState,
 }
 
@@ -93,7 +95,9 @@ pub struct Recovery {
 /// One checkpoint as `inspect` shows it.
 #[derive(Debug)]
 pub struct CheckpointInfo {
+    /// The checkpoint's epoch.
     pub epoch: u64,
+    /// Size of the manifest file, frame included (0 if it cannot be read).
     pub manifest_bytes: u64,
     /// The manifest, or why this checkpoint cannot be used.
     pub status: Result<Manifest, Damage>,
@@ -179,6 +183,7 @@ impl StateDir {
         self.fail_write_at = n;
     }
 
+    /// The directory's path.
     pub fn path(&self) -> &Path {
         &self.path
     }

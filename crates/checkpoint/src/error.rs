@@ -7,26 +7,51 @@ use std::path::PathBuf;
 /// Why a file's frame is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
+    /// The file is shorter than a frame's header and trailer together.
     #[error("file is truncated ({len} bytes, shorter than a frame)")]
-    Truncated { len: u64 },
+    Truncated {
+        /// The file's length in bytes.
+        len: u64,
+    },
+    /// The file does not start with the checkpoint magic bytes.
     #[error("not a sessionizer checkpoint file (bad magic bytes)")]
     Magic,
+    /// The file was written in a format version this build does not read.
     #[error(
         "checkpoint format version {found} is not supported (this build reads version {})",
         crate::frame::FORMAT_VERSION
     )]
-    Version { found: u16 },
+    Version {
+        /// The format version in the file's header.
+        found: u16,
+    },
+    /// The file's length disagrees with the payload length in its header.
     #[error("file length is {found} bytes, the header says {expected}: truncated or extended")]
-    Length { expected: u64, found: u64 },
+    Length {
+        /// Bytes the header implies (header, payload and trailer).
+        expected: u64,
+        /// Bytes the file actually has.
+        found: u64,
+    },
+    /// The CRC32 in the trailer does not match the file's contents.
     #[error("checksum mismatch: the file is damaged")]
     Checksum,
+    /// The file's kind (manifest, base, delta) is not the one its name says.
     #[error("file holds {} where a {} was expected", found.map_or("an unknown kind", FileKind::as_str), expected.as_str())]
     Kind {
+        /// The kind the file's name says.
         expected: FileKind,
+        /// The kind in the header; `None` for an unknown kind code.
         found: Option<FileKind>,
     },
+    /// The epoch in the header is not the one in the file's name.
     #[error("file belongs to checkpoint {found}, not {expected} as its name says")]
-    Epoch { expected: u64, found: u64 },
+    Epoch {
+        /// The epoch in the file's name.
+        expected: u64,
+        /// The epoch in the file's header.
+        found: u64,
+    },
 }
 
 /// Why a checkpoint cannot be used: one of its files is missing, damaged or inconsistent.
@@ -48,15 +73,20 @@ pub enum CheckpointError {
         "cannot {action} {path}: {source}; the previous checkpoint is left intact: fix the cause (disk space, permissions) and run again to resume from it"
     )]
     Write {
+        /// What was being done, e.g. "create the lock file".
         action: &'static str,
+        /// The file or directory acted on.
         path: PathBuf,
+        /// The underlying I/O error.
         #[source]
         source: io::Error,
     },
     /// Reading the state directory failed.
     #[error("cannot read the state directory {path}: {source}")]
     Read {
+        /// The state directory.
         path: PathBuf,
+        /// The underlying I/O error.
         #[source]
         source: io::Error,
     },
@@ -66,14 +96,19 @@ pub enum CheckpointError {
         details.iter().map(|(epoch, d)| format!("checkpoint {epoch}: {d}")).collect::<Vec<_>>().join("; ")
     )]
     NoValidCheckpoint {
+        /// The state directory.
         dir: PathBuf,
+        /// Each checkpoint's epoch and what is wrong with it.
         details: Vec<(u64, Damage)>,
     },
     /// Another process holds the state directory's lock.
     #[error(
         "another sessionizer run is using the state directory {path}; wait for it to end (two runs on one state directory would overwrite each other's checkpoints and outputs)"
     )]
-    Locked { path: PathBuf },
+    Locked {
+        /// The state directory.
+        path: PathBuf,
+    },
     /// The manifest could not be encoded (a bug, not an I/O problem).
     #[error("cannot encode the checkpoint manifest: {0}")]
     Encode(#[source] serde_json::Error),

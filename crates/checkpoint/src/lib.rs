@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Durable checkpoints of a sessionizer job (SPEC §4), for the memory state backend and
 //! the file connectors.
 //!

@@ -36,8 +36,9 @@ pub struct Manifest {
     pub outputs: Vec<OutputCommit>,
     /// The accounting of the job up to this checkpoint (SPEC §2).
     pub counters: Counters,
-    /// Keys with state, and sessions not yet final, at this checkpoint.
+    /// Keys with state at this checkpoint.
     pub keys: u64,
+    /// Sessions not yet final at this checkpoint.
     pub open_sessions: u64,
     /// The end of the inputs was reached. A finished checkpoint accepts new inputs: the
     /// next run continues its sessions (`--keep-open`).
@@ -109,14 +110,24 @@ pub struct OutputCommit {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Counters {
+    /// Records read; each ends up in exactly one of `in_sessions`, `duplicates`,
+    /// `late` and `invalid`.
     pub records_read: u64,
+    /// Records applied to a session.
     pub in_sessions: u64,
+    /// Records dropped as duplicates.
     pub duplicates: u64,
+    /// Records too late (written to the late output).
     pub late: u64,
+    /// Records that are not valid events (written to the dead-letter output).
     pub invalid: u64,
+    /// Empty or whitespace-only lines, skipped (not records).
     pub blank_lines: u64,
+    /// Session records emitted (every revision counts).
     pub sessions_emitted: u64,
+    /// Retraction records emitted.
     pub retractions: u64,
+    /// Bytes read from the inputs.
     pub bytes_read: u64,
 }
 

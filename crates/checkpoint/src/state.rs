@@ -97,10 +97,12 @@ impl StateEntries {
         self.parts().flatten().copied().collect()
     }
 
+    /// Put entries appended.
     pub fn puts(&self) -> u64 {
         self.puts
     }
 
+    /// Tombstone entries appended.
     pub fn tombstones(&self) -> u64 {
         self.tombstones
     }
@@ -110,6 +112,7 @@ impl StateEntries {
         self.puts + self.tombstones
     }
 
+    /// Whether no entry was appended.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -298,8 +301,10 @@ impl LoadedState {
 /// Why [`LoadedState::for_each_live`] stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError<E> {
+    /// A state file's entries are malformed.
     #[error("damaged state file {0}")]
     Damaged(Damage),
+    /// The callback returned this error.
     #[error(transparent)]
     Apply(E),
 }

@@ -13,13 +13,17 @@ pub const DEFAULT_MAX_DELTAS: usize = 8;
 /// What one commit wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {
+    /// The checkpoint's epoch.
     pub epoch: u64,
+    /// Whether the state file is a base or a delta.
     pub kind: FileKind,
-    /// Bytes of the state file and of the manifest.
+    /// Bytes of the state file, frame included.
     pub state_bytes: u64,
+    /// Bytes of the manifest file, frame included.
     pub manifest_bytes: u64,
-    /// Entries of the state file.
+    /// Keys with a value in the state file.
     pub puts: u64,
+    /// Keys removed in the state file (deltas only).
     pub tombstones: u64,
 }
 
@@ -27,8 +31,12 @@ pub struct Committed {
 /// (one per shard) and their entry counts.
 #[derive(Debug)]
 pub struct EncodedState<'a> {
+    /// The entries, as consecutive parts of the payload (the entry count in front of
+    /// them is added when writing).
     pub parts: Vec<&'a [u8]>,
+    /// Put entries in `parts`.
     pub puts: u64,
+    /// Tombstone entries in `parts`.
     pub tombstones: u64,
 }
 

@@ -14,7 +14,9 @@ const FLUSH_AT: usize = 1 << 16;
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write {name}: {source}")]
 pub struct OutputError {
+    /// The output's display name ([`OutputTarget::display_name`]).
     pub name: String,
+    /// The underlying I/O error.
     #[source]
     pub source: io::Error,
 }
@@ -59,6 +61,7 @@ impl std::fmt::Debug for RecordWriter {
 }
 
 impl RecordWriter {
+    /// A writer to `target`, which is not opened yet.
     pub fn new(target: OutputTarget) -> RecordWriter {
         RecordWriter {
             target,
@@ -69,6 +72,7 @@ impl RecordWriter {
         }
     }
 
+    /// Where the records go.
     pub fn target(&self) -> &OutputTarget {
         &self.target
     }
@@ -167,6 +171,7 @@ impl RecordWriter {
         self.maybe_flush()
     }
 
+    /// Records appended so far (as counted by the callers of [`append`](Self::append)).
     pub fn records(&self) -> u64 {
         self.records
     }
@@ -234,6 +239,7 @@ impl PendingSync {
         self.len
     }
 
+    /// Whether the committed length is 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -285,6 +291,7 @@ impl SessionEncoder {
         }
     }
 
+    /// Retraction records encoded so far (not reset when `buf` is taken).
     pub fn retractions(&self) -> u64 {
         self.retractions
     }
@@ -353,7 +360,9 @@ impl Emit for SessionEncoder {
 /// Where a record came from: `file:line`.
 #[derive(Debug, Clone, Copy)]
 pub struct SourcePos<'a> {
+    /// The input's display name.
     pub name: &'a str,
+    /// 1-based line number within that input.
     pub line: u64,
 }
 

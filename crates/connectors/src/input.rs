@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 /// One input: a file or standard input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InputSource {
+    /// A file, read from its start (or from a checkpoint's offset).
     File(PathBuf),
+    /// Standard input.
     Stdin,
 }
 
@@ -34,7 +36,9 @@ impl InputSource {
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read input {name}: {source}")]
 pub struct InputError {
+    /// The input's display name ([`InputSource::display_name`]).
     pub name: String,
+    /// The underlying I/O error.
     #[source]
     pub source: io::Error,
 }
@@ -42,8 +46,9 @@ pub struct InputError {
 /// Where one line of a [`Batch`] sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LineSpan {
-    /// Byte range in [`Batch::data`], without the line terminator (`\n` or `\r\n`).
+    /// Start of the line's byte range in [`Batch::data`], without the line terminator (`\n` or `\r\n`).
     pub start: u32,
+    /// End of the byte range in [`Batch::data`] (exclusive).
     pub end: u32,
     /// Index of the input in the order given.
     pub input: u32,
@@ -68,7 +73,9 @@ pub struct ReadPosition {
 /// in parallel. Only the bytes covered by `lines` are meaningful in `data`.
 #[derive(Debug, Default)]
 pub struct Batch {
+    /// The bytes read; a buffer reused across batches.
     pub data: Vec<u8>,
+    /// The lines in `data`, in input order.
     pub lines: Vec<LineSpan>,
     /// Where the inputs stand after this batch's last line.
     pub end: ReadPosition,
@@ -118,6 +125,7 @@ impl std::fmt::Debug for Inputs {
 }
 
 impl Inputs {
+    /// Inputs read from the start, in the order of `sources`. Nothing is opened yet.
     pub fn new(sources: Vec<InputSource>) -> Inputs {
         let names = sources.iter().map(InputSource::display_name).collect();
         Inputs {
@@ -154,6 +162,7 @@ impl Inputs {
         &self.names
     }
 
+    /// Bytes read from all inputs so far (bytes skipped when resuming are not counted).
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read
     }

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Sources and sinks at the edges of sessionizer.
 //!
 //! * [`input`] — JSON-lines input from files (read in the order given) or stdin, split

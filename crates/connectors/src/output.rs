@@ -7,8 +7,11 @@ use std::path::PathBuf;
 /// Where one output stream goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OutputTarget {
+    /// A file, created or truncated when opened.
     File(PathBuf),
+    /// Standard output.
     Stdout,
+    /// Standard error.
     Stderr,
 }
 
@@ -22,6 +25,7 @@ impl OutputTarget {
         }
     }
 
+    /// How the target is named in messages: the path, `stdout` or `stderr`.
     pub fn display_name(&self) -> String {
         match self {
             OutputTarget::File(p) => p.display().to_string(),

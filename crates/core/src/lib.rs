@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! Core types of sessionizer: event time, watermarks and durations, the lazy JSON
 //! scanner that pulls the needed fields out of a record, and the event decoder.
 //!

@@ -33,8 +33,10 @@ impl fmt::Display for EventTime {
 pub struct DurationMs(pub i64);
 
 impl DurationMs {
+    /// No time at all.
     pub const ZERO: DurationMs = DurationMs(0);
 
+    /// The span in milliseconds.
     pub const fn millis(self) -> i64 {
         self.0
     }
@@ -54,7 +56,9 @@ impl fmt::Display for DurationMs {
 pub struct Watermark(i64);
 
 impl Watermark {
+    /// Minus infinity: before any event, nothing is late.
     pub const MIN: Watermark = Watermark(i64::MIN);
+    /// Plus infinity: the end of a bounded input, every session completes.
     pub const MAX: Watermark = Watermark(i64::MAX);
 
     /// The watermark standing at event time `t`.
@@ -72,6 +76,7 @@ impl Watermark {
         self.0 >= t.0
     }
 
+    /// Neither minus nor plus infinity.
     pub const fn is_finite(self) -> bool {
         self.0 != i64::MIN && self.0 != i64::MAX
     }

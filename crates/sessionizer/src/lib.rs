@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! sessionizer as a library: sessionize your own events in your own service, in either
 //! style of the field, or run the command line's JSON pipeline.
 //!

@@ -43,24 +43,29 @@ pub struct CheckpointStats {
     pub resumed_from: Option<u64>,
     /// Records read by earlier runs of the job (included in `records_read`).
     pub records_before: u64,
-    /// Checkpoints written, and how many of them were full bases.
+    /// Checkpoints written.
     pub written: u64,
+    /// How many of them were full bases (the rest are deltas).
     pub bases: u64,
     /// Bytes written (state files and manifests).
     pub bytes: u64,
-    /// The last checkpoint: epoch, bytes, and keys written (puts and tombstones).
+    /// The epoch of the last checkpoint written.
     pub last_epoch: Option<u64>,
+    /// Bytes of the last checkpoint (state file and manifest).
     pub last_bytes: u64,
+    /// Keys written by the last checkpoint (puts and tombstones).
     pub last_keys: u64,
     /// Time spent writing checkpoints — syncing the outputs, writing the state file
     /// and the manifest — in all and the longest one (microseconds). This happens on a
     /// thread of its own while the pipeline goes on.
     pub write_us_total: u64,
+    /// The longest single checkpoint write (microseconds).
     pub write_us_max: u64,
     /// Time the pipeline stood still for checkpoints — flushing outputs, encoding the
     /// changed state, waiting for the previous checkpoint's write — in all and the
     /// longest pause (microseconds).
     pub pause_us_total: u64,
+    /// The longest single pause (microseconds).
     pub pause_us_max: u64,
     /// Time spent restoring the checkpoint this run resumed from: reading and checking
     /// its files, decoding every key into its shard (microseconds).

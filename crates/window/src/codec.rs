@@ -18,21 +18,40 @@ use smallvec::SmallVec;
 /// Why a value cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CodecError {
+    /// The value ends before its last field.
     #[error("session state is truncated")]
     Truncated,
+    /// Bytes follow the last session.
     #[error("session state has {0} bytes after its end")]
     Trailing(usize),
+    /// An aggregate tag this version does not know.
     #[error("unknown aggregate kind {0} in session state")]
     AggKind(u8),
+    /// The state holds another number of aggregates than the job configures.
     #[error("session state holds {found} aggregates where this job has {expected}")]
-    Aggregates { expected: usize, found: usize },
+    Aggregates {
+        /// The job's aggregates.
+        expected: usize,
+        /// The encoded ones.
+        found: usize,
+    },
+    /// An aggregate of another kind than the job configures at that position.
     #[error("session state holds a {found} aggregate where this job has {expected}")]
     AggMismatch {
+        /// The job's aggregate kind.
         expected: &'static str,
+        /// The encoded kind.
         found: &'static str,
     },
+    /// A flag or marker byte with a value the layout does not allow.
     #[error("invalid {what} byte {value} in session state")]
-    Byte { what: &'static str, value: u8 },
+    Byte {
+        /// Which field.
+        what: &'static str,
+        /// The byte found.
+        value: u8,
+    },
+    /// A key is stored with zero sessions (a key without sessions has no state).
     #[error("a key with no sessions in session state")]
     Empty,
 }

@@ -1,3 +1,4 @@
+#![warn(missing_docs)]
 //! The two operators of sessionizer — the event-time session window and user-defined
 //! stateful functions — built on one small keyed-state + timers core.
 //!
