@@ -2,6 +2,7 @@
 //! in_sessions, duplicates, late, invalid.
 
 use serde::Serialize;
+use sessionizer_checkpoint::Counters;
 use std::fmt::Write as _;
 
 /// The summary of a run; also the `--stats-file` JSON object.
@@ -73,6 +74,34 @@ pub struct CheckpointStats {
 }
 
 impl RunStats {
+    /// Adds the counters of earlier runs of the same job (carried in its checkpoint).
+    pub fn add_counters(&mut self, c: &Counters) {
+        self.records_read += c.records_read;
+        self.in_sessions += c.in_sessions;
+        self.duplicates += c.duplicates;
+        self.late += c.late;
+        self.invalid += c.invalid;
+        self.blank_lines += c.blank_lines;
+        self.sessions_emitted += c.sessions_emitted;
+        self.retractions += c.retractions;
+        self.bytes_read += c.bytes_read;
+    }
+
+    /// These counts as a checkpoint keeps them.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            records_read: self.records_read,
+            in_sessions: self.in_sessions,
+            duplicates: self.duplicates,
+            late: self.late,
+            invalid: self.invalid,
+            blank_lines: self.blank_lines,
+            sessions_emitted: self.sessions_emitted,
+            retractions: self.retractions,
+            bytes_read: self.bytes_read,
+        }
+    }
+
     /// Whether the four outcomes add up to the records read.
     pub fn adds_up(&self) -> bool {
         self.in_sessions + self.duplicates + self.late + self.invalid == self.records_read

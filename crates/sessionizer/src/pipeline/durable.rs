@@ -317,25 +317,16 @@ impl Durable {
     pub fn counters(&self, shards: &[Shard], stats: &RunStats) -> Counters {
         let mut total = stats.clone();
         super::add_shard_counts(&mut total, shards);
-        let c = &self.carried;
-        Counters {
-            records_read: c.records_read + total.records_read,
-            in_sessions: c.in_sessions + total.in_sessions,
-            duplicates: c.duplicates + total.duplicates,
-            late: c.late + total.late,
-            invalid: c.invalid + total.invalid,
-            blank_lines: c.blank_lines + total.blank_lines,
-            sessions_emitted: c.sessions_emitted + total.sessions_emitted,
-            retractions: c.retractions + total.retractions,
-            // Bytes up to the input positions, not what the reader has read ahead.
-            bytes_read: c.bytes_read
-                + self
-                    .inputs
-                    .iter()
-                    .map(|p| p.offset)
-                    .sum::<u64>()
-                    .saturating_sub(self.start_offsets),
-        }
+        total.add_counters(&self.carried);
+        // Bytes up to the input positions, not what the reader has read ahead.
+        total.bytes_read = self.carried.bytes_read
+            + self
+                .inputs
+                .iter()
+                .map(|p| p.offset)
+                .sum::<u64>()
+                .saturating_sub(self.start_offsets);
+        total.counters()
     }
 }
 

@@ -498,16 +498,7 @@ impl<'c> Job<'c> {
         let mut stats = std::mem::take(&mut self.stats);
         add_shard_counts(&mut stats, &self.shards);
         if let Some(d) = &self.durable {
-            let c = &d.carried;
-            stats.records_read += c.records_read;
-            stats.in_sessions += c.in_sessions;
-            stats.duplicates += c.duplicates;
-            stats.late += c.late;
-            stats.invalid += c.invalid;
-            stats.blank_lines += c.blank_lines;
-            stats.sessions_emitted += c.sessions_emitted;
-            stats.retractions += c.retractions;
-            stats.bytes_read += c.bytes_read;
+            stats.add_counters(&d.carried);
             stats.checkpoints = Some(d.stats.clone());
         }
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
