@@ -190,6 +190,9 @@ pub struct RunArgs {
     /// [default: auto]
     #[arg(long, value_enum)]
     pub progress: Option<ProgressArg>,
+
+    #[command(flatten)]
+    pub kafka: crate::kafka::KafkaArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]

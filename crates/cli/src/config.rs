@@ -81,6 +81,36 @@ pub struct FileConfig {
     pub checkpoint_interval: Option<String>,
     pub checkpoint_every_records: Option<u64>,
     pub keep_open: Option<bool>,
+    pub kafka_brokers: Option<String>,
+    pub kafka_topic: Option<Vec<String>>,
+    pub kafka_group: Option<String>,
+    pub kafka_start: Option<crate::kafka::KafkaStartArg>,
+    pub stop_at_end: Option<bool>,
+    pub kafka_output_topic: Option<String>,
+    pub dead_letter_topic: Option<String>,
+    pub late_topic: Option<String>,
+    pub kafka_instance_id: Option<String>,
+    pub kafka_transaction_timeout: Option<String>,
+    pub kafka_config: Option<Vec<String>>,
+}
+
+impl FileConfig {
+    /// Takes the Kafka options out of the file.
+    fn take_kafka(&mut self) -> crate::kafka::KafkaFile {
+        crate::kafka::KafkaFile {
+            kafka_brokers: self.kafka_brokers.take(),
+            kafka_topic: self.kafka_topic.take(),
+            kafka_group: self.kafka_group.take(),
+            kafka_start: self.kafka_start.take(),
+            stop_at_end: self.stop_at_end.take(),
+            kafka_output_topic: self.kafka_output_topic.take(),
+            dead_letter_topic: self.dead_letter_topic.take(),
+            late_topic: self.late_topic.take(),
+            kafka_instance_id: self.kafka_instance_id.take(),
+            kafka_transaction_timeout: self.kafka_transaction_timeout.take(),
+            kafka_config: self.kafka_config.take(),
+        }
+    }
 }
 
 /// `[[aggregate]] kind = "collect", field = "page", name = "visited_pages"`.
@@ -193,14 +223,39 @@ fn beside(output: &OutputTarget, what: &str) -> OutputTarget {
 }
 
 /// Merges flags over the config file and checks everything.
-pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
-    let file = match &args.config {
+pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
+    let mut file = match &args.config {
         Some(p) => load_file(p)?,
         None => FileConfig::default(),
     };
+    let kafka_file = file.take_kafka();
+    let kafka_args = std::mem::take(&mut args.kafka);
+    let kafka_ctx = crate::kafka::Context {
+        inputs_given: !args.input.is_empty() || file.input.is_some(),
+        output_given: args.output.is_some() || file.output.is_some(),
+        dead_letter_given: args.dead_letter.is_some() || file.dead_letter.is_some(),
+        late_output_given: args.late_output.is_some() || file.late_output.is_some(),
+        state_dir_given: args.state_dir.is_some() || file.state_dir.is_some(),
+        keep_open: args.keep_open || file.keep_open.unwrap_or(false),
+        interval: {
+            let d = duration(
+                "--checkpoint-interval",
+                args.checkpoint_interval
+                    .clone()
+                    .or(file.checkpoint_interval.clone()),
+                "10s",
+            )?;
+            std::time::Duration::from_millis(d.millis().max(0) as u64)
+        },
+    };
+    let kafka = crate::kafka::resolve(kafka_args, kafka_file, kafka_ctx)?;
+    let kafka_in = kafka.as_ref().is_some_and(|k| k.is_source());
+    let kafka_out = kafka.as_ref().is_some_and(|k| k.is_sink());
 
     let inputs: Vec<String> = if !args.input.is_empty() {
         args.input
+    } else if kafka_in {
+        Vec::new()
     } else {
         file.input.unwrap_or_else(|| vec!["-".into()])
     };
@@ -209,7 +264,12 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
             "stdin ('-') can be given as --input only once".into(),
         ));
     }
-    let output = OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()));
+    // With a Kafka output topic the side outputs default to stderr, as with stdout.
+    let output = if kafka_out {
+        OutputTarget::Stdout
+    } else {
+        OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()))
+    };
     let dead_letter = match args.dead_letter.or(file.dead_letter) {
         Some(p) => OutputTarget::parse(&p),
         None => beside(&output, "dead-letter"),
@@ -388,14 +448,20 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
             reason: "give a number of threads from 1 to 256".into(),
         });
     }
-    let checkpoint = checkpoint_config(
-        args.state_dir.or(file.state_dir),
-        args.checkpoint_interval.or(file.checkpoint_interval),
-        args.checkpoint_every_records
-            .or(file.checkpoint_every_records),
-        args.keep_open || file.keep_open.unwrap_or(false),
-        &inputs,
-    )?;
+    // A Kafka job commits every --checkpoint-interval and keeps --keep-open state in
+    // its changelog: those options are its own then.
+    let checkpoint = if kafka.is_some() {
+        None
+    } else {
+        checkpoint_config(
+            args.state_dir.or(file.state_dir),
+            args.checkpoint_interval.or(file.checkpoint_interval),
+            args.checkpoint_every_records
+                .or(file.checkpoint_every_records),
+            args.keep_open || file.keep_open.unwrap_or(false),
+            &inputs,
+        )?
+    };
     let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
@@ -415,6 +481,7 @@ pub fn resolve(args: RunArgs) -> Result<RunConfig, ConfigError> {
         on_invalid,
         workers,
         idle_timeout,
+        kafka,
     };
     Ok(RunConfig {
         pipeline,

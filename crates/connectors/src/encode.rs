@@ -357,20 +357,81 @@ impl Emit for SessionEncoder {
     }
 }
 
-/// Where a record came from: `file:line`.
+/// How a position within an input is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PositionStyle {
+    /// `file:line`, the 1-based line number.
+    Line,
+    /// `topic/partition@offset`, the record's offset.
+    Offset,
+}
+
+/// An input as named in dead-letter and late records: a file (`visits.jsonl`, `stdin`)
+/// or a Kafka partition (`visits/3`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceName {
+    /// The display name.
+    pub name: String,
+    /// How positions within it are written.
+    pub style: PositionStyle,
+}
+
+impl SourceName {
+    /// A file or stdin, whose positions are line numbers.
+    pub fn lines(name: impl Into<String>) -> SourceName {
+        SourceName {
+            name: name.into(),
+            style: PositionStyle::Line,
+        }
+    }
+
+    /// A Kafka partition, whose positions are offsets.
+    pub fn partition(topic: &str, partition: i32) -> SourceName {
+        SourceName {
+            name: format!("{topic}/{partition}"),
+            style: PositionStyle::Offset,
+        }
+    }
+
+    /// The position `at` (a line number or an offset) within this input.
+    pub fn pos(&self, at: u64) -> SourcePos<'_> {
+        SourcePos {
+            name: &self.name,
+            at,
+            style: self.style,
+        }
+    }
+}
+
+/// Where a record came from: `file:line` or `topic/partition@offset`.
 #[derive(Debug, Clone, Copy)]
 pub struct SourcePos<'a> {
     /// The input's display name.
     pub name: &'a str,
-    /// 1-based line number within that input.
-    pub line: u64,
+    /// The 1-based line number, or the offset.
+    pub at: u64,
+    /// Which of the two `at` is.
+    pub style: PositionStyle,
+}
+
+impl std::fmt::Display for SourcePos<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sep = match self.style {
+            PositionStyle::Line => ':',
+            PositionStyle::Offset => '@',
+        };
+        write!(f, "{}{sep}{}", self.name, self.at)
+    }
 }
 
 fn write_source(pos: SourcePos<'_>, out: &mut Vec<u8>) {
     let mut s = Vec::with_capacity(pos.name.len() + 12);
     s.extend_from_slice(pos.name.as_bytes());
-    s.push(b':');
-    s.extend_from_slice(itoa::Buffer::new().format(pos.line).as_bytes());
+    s.push(match pos.style {
+        PositionStyle::Line => b':',
+        PositionStyle::Offset => b'@',
+    });
+    s.extend_from_slice(itoa::Buffer::new().format(pos.at).as_bytes());
     write_json_string(&s, out);
 }
 

@@ -6,9 +6,13 @@
 //! * [`encode`] — the output records of SPEC §3 (sessions, retractions, dead letters,
 //!   late events) written as JSON lines into batch buffers.
 //! * [`output`] — where those bytes go: a file or stdout.
+//! * `kafka` (cargo feature `kafka`) — Apache Kafka topics: a consumer group member,
+//!   a transactional producer, the changelog topics of the tasks' state.
 
 pub mod encode;
 pub mod input;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod output;
 
 pub use encode::{RecordWriter, SessionEncoder};

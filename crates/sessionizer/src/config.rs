@@ -69,6 +69,71 @@ pub struct PipelineConfig {
     /// Worker threads; keys are shared among them by hash. The output is the same for
     /// every value.
     pub workers: usize,
+    /// Kafka as the source, the sink, or both (`--kafka-*`); `None`: files and stdio only.
+    pub kafka: Option<KafkaConfig>,
+}
+
+/// Where a consumer group starts reading a partition that has no committed position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KafkaStart {
+    /// At the first record still in the partition.
+    #[default]
+    Earliest,
+    /// After the last record: only records produced from now on.
+    Latest,
+}
+
+/// Apache Kafka options of a run (SPEC §3, §5). Needs the `kafka` cargo feature.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// `--kafka-brokers`: the bootstrap servers.
+    pub brokers: String,
+    /// `--kafka-config KEY=VALUE`: extra librdkafka properties for every client.
+    pub properties: Vec<(String, String)>,
+    /// How long a call to the cluster may take before it is an error.
+    pub timeout: std::time::Duration,
+    /// `--kafka-topic`: the input topics (empty: the input is files or stdin).
+    pub topics: Vec<String>,
+    /// `--kafka-group`: the consumer group, and the job's name in Kafka (its changelog
+    /// topics and transactional ids start with it).
+    pub group: Option<String>,
+    /// `--kafka-start`: where a partition without a committed position starts.
+    pub start: KafkaStart,
+    /// `--stop-at-end`: read each partition up to its end offset at the start of the run,
+    /// then end as a file input does.
+    pub stop_at_end: bool,
+    /// `--kafka-output-topic`: where session records go (else `--output`).
+    pub output_topic: Option<String>,
+    /// `--dead-letter-topic`: where invalid records go (else `--dead-letter`).
+    pub dead_letter_topic: Option<String>,
+    /// `--late-topic`: where too-late events go (else `--late-output`).
+    pub late_topic: Option<String>,
+    /// `--kafka-instance-id`: this process's stable name within the group; its
+    /// transactional id is `<group>-<instance>`. A restarted process with the same id
+    /// fences its predecessor at once; without one, a random id is used and a crashed
+    /// predecessor's open transaction blocks its partitions until
+    /// `transaction_timeout` passes.
+    pub instance_id: Option<String>,
+    /// `--kafka-transaction-timeout`: how long the broker keeps a transaction of a
+    /// vanished process open before aborting it.
+    pub transaction_timeout: std::time::Duration,
+    /// How often a Kafka job commits (`--checkpoint-interval`).
+    pub commit_interval: std::time::Duration,
+    /// `--keep-open`: at the end of a `--stop-at-end` run keep the sessions in progress
+    /// in the changelog instead of emitting them.
+    pub keep_open: bool,
+}
+
+impl KafkaConfig {
+    /// Whether the input is Kafka topics.
+    pub fn is_source(&self) -> bool {
+        !self.topics.is_empty()
+    }
+
+    /// Whether session records go to a Kafka topic.
+    pub fn is_sink(&self) -> bool {
+        self.output_topic.is_some()
+    }
 }
 
 impl PipelineConfig {

@@ -91,6 +91,7 @@ fn the_library_window_and_the_cli_pipeline_emit_the_same_records() {
         emit: EmitMode::OnClose,
         on_invalid: OnInvalid::DeadLetter,
         workers: 1,
+        kafka: None,
         idle_timeout: None,
     };
     let stats = sessionizer::pipeline::run(&cfg, &sessionizer::pipeline::Quiet).expect("CLI run");

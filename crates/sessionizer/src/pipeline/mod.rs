@@ -19,6 +19,8 @@
 //! batches and resumes it from the newest valid checkpoint.
 
 mod durable;
+#[cfg(feature = "kafka")]
+mod kafka;
 mod parse;
 mod shard;
 
@@ -27,7 +29,7 @@ use crate::stats::RunStats;
 use durable::{Durable, Start};
 use parse::Parsed;
 use sessionizer_checkpoint::CheckpointError;
-use sessionizer_connectors::encode::OutputError;
+use sessionizer_connectors::encode::{OutputError, SourceName};
 use sessionizer_connectors::input::{InputError, ReadPosition};
 use sessionizer_connectors::{
     Batch, InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder,
@@ -104,6 +106,13 @@ pub enum RunError {
         /// Why not.
         message: String,
     },
+    /// Talking to Kafka failed, or what it holds does not fit the job.
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
+    /// The run asks for something this build or this mode cannot do.
+    #[error("{0}")]
+    Unsupported(String),
     /// A key's state in the checkpoint does not decode.
     #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
     RestoreState {
@@ -149,6 +158,14 @@ pub fn run_with(
     checkpoint: Option<&CheckpointConfig>,
     observer: &dyn Observer,
 ) -> Result<RunStats, RunError> {
+    if let Some(kafka) = &cfg.kafka
+        && kafka.is_source()
+    {
+        #[cfg(feature = "kafka")]
+        return kafka::run(cfg, kafka, observer);
+        #[cfg(not(feature = "kafka"))]
+        return Err(RunError::Unsupported(without_kafka(kafka)));
+    }
     let workers = cfg.workers.max(1);
     let pool = if workers > 1 {
         Some(
@@ -165,6 +182,11 @@ pub fn run_with(
         None
     };
     Job::new(cfg, workers, pool).run(checkpoint, observer)
+}
+
+#[cfg(not(feature = "kafka"))]
+fn without_kafka(_: &crate::config::KafkaConfig) -> String {
+    "this sessionizer was built without Kafka support; build it with `cargo build --release --features kafka`".into()
 }
 
 /// Reads batches on a thread of its own, one batch ahead of the workers, so that reading
@@ -315,7 +337,7 @@ struct Job<'c> {
     pool: Option<rayon::ThreadPool>,
     started: Instant,
     inputs: Inputs,
-    names: Vec<String>,
+    names: Vec<SourceName>,
     shards: Vec<Shard>,
     decoders: Vec<Decoder>,
     parsed: Vec<Parsed>,
@@ -353,7 +375,11 @@ impl<'c> Job<'c> {
             pool,
             started: Instant::now(),
             inputs: Inputs::new(cfg.inputs.clone()),
-            names: cfg.inputs.iter().map(|i| i.display_name()).collect(),
+            names: cfg
+                .inputs
+                .iter()
+                .map(|i| SourceName::lines(i.display_name()))
+                .collect(),
             shards,
             decoders: (0..ranges)
                 .map(|_| Decoder::new(cfg.decoder_config()))
@@ -631,7 +657,9 @@ impl<'c> Job<'c> {
             if let Some((line, reason)) = &part.first_invalid {
                 let span = batch.lines[*line as usize];
                 return Err(RunError::InvalidRecord {
-                    position: format!("{}:{}", self.names[span.input as usize], span.line_no),
+                    position: self.names[span.input as usize]
+                        .pos(span.line_no)
+                        .to_string(),
                     reason: reason.clone(),
                 });
             }

@@ -3,7 +3,7 @@
 
 use crate::config::OnInvalid;
 use sessionizer_connectors::Batch;
-use sessionizer_connectors::encode::{SourcePos, encode_dead_letter};
+use sessionizer_connectors::encode::{SourceName, encode_dead_letter};
 use sessionizer_core::decode::Decoder;
 use std::hash::BuildHasher;
 
@@ -69,7 +69,7 @@ pub(crate) struct ParseSettings<'a> {
     pub shards: usize,
     pub on_invalid: OnInvalid,
     /// Display names of the inputs, for dead-letter positions.
-    pub names: &'a [String],
+    pub names: &'a [SourceName],
 }
 
 /// Decodes lines `range` of `batch`.
@@ -125,10 +125,7 @@ pub(crate) fn parse_range(
                     }
                     OnInvalid::DeadLetter => {
                         let span = batch.lines[i];
-                        let pos = SourcePos {
-                            name: &names[span.input as usize],
-                            line: span.line_no,
-                        };
+                        let pos = names[span.input as usize].pos(span.line_no);
                         encode_dead_letter(&mut out.dead, &invalid.to_string(), pos, bytes);
                     }
                 }

@@ -11,7 +11,7 @@
 
 use super::parse::{Kind, Parsed};
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
-use sessionizer_connectors::encode::{SourcePos, encode_late};
+use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::codec;
@@ -37,6 +37,8 @@ pub(crate) struct Tag {
     pub key: (usize, usize),
     /// The record in [`Tagged::encoder`]'s buffer.
     pub bytes: (usize, usize),
+    /// A retraction (else a session record).
+    pub retract: bool,
 }
 
 /// An [`Emit`] that encodes and, with several shards, tags every record.
@@ -50,7 +52,7 @@ pub(crate) struct Tagged {
 }
 
 impl Tagged {
-    fn tag(&mut self, class: u8, close: i64, start: i64, key: &[u8], from: usize) {
+    fn tag(&mut self, class: u8, close: i64, start: i64, key: &[u8], from: usize, retract: bool) {
         if !self.tagging {
             return;
         }
@@ -63,6 +65,7 @@ impl Tagged {
             start,
             key: k,
             bytes: (from, self.encoder.buf.len() - from),
+            retract,
         });
     }
 
@@ -84,13 +87,20 @@ impl Emit for Tagged {
         let from = self.encoder.buf.len();
         self.encoder.session(s);
         let class = if s.complete { 1 } else { 0 };
-        self.tag(class, s.close.millis(), s.start.millis(), s.key, from);
+        self.tag(
+            class,
+            s.close.millis(),
+            s.start.millis(),
+            s.key,
+            from,
+            false,
+        );
     }
 
     fn retraction(&mut self, key: &[u8], start: EventTime) {
         let from = self.encoder.buf.len();
         self.encoder.retraction(key, start);
-        self.tag(0, i64::MIN, start.millis(), key, from);
+        self.tag(0, i64::MIN, start.millis(), key, from, true);
     }
 }
 
@@ -143,7 +153,13 @@ impl Shard {
 
     /// Runs the batch's records (decoded in `parsed`, range after range) through this
     /// shard. `first_step` is the input position of the batch's first line.
-    pub fn process(&mut self, batch: &Batch, parsed: &[Parsed], first_step: u64, names: &[String]) {
+    pub fn process(
+        &mut self,
+        batch: &Batch,
+        parsed: &[Parsed],
+        first_step: u64,
+        names: &[SourceName],
+    ) {
         let aggregates = self.op.config().aggregates.len();
         for part in parsed {
             for rec in part.recs.iter().filter(|r| r.kind == Kind::Valid) {
@@ -177,10 +193,7 @@ impl Shard {
                         Verdict::Late(reason) => {
                             self.late_count += 1;
                             let span = batch.lines[rec.line as usize];
-                            let pos = SourcePos {
-                                name: &names[span.input as usize],
-                                line: span.line_no,
-                            };
+                            let pos = names[span.input as usize].pos(span.line_no);
                             let from = self.late.len();
                             let line = batch.line(rec.line as usize);
                             encode_late(

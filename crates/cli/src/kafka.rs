@@ -1,0 +1,259 @@
+//! The `--kafka-*` options of `sessionizer run` (SPEC §3, §5, §7): raw flags, their
+//! config-file names, and their check into a [`KafkaConfig`].
+
+use crate::config::ConfigError;
+use clap::{Args, ValueEnum};
+use serde::Deserialize;
+use sessionizer::config::{KafkaConfig, KafkaStart};
+use sessionizer_core::timefmt::parse_duration;
+use std::time::Duration;
+
+/// Kafka options of `sessionizer run`. They need a binary built with
+/// `--features kafka`; without it they are refused with that advice.
+#[derive(Debug, Clone, Default, Args)]
+#[command(next_help_heading = "Kafka (build with --features kafka)")]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers, e.g. 127.0.0.1:9092.
+    #[arg(long, value_name = "HOSTS")]
+    pub kafka_brokers: Option<String>,
+
+    /// Input topic (repeat for several). Its records' values are the events; each
+    /// partition is a task with its own watermark and state. Replaces --input.
+    #[arg(long, value_name = "TOPIC")]
+    pub kafka_topic: Vec<String>,
+
+    /// Consumer group, and the job's name in Kafka: its changelog topics are
+    /// <GROUP>-<topic>-changelog and its transactional ids start with <GROUP>-.
+    #[arg(long, value_name = "GROUP")]
+    pub kafka_group: Option<String>,
+
+    /// Where a partition the group never committed starts. [default: earliest]
+    #[arg(long, value_enum, value_name = "WHERE")]
+    pub kafka_start: Option<KafkaStartArg>,
+
+    /// Read each partition up to the end offset it had when the run started, then end
+    /// as at the end of a file (every session emitted unless --keep-open) and exit.
+    #[arg(long)]
+    pub stop_at_end: bool,
+
+    /// Topic for the session records (key: session_id; value: the JSON record;
+    /// retractions are tombstones with header retract=true). Exactly once with a Kafka
+    /// input. Replaces --output.
+    #[arg(long, value_name = "TOPIC")]
+    pub kafka_output_topic: Option<String>,
+
+    /// Topic for invalid records (instead of --dead-letter).
+    #[arg(long, value_name = "TOPIC")]
+    pub dead_letter_topic: Option<String>,
+
+    /// Topic for too-late events (instead of --late-output).
+    #[arg(long, value_name = "TOPIC")]
+    pub late_topic: Option<String>,
+
+    /// This process's stable name in the group: its transactional id is
+    /// <GROUP>-<ID>, so a restarted process fences its predecessor at once. Give each
+    /// process of a group its own. [default: random per process]
+    #[arg(long, value_name = "ID")]
+    pub kafka_instance_id: Option<String>,
+
+    /// How long the broker keeps a vanished process's transaction open before aborting
+    /// it (a restart without --kafka-instance-id waits that long for its partitions).
+    /// [default: 10s]
+    #[arg(long, value_name = "DUR")]
+    pub kafka_transaction_timeout: Option<String>,
+
+    /// Extra librdkafka client property KEY=VALUE (repeat), e.g. security settings.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub kafka_config: Vec<String>,
+}
+
+/// `--kafka-start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KafkaStartArg {
+    /// The first record still in the partition.
+    Earliest,
+    /// Only records produced from now on.
+    Latest,
+}
+
+/// The same options in the TOML config file (kebab-case names, as the flags).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KafkaFile {
+    pub kafka_brokers: Option<String>,
+    pub kafka_topic: Option<Vec<String>>,
+    pub kafka_group: Option<String>,
+    pub kafka_start: Option<KafkaStartArg>,
+    pub stop_at_end: Option<bool>,
+    pub kafka_output_topic: Option<String>,
+    pub dead_letter_topic: Option<String>,
+    pub late_topic: Option<String>,
+    pub kafka_instance_id: Option<String>,
+    pub kafka_transaction_timeout: Option<String>,
+    pub kafka_config: Option<Vec<String>>,
+}
+
+/// What the rest of the configuration needs to know to check the Kafka options.
+#[derive(Debug, Clone, Copy)]
+pub struct Context {
+    /// `--input` was given (on the command line or in the file).
+    pub inputs_given: bool,
+    /// `--output` was given.
+    pub output_given: bool,
+    /// `--dead-letter` was given.
+    pub dead_letter_given: bool,
+    /// `--late-output` was given.
+    pub late_output_given: bool,
+    /// `--state-dir` was given.
+    pub state_dir_given: bool,
+    /// `--keep-open`.
+    pub keep_open: bool,
+    /// `--checkpoint-interval`, or the default.
+    pub interval: Duration,
+}
+
+/// Flags over the file; `None` when no Kafka option is used.
+pub fn resolve(
+    args: KafkaArgs,
+    file: KafkaFile,
+    ctx: Context,
+) -> Result<Option<KafkaConfig>, ConfigError> {
+    let topics = if args.kafka_topic.is_empty() {
+        file.kafka_topic.unwrap_or_default()
+    } else {
+        args.kafka_topic
+    };
+    let group = args.kafka_group.or(file.kafka_group);
+    let output_topic = args.kafka_output_topic.or(file.kafka_output_topic);
+    let dead_letter_topic = args.dead_letter_topic.or(file.dead_letter_topic);
+    let late_topic = args.late_topic.or(file.late_topic);
+    let stop_at_end = args.stop_at_end || file.stop_at_end.unwrap_or(false);
+    let start = args.kafka_start.or(file.kafka_start);
+    let instance_id = args.kafka_instance_id.or(file.kafka_instance_id);
+    let txn_timeout = args
+        .kafka_transaction_timeout
+        .or(file.kafka_transaction_timeout);
+    let properties = if args.kafka_config.is_empty() {
+        file.kafka_config.unwrap_or_default()
+    } else {
+        args.kafka_config
+    };
+    let brokers = args.kafka_brokers.or(file.kafka_brokers);
+    let used = [
+        ("--kafka-topic", !topics.is_empty()),
+        ("--kafka-group", group.is_some()),
+        ("--kafka-output-topic", output_topic.is_some()),
+        ("--dead-letter-topic", dead_letter_topic.is_some()),
+        ("--late-topic", late_topic.is_some()),
+        ("--stop-at-end", stop_at_end),
+        ("--kafka-start", start.is_some()),
+        ("--kafka-instance-id", instance_id.is_some()),
+        ("--kafka-transaction-timeout", txn_timeout.is_some()),
+        ("--kafka-config", !properties.is_empty()),
+    ];
+    let Some(brokers) = brokers else {
+        if let Some((name, _)) = used.iter().find(|(_, on)| *on) {
+            return Err(ConfigError::Conflict(format!(
+                "{name} needs --kafka-brokers (the bootstrap servers, e.g. 127.0.0.1:9092)"
+            )));
+        }
+        return Ok(None);
+    };
+    let conflict = |m: &str| Err(ConfigError::Conflict(m.to_string()));
+    if topics.is_empty() && output_topic.is_none() {
+        return conflict(
+            "--kafka-brokers needs --kafka-topic (a Kafka input) or --kafka-output-topic (a Kafka output)",
+        );
+    }
+    if !topics.is_empty() && ctx.inputs_given {
+        return conflict("give either --input or --kafka-topic, not both");
+    }
+    if output_topic.is_some() && ctx.output_given {
+        return conflict("give either --output or --kafka-output-topic, not both");
+    }
+    if dead_letter_topic.is_some() && ctx.dead_letter_given {
+        return conflict("give either --dead-letter or --dead-letter-topic, not both");
+    }
+    if late_topic.is_some() && ctx.late_output_given {
+        return conflict("give either --late-output or --late-topic, not both");
+    }
+    if topics.is_empty() {
+        for (name, on) in [
+            ("--stop-at-end", stop_at_end),
+            ("--kafka-start", start.is_some()),
+        ] {
+            if on {
+                return Err(ConfigError::Conflict(format!(
+                    "{name} applies to a Kafka input; give --kafka-topic"
+                )));
+            }
+        }
+        return conflict(
+            "a Kafka output with file or stdin input is not supported yet: give a Kafka input (--kafka-topic) with --kafka-output-topic, or write the sessions to a file",
+        );
+    }
+    if ctx.state_dir_given {
+        return conflict(
+            "--state-dir is not supported with a Kafka input yet: with --kafka-output-topic the job's state lives in its changelog topics (exactly once); without it the state is in memory only",
+        );
+    }
+    if output_topic.is_some() && group.is_none() {
+        return conflict(
+            "--kafka-output-topic with a Kafka input needs --kafka-group: the group names the job (its changelog topics, its committed offsets)",
+        );
+    }
+    if output_topic.is_none() && ctx.keep_open {
+        return conflict(
+            "--keep-open with a Kafka input needs --kafka-output-topic: the sessions in progress are kept in the job's changelog",
+        );
+    }
+    let mut props = Vec::new();
+    for p in properties {
+        let Some((k, v)) = p.split_once('=') else {
+            return Err(ConfigError::Invalid {
+                option: "--kafka-config",
+                value: p,
+                reason: "expected KEY=VALUE, e.g. security.protocol=SSL".into(),
+            });
+        };
+        props.push((k.trim().to_string(), v.trim().to_string()));
+    }
+    let transaction_timeout = match txn_timeout {
+        Some(v) => {
+            let d = parse_duration(&v).map_err(|e| ConfigError::Invalid {
+                option: "--kafka-transaction-timeout",
+                value: v.clone(),
+                reason: e.to_string(),
+            })?;
+            if d.millis() < 1000 {
+                return Err(ConfigError::Invalid {
+                    option: "--kafka-transaction-timeout",
+                    value: v,
+                    reason: "give at least 1s".into(),
+                });
+            }
+            Duration::from_millis(d.millis() as u64)
+        }
+        None => Duration::from_secs(10),
+    };
+    Ok(Some(KafkaConfig {
+        brokers,
+        properties: props,
+        timeout: Duration::from_secs(30),
+        topics,
+        group,
+        start: match start {
+            Some(KafkaStartArg::Latest) => KafkaStart::Latest,
+            _ => KafkaStart::Earliest,
+        },
+        stop_at_end,
+        output_topic,
+        dead_letter_topic,
+        late_topic,
+        instance_id,
+        transaction_timeout,
+        commit_interval: ctx.interval,
+        keep_open: ctx.keep_open,
+    }))
+}

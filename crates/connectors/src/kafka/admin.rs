@@ -1,0 +1,139 @@
+//! Topic checks and creation.
+
+use super::{KafkaError, KafkaSettings};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::types::RDKafkaRespErr;
+
+/// Metadata and topic management for one job.
+pub struct Admin {
+    settings: KafkaSettings,
+    /// A plain consumer (no group) used for metadata only.
+    meta: BaseConsumer,
+    admin: AdminClient<DefaultClientContext>,
+}
+
+impl std::fmt::Debug for Admin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admin")
+            .field("brokers", &self.settings.brokers)
+            .finish()
+    }
+}
+
+impl Admin {
+    /// Connects (lazily: the first call reaches the brokers).
+    pub fn new(settings: &KafkaSettings) -> Result<Admin, KafkaError> {
+        let meta: BaseConsumer = settings
+            .finish(settings.client_config())
+            .create()
+            .map_err(KafkaError::client("create a metadata client"))?;
+        let admin: AdminClient<DefaultClientContext> = settings
+            .finish(settings.client_config())
+            .create()
+            .map_err(KafkaError::client("create an admin client"))?;
+        Ok(Admin {
+            settings: settings.clone(),
+            meta,
+            admin,
+        })
+    }
+
+    /// The number of partitions of `topic`, or `None` when it does not exist.
+    pub fn partitions(&self, topic: &str) -> Result<Option<usize>, KafkaError> {
+        let md = self
+            .meta
+            .fetch_metadata(Some(topic), self.settings.timeout)
+            .map_err(|source| KafkaError::Unreachable {
+                brokers: self.settings.brokers.clone(),
+                timeout: self.settings.timeout,
+                source,
+            })?;
+        let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
+            return Ok(None);
+        };
+        match t.error() {
+            None => Ok(Some(t.partitions().len())),
+            Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(None),
+            Some(e) => Err(KafkaError::Invalid(format!(
+                "metadata of topic {topic}: {}",
+                RDKafkaErrorCode::from(e)
+            ))),
+        }
+    }
+
+    /// The number of partitions of a topic that must exist.
+    pub fn require(&self, topic: &str, role: &'static str) -> Result<usize, KafkaError> {
+        match self.partitions(topic)? {
+            Some(n) if n > 0 => Ok(n),
+            _ => Err(KafkaError::TopicMissing {
+                topic: topic.to_string(),
+                role,
+                hint: format!(
+                    " (for a local broker: scripts/kafka-dev.sh topics --create --topic {topic} --partitions 4)"
+                ),
+            }),
+        }
+    }
+
+    /// Makes sure the compacted changelog `topic` exists with `partitions` partitions:
+    /// creates it when missing, refuses one with another partition count (its partitions
+    /// would no longer match the input's).
+    pub fn ensure_changelog(&self, topic: &str, partitions: usize) -> Result<(), KafkaError> {
+        if let Some(n) = self.partitions(topic)? {
+            if n != partitions {
+                return Err(KafkaError::Invalid(format!(
+                    "the changelog topic {topic} has {n} partitions but its input has {partitions}: one changelog partition per input partition is required. Was the input topic repartitioned? Use a new --kafka-group"
+                )));
+            }
+            return Ok(());
+        }
+        let parts = i32::try_from(partitions)
+            .map_err(|_| KafkaError::Invalid(format!("{partitions} partitions")))?;
+        // Compacted: the latest state of each key stays, so a restore reads each key once.
+        // Small segments let the cleaner compact soon after a segment rolls.
+        let new = NewTopic::new(topic, parts, TopicReplication::Fixed(-1))
+            .set("cleanup.policy", "compact")
+            .set("segment.bytes", "67108864")
+            .set("segment.ms", "600000")
+            .set("min.cleanable.dirty.ratio", "0.2")
+            .set("message.timestamp.type", "LogAppendTime");
+        let opts = AdminOptions::new().operation_timeout(Some(self.settings.timeout));
+        let results = futures_executor::block_on(self.admin.create_topics([&new], &opts))
+            .map_err(KafkaError::client(format!("create topic {topic}")))?;
+        for r in results {
+            match r {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => {
+                    return Err(KafkaError::Invalid(format!(
+                        "cannot create the changelog topic {name}: {code}"
+                    )));
+                }
+            }
+        }
+        // Creation is asynchronous on the broker: wait until the metadata shows it.
+        let began = std::time::Instant::now();
+        while began.elapsed() < self.settings.timeout {
+            if self.partitions(topic)? == Some(partitions) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        Err(KafkaError::Invalid(format!(
+            "the changelog topic {topic} was created but did not appear within {:?}",
+            self.settings.timeout
+        )))
+    }
+
+    /// The first and next offsets of a partition (`low`, `high`).
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+        self.meta
+            .fetch_watermarks(topic, partition, self.settings.timeout)
+            .map_err(KafkaError::client(format!(
+                "read the end offsets of {topic}/{partition}"
+            )))
+    }
+}

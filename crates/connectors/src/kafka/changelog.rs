@@ -1,0 +1,145 @@
+//! The changelog: a compacted topic with one partition per input partition, holding
+//! each task's state (SPEC §5). Its records:
+//!
+//! | key | value |
+//! | --- | --- |
+//! | `s` + the session key | the key's state (the checkpoint codec), or a tombstone when the key has none left |
+//! | `m` | the task's progress (JSON): next input offset, watermark, counters, options |
+//!
+//! Both are written in the same transaction as the output and the consumed offsets, so
+//! reading a partition to its end under `read_committed` gives the task exactly as it
+//! stood at its last commit. Compaction keeps the newest record of each key, so a full
+//! restore reads each key about once.
+
+use super::{KafkaError, KafkaSettings};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError as ClientError;
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use std::time::{Duration, Instant};
+
+/// The first byte of a changelog key that holds a session key's state.
+pub const STATE_PREFIX: u8 = b's';
+/// The changelog key of a task's progress record.
+pub const META_KEY: &[u8] = b"m";
+
+/// The changelog key for `key`'s state.
+pub fn state_key(key: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    out.push(STATE_PREFIX);
+    out.extend_from_slice(key);
+}
+
+/// One record of a changelog partition.
+#[derive(Debug)]
+pub enum Entry<'a> {
+    /// A session key's state (`None`: removed).
+    State {
+        /// The session key.
+        key: &'a [u8],
+        /// Its encoded state.
+        value: Option<&'a [u8]>,
+    },
+    /// The task's progress record.
+    Meta(&'a [u8]),
+}
+
+/// What reading a changelog partition found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadStats {
+    /// Records read.
+    pub records: u64,
+    /// Bytes of keys and values read.
+    pub bytes: u64,
+    /// The offset after the last record read (where a later read would go on).
+    pub end_offset: i64,
+}
+
+/// Reads partition `partition` of changelog `topic` from `from` to its end — its last
+/// stable offset, so records of a transaction still open are not read (and a restore
+/// that follows a crashed owner sees only what that owner committed) — calling `apply`
+/// for every record in order.
+pub fn read_to_end(
+    settings: &KafkaSettings,
+    topic: &str,
+    partition: i32,
+    from: Option<i64>,
+    mut apply: impl FnMut(Entry<'_>) -> Result<(), String>,
+) -> Result<ReadStats, KafkaError> {
+    let mut c = settings.client_config();
+    c.set("group.id", "sessionizer-restore")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "10")
+        .set("queued.min.messages", "500000")
+        .set("max.partition.fetch.bytes", "16777216");
+    let consumer: BaseConsumer = settings
+        .finish(c)
+        .create()
+        .map_err(KafkaError::client("create the changelog reader"))?;
+    let mut tpl = TopicPartitionList::new();
+    let start = match from {
+        Some(o) => Offset::Offset(o),
+        None => Offset::Beginning,
+    };
+    tpl.add_partition_offset(topic, partition, start)
+        .map_err(KafkaError::client(format!("read {topic}/{partition}")))?;
+    consumer
+        .assign(&tpl)
+        .map_err(KafkaError::client(format!("read {topic}/{partition}")))?;
+    let mut stats = ReadStats {
+        end_offset: from.unwrap_or(0),
+        ..ReadStats::default()
+    };
+    let mut last_progress = Instant::now();
+    loop {
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {
+                if last_progress.elapsed() > settings.timeout {
+                    return Err(KafkaError::Invalid(format!(
+                        "reading the changelog {topic}/{partition} made no progress for {:?} (at offset {}); is the broker up?",
+                        settings.timeout, stats.end_offset
+                    )));
+                }
+            }
+            Some(Err(ClientError::PartitionEOF(_))) => break,
+            Some(Err(e)) => {
+                return Err(KafkaError::Client {
+                    what: format!("read the changelog {topic}/{partition}"),
+                    source: e,
+                });
+            }
+            Some(Ok(m)) => {
+                last_progress = Instant::now();
+                let key = m.key().unwrap_or_default();
+                let value = m.payload();
+                stats.records += 1;
+                stats.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+                stats.end_offset = m.offset() + 1;
+                let entry = match key.split_first() {
+                    Some((&STATE_PREFIX, k)) => Entry::State { key: k, value },
+                    _ if key == META_KEY => match value {
+                        Some(v) => Entry::Meta(v),
+                        None => continue,
+                    },
+                    _ => {
+                        return Err(KafkaError::Invalid(format!(
+                            "the changelog {topic}/{partition} holds a record at offset {} that sessionizer did not write (key {:?}); was the topic shared with another application?",
+                            m.offset(),
+                            String::from_utf8_lossy(key)
+                        )));
+                    }
+                };
+                apply(entry).map_err(|reason| {
+                    KafkaError::Invalid(format!(
+                        "the changelog {topic}/{partition} is damaged at offset {}: {reason}",
+                        m.offset()
+                    ))
+                })?;
+            }
+        }
+    }
+    Ok(stats)
+}

@@ -1,0 +1,393 @@
+//! The input side: a member of a consumer group, or a plain consumer that assigns
+//! partitions itself.
+//!
+//! Rebalances are not handled inside librdkafka's callback, which runs in the middle of
+//! a `poll` where the job's state is out of reach. The callback only queues the event;
+//! the job handles it between batches — commits the transaction that covers partitions
+//! it is about to lose, restores the state of partitions it gains — and then completes
+//! the rebalance with [`GroupConsumer::assign`] / [`GroupConsumer::unassign`].
+//! librdkafka waits for that call (its "wait assign call" state), so no record of a
+//! gained partition is fetched before its state is restored and its start offset set,
+//! and none of a lost one is processed after its last commit.
+
+use super::{KafkaError, KafkaSettings, TopicPartition};
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata};
+use rdkafka::error::KafkaError as ClientError;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::topic_partition_list::TopicPartitionListElem;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// A change of the partitions this process holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebalance {
+    /// These partitions are now ours (incrementally, with the cooperative protocol).
+    Assign(Vec<TopicPartition>),
+    /// These partitions are being taken away; commit them, then call
+    /// [`GroupConsumer::unassign`].
+    Revoke(Vec<TopicPartition>),
+    /// These partitions were lost without a clean hand-over (the session timed out):
+    /// another member may already own them, so nothing of theirs may be committed.
+    Lost(Vec<TopicPartition>),
+}
+
+/// Queues rebalance events for the job.
+#[derive(Debug)]
+pub struct GroupContext {
+    topics: Vec<String>,
+    events: Mutex<VecDeque<Rebalance>>,
+    /// Set while the consumer closes: rebalances are then completed inside the callback
+    /// (the job is no longer polling to do it).
+    closing: AtomicBool,
+}
+
+impl ClientContext for GroupContext {}
+
+impl GroupContext {
+    fn partitions(&self, tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+        tpl.elements()
+            .iter()
+            .filter_map(|e| {
+                let topic = self.topics.iter().position(|t| t == e.topic())?;
+                Some(TopicPartition {
+                    topic: topic as u32,
+                    partition: e.partition(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        if self.closing.load(Ordering::Acquire) {
+            let _ = match err {
+                RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                    consumer.incremental_assign(tpl)
+                }
+                _ => consumer.incremental_unassign(tpl),
+            };
+            return;
+        }
+        let event = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                Rebalance::Assign(self.partitions(tpl))
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                if consumer.assignment_lost() {
+                    Rebalance::Lost(self.partitions(tpl))
+                } else {
+                    Rebalance::Revoke(self.partitions(tpl))
+                }
+            }
+            _ => return,
+        };
+        self.events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push_back(event);
+    }
+}
+
+/// Where a newly assigned partition starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAt {
+    /// At this offset (the committed position of the task).
+    Offset(i64),
+    /// At the first record still in the partition.
+    Earliest,
+    /// After the last record (only new records are read).
+    Latest,
+}
+
+/// One record as read (its bytes stay in librdkafka's buffers while it lives).
+pub struct Record<'a> {
+    /// The partition it came from.
+    pub from: TopicPartition,
+    msg: BorrowedMessage<'a>,
+}
+
+impl std::fmt::Debug for Record<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Record")
+            .field("from", &self.from)
+            .field("offset", &self.offset())
+            .finish()
+    }
+}
+
+impl Record<'_> {
+    /// Its offset.
+    pub fn offset(&self) -> i64 {
+        self.msg.offset()
+    }
+
+    /// The record key, if any.
+    pub fn key(&self) -> Option<&[u8]> {
+        self.msg.key()
+    }
+
+    /// The record value; `None` for a tombstone.
+    pub fn value(&self) -> Option<&[u8]> {
+        self.msg.payload()
+    }
+}
+
+/// What one poll gave.
+#[derive(Debug)]
+pub enum Polled<'a> {
+    /// A record.
+    Record(Record<'a>),
+    /// A partition reached the end of what is readable now (its last stable offset).
+    End,
+    /// Nothing within the timeout.
+    Nothing,
+}
+
+/// A consumer group member (or a plain consumer) over the job's input topics, reading
+/// `read_committed`.
+pub struct GroupConsumer {
+    consumer: BaseConsumer<GroupContext>,
+    topics: Vec<String>,
+    settings: KafkaSettings,
+    group: Option<String>,
+}
+
+impl std::fmt::Debug for GroupConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupConsumer")
+            .field("topics", &self.topics)
+            .field("group", &self.group)
+            .finish()
+    }
+}
+
+impl GroupConsumer {
+    /// A member of `group` that will subscribe to `topics` (cooperative-sticky), or with
+    /// `group = None` a consumer that is assigned partitions by the job. Offsets are
+    /// never auto-committed: they are committed in the job's transactions.
+    pub fn new(
+        settings: &KafkaSettings,
+        topics: &[String],
+        group: Option<&str>,
+    ) -> Result<GroupConsumer, KafkaError> {
+        let mut c = settings.client_config();
+        c.set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            // Fetch in large blocks: a record is a few hundred bytes.
+            .set("fetch.min.bytes", "1")
+            .set("fetch.wait.max.ms", "50")
+            .set("queued.min.messages", "200000")
+            .set("max.partition.fetch.bytes", "4194304")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000");
+        // A group id is always needed by librdkafka; without a group it is never used.
+        c.set("group.id", group.unwrap_or("sessionizer-unused"));
+        let context = GroupContext {
+            topics: topics.to_vec(),
+            events: Mutex::new(VecDeque::new()),
+            closing: AtomicBool::new(false),
+        };
+        let consumer: BaseConsumer<GroupContext> = settings
+            .finish(c)
+            .create_with_context(context)
+            .map_err(KafkaError::client("create the consumer"))?;
+        Ok(GroupConsumer {
+            consumer,
+            topics: topics.to_vec(),
+            settings: settings.clone(),
+            group: group.map(str::to_string),
+        })
+    }
+
+    /// The input topics, in the order their [`TopicPartition::topic`] indexes.
+    pub fn topics(&self) -> &[String] {
+        &self.topics
+    }
+
+    /// Joins the group: partitions arrive as [`Rebalance::Assign`] events.
+    pub fn subscribe(&self) -> Result<(), KafkaError> {
+        let names: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        self.consumer
+            .subscribe(&names)
+            .map_err(KafkaError::client("subscribe to the input topics"))
+    }
+
+    /// The rebalance events queued since the last call, oldest first.
+    pub fn take_rebalances(&self) -> Vec<Rebalance> {
+        self.consumer
+            .context()
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+            .collect()
+    }
+
+    /// Whether rebalance events wait to be handled.
+    pub fn rebalance_pending(&self) -> bool {
+        !self
+            .consumer
+            .context()
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+    }
+
+    fn tpl(
+        &self,
+        parts: &[(TopicPartition, Option<StartAt>)],
+    ) -> Result<TopicPartitionList, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for (tp, start) in parts {
+            let topic = &self.topics[tp.topic as usize];
+            let offset = match start {
+                None => Offset::Invalid,
+                Some(StartAt::Offset(o)) => Offset::Offset(*o),
+                Some(StartAt::Earliest) => Offset::Beginning,
+                Some(StartAt::Latest) => Offset::End,
+            };
+            tpl.add_partition_offset(topic, tp.partition, offset)
+                .map_err(KafkaError::client(format!(
+                    "assign {topic}/{}",
+                    tp.partition
+                )))?;
+        }
+        Ok(tpl)
+    }
+
+    /// Starts reading these partitions, each from its position (completes an
+    /// [`Rebalance::Assign`] in a group; a plain consumer adds them).
+    pub fn assign(&self, parts: &[(TopicPartition, StartAt)]) -> Result<(), KafkaError> {
+        let with: Vec<_> = parts.iter().map(|&(tp, s)| (tp, Some(s))).collect();
+        let tpl = self.tpl(&with)?;
+        self.consumer
+            .incremental_assign(&tpl)
+            .map_err(KafkaError::client("assign partitions"))
+    }
+
+    /// Stops reading these partitions (completes a [`Rebalance::Revoke`] or
+    /// [`Rebalance::Lost`]).
+    pub fn unassign(&self, parts: &[TopicPartition]) -> Result<(), KafkaError> {
+        let with: Vec<_> = parts.iter().map(|&tp| (tp, None)).collect();
+        let tpl = self.tpl(&with)?;
+        self.consumer
+            .incremental_unassign(&tpl)
+            .map_err(KafkaError::client("unassign partitions"))
+    }
+
+    /// The group's committed offsets of these partitions (`None`: never committed).
+    /// Under `read_committed` the broker answers only once no transaction that commits
+    /// offsets for them is pending (KIP-447), so the answer is stable: a crashed
+    /// owner's open transaction is first aborted (after its timeout) or committed.
+    pub fn committed(&self, parts: &[TopicPartition]) -> Result<Vec<Option<i64>>, KafkaError> {
+        let with: Vec<_> = parts.iter().map(|&tp| (tp, None)).collect();
+        let tpl = self.tpl(&with)?;
+        let got = self
+            .consumer
+            .committed_offsets(tpl, self.settings.timeout)
+            .map_err(KafkaError::client("read the group's committed offsets"))?;
+        Ok(parts
+            .iter()
+            .map(|tp| {
+                let topic = &self.topics[tp.topic as usize];
+                got.find_partition(topic, tp.partition)
+                    .and_then(|e: TopicPartitionListElem<'_>| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    })
+            })
+            .collect())
+    }
+
+    /// The group metadata for a transaction's offset commit (fences zombies: a member
+    /// that lost its partitions cannot commit offsets for them).
+    pub fn group_metadata(&self) -> Option<ConsumerGroupMetadata> {
+        self.consumer.group_metadata()
+    }
+
+    /// Builds the offsets list of a commit: `(partition, next offset to read)`.
+    pub fn offsets(
+        &self,
+        next: &[(TopicPartition, i64)],
+    ) -> Result<TopicPartitionList, KafkaError> {
+        let with: Vec<_> = next
+            .iter()
+            .map(|&(tp, o)| (tp, Some(StartAt::Offset(o))))
+            .collect();
+        self.tpl(&with)
+    }
+
+    /// The next record, an end-of-partition notice, or nothing within `timeout`.
+    /// Rebalance events are queued during the call (see [`take_rebalances`](Self::take_rebalances)).
+    pub fn poll(&self, timeout: Duration) -> Result<Polled<'_>, KafkaError> {
+        match self.consumer.poll(timeout) {
+            None => Ok(Polled::Nothing),
+            Some(Ok(m)) => Ok(Polled::Record(self.record(m))),
+            Some(Err(ClientError::PartitionEOF(_))) => Ok(Polled::End),
+            Some(Err(e)) => Err(KafkaError::Client {
+                what: "read the input".into(),
+                source: e,
+            }),
+        }
+    }
+
+    fn record<'a>(&self, msg: BorrowedMessage<'a>) -> Record<'a> {
+        let topic = self
+            .topics
+            .iter()
+            .position(|t| t == msg.topic())
+            .unwrap_or(0) as u32;
+        Record {
+            from: TopicPartition {
+                topic,
+                partition: msg.partition(),
+            },
+            msg,
+        }
+    }
+
+    /// This process's read position in each of these partitions (the next offset it
+    /// will hand out), from the client's own state: no round trip.
+    pub fn positions(&self, parts: &[TopicPartition]) -> Result<Vec<Option<i64>>, KafkaError> {
+        let got = self
+            .consumer
+            .position()
+            .map_err(KafkaError::client("read the consumer's positions"))?;
+        Ok(parts
+            .iter()
+            .map(|tp| {
+                got.find_partition(&self.topics[tp.topic as usize], tp.partition)
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    })
+            })
+            .collect())
+    }
+
+    /// Leaves the group cleanly: rebalances from here on complete inside librdkafka.
+    pub fn close(self) {
+        self.consumer
+            .context()
+            .closing
+            .store(true, Ordering::Release);
+        self.consumer.unsubscribe();
+        drop(self.consumer);
+    }
+}

@@ -1,0 +1,261 @@
+//! The output side: one transactional producer per process (SPEC §5).
+//!
+//! Every commit of the job is one Kafka transaction: the session records, the late and
+//! dead-letter records, the changelog records of every task's state changes and the
+//! consumed offsets. A `read_committed` reader sees all of a commit or nothing of it.
+//! The transactional id names the process: a restarted process with the same id fences
+//! its predecessor and aborts whatever transaction it left open.
+
+use super::{KafkaError, KafkaSettings};
+use rdkafka::ClientContext;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
+use rdkafka::topic_partition_list::TopicPartitionList;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Counts failed deliveries; a failed delivery fails the transaction's commit, and the
+/// first error is kept to say why.
+#[derive(Debug, Default)]
+pub struct DeliveryContext {
+    failed: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl ClientContext for DeliveryContext {}
+
+impl ProducerContext for DeliveryContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            let mut first = self
+                .first_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if first.is_none() {
+                *first = Some(e.to_string());
+            }
+        }
+    }
+}
+
+/// Why a commit failed, and what the job must do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The transaction was aborted (its records are invisible to `read_committed`
+    /// readers): the job must rewind its tasks to the last commit and go on.
+    #[error("the transaction was aborted: {0}")]
+    Aborted(String),
+    /// The producer can no longer be used (another process with the same transactional
+    /// id took over, or the broker refused it): the process must stop.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// The transactional producer of one process.
+pub struct TxnProducer {
+    producer: BaseProducer<DeliveryContext>,
+    timeout: Duration,
+    id: String,
+    in_txn: bool,
+}
+
+impl std::fmt::Debug for TxnProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TxnProducer")
+            .field("transactional_id", &self.id)
+            .field("in_txn", &self.in_txn)
+            .finish()
+    }
+}
+
+/// A header that marks a tombstone as a retraction (SPEC §3).
+pub const RETRACT_HEADER: &str = "retract";
+
+impl TxnProducer {
+    /// Creates the producer with `transactional_id` and registers it with the broker's
+    /// transaction coordinator, which fences any earlier producer with the same id and
+    /// aborts its open transaction.
+    pub fn new(
+        settings: &KafkaSettings,
+        transactional_id: &str,
+        transaction_timeout: Duration,
+    ) -> Result<TxnProducer, KafkaError> {
+        let mut c = settings.client_config();
+        c.set("transactional.id", transactional_id)
+            .set(
+                "transaction.timeout.ms",
+                transaction_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", "5")
+            .set("batch.size", "1000000")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "1048576")
+            .set("message.max.bytes", "10000000");
+        let producer: BaseProducer<DeliveryContext> = settings
+            .finish(c)
+            .create_with_context(DeliveryContext::default())
+            .map_err(KafkaError::client("create the transactional producer"))?;
+        producer
+            .init_transactions(settings.timeout)
+            .map_err(|source| match &source {
+                ClientError::Transaction(e) if e.code() == RDKafkaErrorCode::MessageTimedOut => {
+                    KafkaError::Unreachable {
+                        brokers: settings.brokers.clone(),
+                        timeout: settings.timeout,
+                        source,
+                    }
+                }
+                _ => KafkaError::Client {
+                    what: format!("register transactional id {transactional_id}"),
+                    source,
+                },
+            })?;
+        Ok(TxnProducer {
+            producer,
+            timeout: settings.timeout,
+            id: transactional_id.to_string(),
+            in_txn: false,
+        })
+    }
+
+    /// The transactional id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Opens a transaction if none is open.
+    pub fn begin(&mut self) -> Result<(), CommitError> {
+        if !self.in_txn {
+            self.producer.begin_transaction().map_err(classify)?;
+            self.in_txn = true;
+        }
+        Ok(())
+    }
+
+    /// Sends one record in the open transaction (opening one if needed). `value: None`
+    /// is a tombstone; `retract` adds the `retract: true` header.
+    pub fn send(
+        &mut self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        retract: bool,
+    ) -> Result<(), CommitError> {
+        self.begin()?;
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(v) = value {
+            record = record.payload(v);
+        }
+        if retract {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: RETRACT_HEADER,
+                value: Some("true"),
+            }));
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(5));
+                }
+                Err((e, _)) => return Err(classify(e)),
+            }
+        }
+    }
+
+    /// Serves delivery reports; call now and then while sending.
+    pub fn poll(&self) {
+        self.producer.poll(Duration::ZERO);
+    }
+
+    /// Commits the open transaction with the consumed `offsets` of `group` (none without
+    /// a consumer group). On error the transaction is aborted (or the producer is dead);
+    /// either way nothing of it is visible.
+    pub fn commit(
+        &mut self,
+        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+    ) -> Result<(), CommitError> {
+        self.begin()?;
+        let result = (|| {
+            if let Some((tpl, group)) = offsets
+                && tpl.count() > 0
+            {
+                self.producer
+                    .send_offsets_to_transaction(tpl, group, self.timeout)
+                    .map_err(classify)?;
+            }
+            self.producer
+                .commit_transaction(self.timeout)
+                .map_err(classify)?;
+            let failed = self.producer.context().failed.swap(0, Ordering::Relaxed);
+            if failed > 0 {
+                // librdkafka fails the commit when a delivery failed; this is a guard.
+                return Err(CommitError::Fatal(format!(
+                    "{failed} records of a committed transaction were not delivered"
+                )));
+            }
+            Ok(())
+        })();
+        self.in_txn = false;
+        if let Err(CommitError::Aborted(_)) = &result {
+            let _ = self.producer.abort_transaction(self.timeout);
+        }
+        result.map_err(|e| self.with_delivery_error(e))
+    }
+
+    /// Aborts the open transaction, if any.
+    pub fn abort(&mut self) -> Result<(), CommitError> {
+        if self.in_txn {
+            self.in_txn = false;
+            self.producer
+                .abort_transaction(self.timeout)
+                .map_err(classify)?;
+        }
+        Ok(())
+    }
+
+    fn with_delivery_error(&self, e: CommitError) -> CommitError {
+        let first = self
+            .producer
+            .context()
+            .first_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match (e, first) {
+            (CommitError::Aborted(m), Some(d)) => {
+                CommitError::Aborted(format!("{m} (a record was not delivered: {d})"))
+            }
+            (CommitError::Fatal(m), Some(d)) => {
+                CommitError::Fatal(format!("{m} (a record was not delivered: {d})"))
+            }
+            (e, None) => e,
+        }
+    }
+}
+
+fn classify(e: ClientError) -> CommitError {
+    match &e {
+        ClientError::Transaction(t) if t.is_fatal() => CommitError::Fatal(format!(
+            "the transactional producer was fenced or failed ({t}); another process may have taken over this instance's transactional id"
+        )),
+        ClientError::Transaction(t) if t.txn_requires_abort() || t.is_retriable() => {
+            CommitError::Aborted(t.to_string())
+        }
+        _ => CommitError::Aborted(e.to_string()),
+    }
+}
