@@ -37,7 +37,8 @@ pub(crate) struct Tag {
     pub key: (usize, usize),
     /// The record in [`Tagged::encoder`]'s buffer.
     pub bytes: (usize, usize),
-    /// A retraction (else a session record).
+    /// A retraction (else a session record): a Kafka sink writes it as a tombstone.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub retract: bool,
 }
 
