@@ -103,12 +103,12 @@ start() {
   if [ ! -f "$DATA/meta.properties" ]; then
     mkdir -p "$DATA"
     java_cp kafka.tools.StorageTool format -t "$(java_cp kafka.tools.StorageTool random-uuid)" \
-      -c "$CONF" >/dev/null
+      -c "$CONF" >/dev/null 9>&-
   fi
   : > "$LOG"
   # setsid: the broker outlives the shell (and the test process) that started it.
   setsid nohup java -Xms256m -Xmx1g -XX:+UseG1GC -Dlog4j2.configurationFile="$LOG4J" \
-    -cp "$LIBS/*" kafka.Kafka "$CONF" >>"$LOG" 2>&1 < /dev/null &
+    -cp "$LIBS/*" kafka.Kafka "$CONF" >>"$LOG" 2>&1 < /dev/null 9>&- &
   echo $! > "$PIDFILE"
   for _ in $(seq 1 600); do
     if grep -q "Kafka Server started" "$LOG" 2>/dev/null; then

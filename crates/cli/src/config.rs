@@ -91,6 +91,7 @@ pub struct FileConfig {
     pub late_topic: Option<String>,
     pub kafka_instance_id: Option<String>,
     pub kafka_transaction_timeout: Option<String>,
+    pub kafka_timeout: Option<String>,
     pub kafka_config: Option<Vec<String>>,
 }
 
@@ -108,6 +109,7 @@ impl FileConfig {
             late_topic: self.late_topic.take(),
             kafka_instance_id: self.kafka_instance_id.take(),
             kafka_transaction_timeout: self.kafka_transaction_timeout.take(),
+            kafka_timeout: self.kafka_timeout.take(),
             kafka_config: self.kafka_config.take(),
         }
     }

@@ -62,6 +62,11 @@ pub struct KafkaArgs {
     #[arg(long, value_name = "DUR")]
     pub kafka_transaction_timeout: Option<String>,
 
+    /// How long a call to the cluster (metadata, commit, restore) may take before the
+    /// run fails with an error. [default: 30s]
+    #[arg(long, value_name = "DUR")]
+    pub kafka_timeout: Option<String>,
+
     /// Extra librdkafka client property KEY=VALUE (repeat), e.g. security settings.
     #[arg(long, value_name = "KEY=VALUE")]
     pub kafka_config: Vec<String>,
@@ -91,6 +96,7 @@ pub struct KafkaFile {
     pub late_topic: Option<String>,
     pub kafka_instance_id: Option<String>,
     pub kafka_transaction_timeout: Option<String>,
+    pub kafka_timeout: Option<String>,
     pub kafka_config: Option<Vec<String>>,
 }
 
@@ -134,6 +140,7 @@ pub fn resolve(
     let txn_timeout = args
         .kafka_transaction_timeout
         .or(file.kafka_transaction_timeout);
+    let timeout = args.kafka_timeout.or(file.kafka_timeout);
     let properties = if args.kafka_config.is_empty() {
         file.kafka_config.unwrap_or_default()
     } else {
@@ -150,6 +157,7 @@ pub fn resolve(
         ("--kafka-start", start.is_some()),
         ("--kafka-instance-id", instance_id.is_some()),
         ("--kafka-transaction-timeout", txn_timeout.is_some()),
+        ("--kafka-timeout", timeout.is_some()),
         ("--kafka-config", !properties.is_empty()),
     ];
     let Some(brokers) = brokers else {
@@ -219,28 +227,12 @@ pub fn resolve(
         };
         props.push((k.trim().to_string(), v.trim().to_string()));
     }
-    let transaction_timeout = match txn_timeout {
-        Some(v) => {
-            let d = parse_duration(&v).map_err(|e| ConfigError::Invalid {
-                option: "--kafka-transaction-timeout",
-                value: v.clone(),
-                reason: e.to_string(),
-            })?;
-            if d.millis() < 1000 {
-                return Err(ConfigError::Invalid {
-                    option: "--kafka-transaction-timeout",
-                    value: v,
-                    reason: "give at least 1s".into(),
-                });
-            }
-            Duration::from_millis(d.millis() as u64)
-        }
-        None => Duration::from_secs(10),
-    };
+    let transaction_timeout = at_least_1s("--kafka-transaction-timeout", txn_timeout, 10)?;
+    let timeout = at_least_1s("--kafka-timeout", timeout, 30)?;
     Ok(Some(KafkaConfig {
         brokers,
         properties: props,
-        timeout: Duration::from_secs(30),
+        timeout,
         topics,
         group,
         start: match start {
@@ -256,4 +248,28 @@ pub fn resolve(
         commit_interval: ctx.interval,
         keep_open: ctx.keep_open,
     }))
+}
+
+/// A duration option of at least one second (`default_s` seconds when not given).
+fn at_least_1s(
+    option: &'static str,
+    value: Option<String>,
+    default_s: u64,
+) -> Result<Duration, ConfigError> {
+    let Some(v) = value else {
+        return Ok(Duration::from_secs(default_s));
+    };
+    let d = parse_duration(&v).map_err(|e| ConfigError::Invalid {
+        option,
+        value: v.clone(),
+        reason: e.to_string(),
+    })?;
+    if d.millis() < 1000 {
+        return Err(ConfigError::Invalid {
+            option,
+            value: v,
+            reason: "give at least 1s".into(),
+        });
+    }
+    Ok(Duration::from_millis(d.millis() as u64))
 }

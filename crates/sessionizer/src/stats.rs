@@ -35,6 +35,38 @@ pub struct RunStats {
     /// the job's, cumulative over every run that continued it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<CheckpointStats>,
+    /// A Kafka input's tasks (`--kafka-topic` only). The counters above are then this
+    /// process's share of the job: what it committed for the partitions it held, so
+    /// that the processes of a group add up to the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaStats>,
+}
+
+/// What a process of a Kafka job held and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KafkaStats {
+    /// The partitions (tasks) it held at the end, as `topic/partition`.
+    pub partitions: Vec<String>,
+    /// The job's accounting for those partitions, cumulative over every process that
+    /// held them (from their changelogs).
+    pub job: Counters,
+    /// Transactions committed and aborted.
+    pub commits: u64,
+    /// Transactions aborted (the tasks were rewound to their last commit and redone).
+    pub aborts: u64,
+    /// Partitions gained and lost in rebalances.
+    pub assigned: u64,
+    /// Partitions given up in rebalances.
+    pub revoked: u64,
+    /// Changelog records read to restore tasks, their bytes, the keys restored and the
+    /// time it took (milliseconds).
+    pub restored_records: u64,
+    /// Bytes of changelog records read to restore tasks.
+    pub restored_bytes: u64,
+    /// Keys with state restored.
+    pub restored_keys: u64,
+    /// Time spent restoring tasks (milliseconds).
+    pub restore_ms: u64,
 }
 
 /// What checkpointing did in one run.
@@ -85,6 +117,19 @@ impl RunStats {
         self.sessions_emitted += c.sessions_emitted;
         self.retractions += c.retractions;
         self.bytes_read += c.bytes_read;
+    }
+
+    /// Subtracts counters (those a task had when this process took it on).
+    pub fn sub_counters(&mut self, c: &Counters) {
+        self.records_read -= c.records_read;
+        self.in_sessions -= c.in_sessions;
+        self.duplicates -= c.duplicates;
+        self.late -= c.late;
+        self.invalid -= c.invalid;
+        self.blank_lines -= c.blank_lines;
+        self.sessions_emitted -= c.sessions_emitted;
+        self.retractions -= c.retractions;
+        self.bytes_read -= c.bytes_read;
     }
 
     /// These counts as a checkpoint keeps them.

@@ -12,7 +12,8 @@
 //! restore reads each key about once.
 
 use super::{KafkaError, KafkaSettings};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -29,6 +30,26 @@ pub fn state_key(key: &[u8], out: &mut Vec<u8>) {
     out.push(STATE_PREFIX);
     out.extend_from_slice(key);
 }
+
+/// The changelog reader's client context: the end of a partition is what a restore
+/// waits for, not an error to log.
+#[derive(Debug, Default)]
+struct Reader;
+
+impl ClientContext for Reader {
+    fn error(&self, error: ClientError, reason: &str) {
+        let eof = matches!(
+            error,
+            ClientError::PartitionEOF(_)
+                | ClientError::Global(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
+        );
+        if !eof {
+            tracing::error!(%error, reason, "changelog reader");
+        }
+    }
+}
+
+impl ConsumerContext for Reader {}
 
 /// One record of a changelog partition.
 #[derive(Debug)]
@@ -75,9 +96,9 @@ pub fn read_to_end(
         .set("fetch.wait.max.ms", "10")
         .set("queued.min.messages", "500000")
         .set("max.partition.fetch.bytes", "16777216");
-    let consumer: BaseConsumer = settings
+    let consumer: BaseConsumer<Reader> = settings
         .finish(c)
-        .create()
+        .create_with_context(Reader)
         .map_err(KafkaError::client("create the changelog reader"))?;
     let mut tpl = TopicPartitionList::new();
     let start = match from {

@@ -158,6 +158,9 @@ pub enum Polled<'a> {
 /// `read_committed`.
 pub struct GroupConsumer {
     consumer: BaseConsumer<GroupContext>,
+    /// Rebalances handed to the job and not completed yet (partitions to assign, to
+    /// unassign): completed on drop, or librdkafka's close would wait for them forever.
+    outstanding: Mutex<(Vec<TopicPartition>, Vec<TopicPartition>)>,
     topics: Vec<String>,
     settings: KafkaSettings,
     group: Option<String>,
@@ -176,10 +179,15 @@ impl GroupConsumer {
     /// A member of `group` that will subscribe to `topics` (cooperative-sticky), or with
     /// `group = None` a consumer that is assigned partitions by the job. Offsets are
     /// never auto-committed: they are committed in the job's transactions.
+    ///
+    /// With an `instance` id the member is *static* (KIP-345): a restarted process with
+    /// the same id takes its place in the group at once, with the same partitions,
+    /// instead of waiting for the group to notice that the old one is gone.
     pub fn new(
         settings: &KafkaSettings,
         topics: &[String],
         group: Option<&str>,
+        instance: Option<&str>,
     ) -> Result<GroupConsumer, KafkaError> {
         let mut c = settings.client_config();
         c.set("enable.auto.commit", "false")
@@ -197,6 +205,9 @@ impl GroupConsumer {
             .set("heartbeat.interval.ms", "1000");
         // A group id is always needed by librdkafka; without a group it is never used.
         c.set("group.id", group.unwrap_or("sessionizer-unused"));
+        if let (Some(_), Some(id)) = (group, instance) {
+            c.set("group.instance.id", id);
+        }
         let context = GroupContext {
             topics: topics.to_vec(),
             events: Mutex::new(VecDeque::new()),
@@ -208,6 +219,7 @@ impl GroupConsumer {
             .map_err(KafkaError::client("create the consumer"))?;
         Ok(GroupConsumer {
             consumer,
+            outstanding: Mutex::new((Vec::new(), Vec::new())),
             topics: topics.to_vec(),
             settings: settings.clone(),
             group: group.map(str::to_string),
@@ -229,13 +241,28 @@ impl GroupConsumer {
 
     /// The rebalance events queued since the last call, oldest first.
     pub fn take_rebalances(&self) -> Vec<Rebalance> {
-        self.consumer
+        let events: Vec<Rebalance> = self
+            .consumer
             .context()
             .events
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .drain(..)
-            .collect()
+            .collect();
+        let mut outstanding = self.outstanding();
+        for e in &events {
+            match e {
+                Rebalance::Assign(p) => outstanding.0.extend_from_slice(p),
+                Rebalance::Revoke(p) | Rebalance::Lost(p) => outstanding.1.extend_from_slice(p),
+            }
+        }
+        events
+    }
+
+    fn outstanding(&self) -> std::sync::MutexGuard<'_, (Vec<TopicPartition>, Vec<TopicPartition>)> {
+        self.outstanding
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether rebalance events wait to be handled.
@@ -276,6 +303,9 @@ impl GroupConsumer {
     pub fn assign(&self, parts: &[(TopicPartition, StartAt)]) -> Result<(), KafkaError> {
         let with: Vec<_> = parts.iter().map(|&(tp, s)| (tp, Some(s))).collect();
         let tpl = self.tpl(&with)?;
+        self.outstanding()
+            .0
+            .retain(|tp| !parts.iter().any(|(p, _)| p == tp));
         self.consumer
             .incremental_assign(&tpl)
             .map_err(KafkaError::client("assign partitions"))
@@ -286,9 +316,27 @@ impl GroupConsumer {
     pub fn unassign(&self, parts: &[TopicPartition]) -> Result<(), KafkaError> {
         let with: Vec<_> = parts.iter().map(|&tp| (tp, None)).collect();
         let tpl = self.tpl(&with)?;
+        self.outstanding().1.retain(|tp| !parts.contains(tp));
         self.consumer
             .incremental_unassign(&tpl)
             .map_err(KafkaError::client("unassign partitions"))
+    }
+
+    /// Moves the read position of an assigned partition (records fetched beyond it are
+    /// dropped): a task rewound to its last commit reads on from there.
+    pub fn seek(&self, tp: TopicPartition, offset: i64) -> Result<(), KafkaError> {
+        let topic = &self.topics[tp.topic as usize];
+        self.consumer
+            .seek(
+                topic,
+                tp.partition,
+                Offset::Offset(offset),
+                self.settings.timeout,
+            )
+            .map_err(KafkaError::client(format!(
+                "seek {topic}/{} to {offset}",
+                tp.partition
+            )))
     }
 
     /// The group's committed offsets of these partitions (`None`: never committed).
@@ -383,11 +431,32 @@ impl GroupConsumer {
 
     /// Leaves the group cleanly: rebalances from here on complete inside librdkafka.
     pub fn close(self) {
+        self.consumer.unsubscribe();
+    }
+}
+
+impl Drop for GroupConsumer {
+    fn drop(&mut self) {
+        // librdkafka's close (when the inner consumer drops, also on an error path)
+        // revokes the assignment and waits for the revocation to be completed: from
+        // now on the callback completes it itself. A rebalance handed to the job and
+        // not completed (the job stopped on an error) is completed first.
         self.consumer
             .context()
             .closing
             .store(true, Ordering::Release);
-        self.consumer.unsubscribe();
-        drop(self.consumer);
+        let (assign, unassign) = std::mem::take(&mut *self.outstanding());
+        if !assign.is_empty() {
+            let with: Vec<_> = assign.iter().map(|&tp| (tp, None)).collect();
+            if let Ok(tpl) = self.tpl(&with) {
+                let _ = self.consumer.incremental_assign(&tpl);
+            }
+        }
+        if !unassign.is_empty() {
+            let with: Vec<_> = unassign.iter().map(|&tp| (tp, None)).collect();
+            if let Ok(tpl) = self.tpl(&with) {
+                let _ = self.consumer.incremental_unassign(&tpl);
+            }
+        }
     }
 }

@@ -22,6 +22,8 @@ pub mod producer;
 use rdkafka::ClientConfig;
 use std::time::Duration;
 
+/// The Kafka client library, for tests and tools that need it directly.
+pub use rdkafka;
 pub use rdkafka::error::KafkaError as ClientError;
 
 /// How to reach the cluster: shared by every client a job makes.

@@ -190,42 +190,87 @@ impl TxnProducer {
         offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
     ) -> Result<(), CommitError> {
         self.begin()?;
-        let result = (|| {
-            if let Some((tpl, group)) = offsets
-                && tpl.count() > 0
-            {
-                self.producer
-                    .send_offsets_to_transaction(tpl, group, self.timeout)
-                    .map_err(classify)?;
-            }
-            self.producer
-                .commit_transaction(self.timeout)
-                .map_err(classify)?;
-            let failed = self.producer.context().failed.swap(0, Ordering::Relaxed);
-            if failed > 0 {
-                // librdkafka fails the commit when a delivery failed; this is a guard.
-                return Err(CommitError::Fatal(format!(
-                    "{failed} records of a committed transaction were not delivered"
-                )));
-            }
-            Ok(())
-        })();
+        let result = self.try_commit(offsets);
         self.in_txn = false;
-        if let Err(CommitError::Aborted(_)) = &result {
-            let _ = self.producer.abort_transaction(self.timeout);
+        match result {
+            Ok(()) => Ok(()),
+            Err(CommitError::Aborted(why)) => {
+                // The transaction cannot be committed (a rebalance moved the group on,
+                // a record was refused, the broker timed out): abort it, so that the
+                // producer can begin the next one.
+                self.abort_now()?;
+                Err(self.with_delivery_error(CommitError::Aborted(why)))
+            }
+            Err(e) => Err(self.with_delivery_error(e)),
         }
-        result.map_err(|e| self.with_delivery_error(e))
+    }
+
+    fn try_commit(
+        &mut self,
+        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+    ) -> Result<(), CommitError> {
+        if let Some((tpl, group)) = offsets
+            && tpl.count() > 0
+        {
+            self.producer
+                .send_offsets_to_transaction(tpl, group, self.timeout)
+                .map_err(classify)?;
+        }
+        // A retriable error (a timeout) may be retried; anything else aborts.
+        let mut attempts = 0;
+        loop {
+            match self.producer.commit_transaction(self.timeout) {
+                Ok(()) => break,
+                Err(ClientError::Transaction(t))
+                    if t.is_retriable() && !t.txn_requires_abort() && attempts < 3 =>
+                {
+                    attempts += 1;
+                }
+                Err(e) => return Err(classify(e)),
+            }
+        }
+        let failed = self.producer.context().failed.swap(0, Ordering::Relaxed);
+        if failed > 0 {
+            // librdkafka fails the commit when a delivery failed; this is a guard.
+            return Err(CommitError::Fatal(format!(
+                "{failed} records of a committed transaction were not delivered"
+            )));
+        }
+        Ok(())
     }
 
     /// Aborts the open transaction, if any.
     pub fn abort(&mut self) -> Result<(), CommitError> {
         if self.in_txn {
             self.in_txn = false;
-            self.producer
-                .abort_transaction(self.timeout)
-                .map_err(classify)?;
+            self.abort_now()?;
         }
         Ok(())
+    }
+
+    /// Aborts the current transaction, retrying while librdkafka says it may.
+    fn abort_now(&mut self) -> Result<(), CommitError> {
+        let began = std::time::Instant::now();
+        loop {
+            // Delivery reports of the records in flight must be served first (this
+            // producer is polled by the job, not by a thread of its own).
+            let _ = self.producer.flush(self.timeout);
+            match self.producer.abort_transaction(self.timeout) {
+                Ok(()) => return Ok(()),
+                Err(ClientError::Transaction(t)) if t.is_fatal() => {
+                    return Err(classify(ClientError::Transaction(t)));
+                }
+                Err(e) => {
+                    if began.elapsed() > self.timeout {
+                        return Err(CommitError::Fatal(format!(
+                            "cannot abort the transaction within {:?}: {e}",
+                            self.timeout
+                        )));
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
     }
 
     fn with_delivery_error(&self, e: CommitError) -> CommitError {

@@ -19,7 +19,7 @@ use super::parse::{self, Kind, ParseSettings, Parsed};
 use super::shard::Shard;
 use super::{Observer, RunError};
 use crate::config::{KafkaConfig, KafkaStart, OnInvalid, PipelineConfig};
-use crate::stats::RunStats;
+use crate::stats::{KafkaStats, RunStats};
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{Counters, WatermarkState};
 use sessionizer_connectors::encode::SourceName;
@@ -112,6 +112,9 @@ struct Task {
     end: Option<i64>,
     /// Counters from before this process held the task.
     carried: Counters,
+    /// The task's cumulative counters at its last commit by this process (`carried`
+    /// before the first).
+    committed: Counters,
     /// This process's counters for the task (the shard keeps its verdict counts).
     run: RunStats,
     /// Processed records not yet committed.
@@ -190,6 +193,12 @@ struct KafkaJob<'c> {
     started: Instant,
     last_commit: Instant,
     restored: Restored,
+    /// This process's committed share of the tasks it gave up (revoked, lost, rewound).
+    released: RunStats,
+    commits: u64,
+    aborts: u64,
+    assigned: u64,
+    revoked: u64,
     /// Scratch.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
@@ -244,8 +253,12 @@ impl<'c> KafkaJob<'c> {
         } else {
             None
         };
-        let consumer =
-            GroupConsumer::new(&settings, &kafka.topics, if durable { group } else { None })?;
+        let consumer = GroupConsumer::new(
+            &settings,
+            &kafka.topics,
+            if durable { group } else { None },
+            kafka.instance_id.as_deref(),
+        )?;
         let encoder = SessionEncoder::new(&cfg.aggregate_names(), cfg.emit == EmitMode::OnUpdate);
         let mut job = KafkaJob {
             cfg,
@@ -265,6 +278,11 @@ impl<'c> KafkaJob<'c> {
             started: Instant::now(),
             last_commit: Instant::now(),
             restored: Restored::default(),
+            released: RunStats::default(),
+            commits: 0,
+            aborts: 0,
+            assigned: 0,
+            revoked: 0,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
         };
@@ -392,6 +410,17 @@ impl<'c> KafkaJob<'c> {
     /// Takes on partitions: restores each one's task (from its changelog in durable
     /// mode), then starts reading them where their tasks stand.
     fn gain(&mut self, parts: &[TopicPartition]) -> Result<(), RunError> {
+        let starts = self.build_tasks(parts)?;
+        self.consumer.assign(&starts)?;
+        Ok(())
+    }
+
+    /// Creates the tasks of `parts` — restored from their changelogs in durable mode —
+    /// and returns where each starts reading.
+    fn build_tasks(
+        &mut self,
+        parts: &[TopicPartition],
+    ) -> Result<Vec<(TopicPartition, StartAt)>, RunError> {
         let committed = if self.durable {
             // Waits for any transaction still open on these partitions' offsets (a
             // previous owner's) to end, so the changelog read next is stable too.
@@ -407,6 +436,9 @@ impl<'c> KafkaJob<'c> {
             } else {
                 None
             };
+            // A task new to the job commits its progress record with its first
+            // offsets: a committed offset always has a changelog that explains it.
+            task.dirty = restored_meta.is_none();
             let start = match (restored_meta, committed) {
                 (Some(next), _) => StartAt::Offset(next),
                 (None, Some(o)) => StartAt::Offset(o),
@@ -439,8 +471,7 @@ impl<'c> KafkaJob<'c> {
             }
             self.tasks.insert(tp, task);
         }
-        self.consumer.assign(&starts)?;
-        Ok(())
+        Ok(starts)
     }
 
     fn new_task(&self, tp: TopicPartition) -> Task {
@@ -468,6 +499,7 @@ impl<'c> KafkaJob<'c> {
             next_seq: 0,
             end: None,
             carried: Counters::default(),
+            committed: Counters::default(),
             run: RunStats::default(),
             dirty: false,
             flushed: false,
@@ -557,6 +589,7 @@ impl<'c> KafkaJob<'c> {
         }
         task.next_seq = meta.next_seq;
         task.carried = meta.counters.clone();
+        task.committed = meta.counters.clone();
         task.flushed = meta.flushed;
         task.watermark_at_last_input = task.shard.op.watermark();
         self.restored.records += read.records;
@@ -566,14 +599,26 @@ impl<'c> KafkaJob<'c> {
         Ok(Some(meta.next_offset))
     }
 
+    /// Drops a task, keeping this process's committed share of its accounting.
+    fn release(&mut self, tp: &TopicPartition) {
+        if let Some(task) = self.tasks.remove(tp) {
+            self.released.add_counters(&task.committed);
+            self.released.sub_counters(&task.carried);
+        }
+    }
+
     fn rebalance(&mut self, event: Rebalance) -> Result<(), RunError> {
         match event {
-            Rebalance::Assign(parts) => self.gain(&parts),
+            Rebalance::Assign(parts) => {
+                self.assigned += parts.len() as u64;
+                self.gain(&parts)
+            }
             Rebalance::Revoke(parts) => {
                 // Commit what the leaving tasks did, then let them go.
                 self.commit()?;
+                self.revoked += parts.len() as u64;
                 for tp in &parts {
-                    self.tasks.remove(tp);
+                    self.release(tp);
                 }
                 self.consumer.unassign(&parts)?;
                 Ok(())
@@ -585,8 +630,10 @@ impl<'c> KafkaJob<'c> {
                 if let Some(p) = &mut self.producer {
                     p.abort().map_err(commit_error)?;
                 }
+                self.aborts += 1;
+                self.revoked += parts.len() as u64;
                 for tp in &parts {
-                    self.tasks.remove(tp);
+                    self.release(tp);
                 }
                 self.consumer.unassign(&parts)?;
                 self.rewind()
@@ -601,9 +648,15 @@ impl<'c> KafkaJob<'c> {
         if parts.is_empty() {
             return Ok(());
         }
-        self.tasks.clear();
-        self.consumer.unassign(&parts)?;
-        self.gain(&parts)
+        for tp in &parts {
+            self.release(tp);
+        }
+        for (tp, start) in self.build_tasks(&parts)? {
+            if let StartAt::Offset(o) = start {
+                self.consumer.seek(tp, o)?;
+            }
+        }
+        Ok(())
     }
 
     /// Runs every task's staged records through decode and sessionize, and sends what
@@ -837,15 +890,28 @@ impl<'c> KafkaJob<'c> {
                 let offsets = consumer.offsets(&next)?;
                 let group = consumer.group_metadata();
                 match p.commit(group.as_ref().map(|g| (&offsets, g))) {
-                    Ok(()) => {}
+                    Ok(()) => {
+                        self.commits += 1;
+                        for task in self.tasks.values_mut() {
+                            task.committed = task.counters();
+                        }
+                    }
                     Err(CommitError::Aborted(why)) => {
                         tracing::warn!(reason = %why, "transaction aborted; rewinding the tasks to their last commit");
+                        self.aborts += 1;
                         return self.rewind();
                     }
                     Err(e) => return Err(commit_error(e)),
                 }
             } else {
                 p.commit(None).map_err(commit_error)?;
+            }
+        }
+        if !self.durable {
+            // Nothing is committed to Kafka: what the outputs were given is this
+            // process's share.
+            for task in self.tasks.values_mut() {
+                task.committed = task.counters();
             }
         }
         for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
@@ -856,12 +922,32 @@ impl<'c> KafkaJob<'c> {
         Ok(())
     }
 
-    /// The run's summary: the cumulative counters of the tasks this process holds.
+    /// The run's summary: this process's share of the job (what it committed for the
+    /// tasks it held), and the job's cumulative counters of the tasks it holds now.
     fn stats(&self) -> RunStats {
-        let mut stats = RunStats::default();
+        let mut stats = self.released.clone();
+        let mut job = RunStats::default();
         for task in self.tasks.values() {
-            stats.add_counters(&task.counters());
+            stats.add_counters(&task.committed);
+            stats.sub_counters(&task.carried);
+            job.add_counters(&task.committed);
         }
+        stats.kafka = Some(KafkaStats {
+            partitions: self
+                .tasks
+                .values()
+                .map(|t| t.names[0].name.clone())
+                .collect(),
+            job: job.counters(),
+            commits: self.commits,
+            aborts: self.aborts,
+            assigned: self.assigned,
+            revoked: self.revoked,
+            restored_records: self.restored.records,
+            restored_bytes: self.restored.bytes,
+            restored_keys: self.restored.keys,
+            restore_ms: self.restored.micros / 1000,
+        });
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
         stats

@@ -1,0 +1,590 @@
+//! Kafka end to end (SPEC §2 tasks, §3 Kafka output, §5): the real binary against a
+//! real Apache Kafka broker started by `scripts/kafka-dev.sh`. The property checked
+//! everywhere: what a `read_committed` reader finds in each output partition equals,
+//! byte for byte in the values, what `sessionizer run` writes for the records of the
+//! matching input partition read from a file in offset order.
+
+#![cfg(feature = "kafka")]
+
+#[path = "support/kafka.rs"]
+mod kafka;
+
+use kafka::{Read, broker, create_topics, produce_lines, read_committed, text, unique};
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("spawn sessionizer")
+}
+
+fn run_ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The session options every run of a test shares.
+const OPTIONS: &[&str] = &[
+    "--gap",
+    "2m",
+    "--watermark-delay",
+    "10s",
+    "--allowed-lateness",
+    "2m",
+    "--dedup",
+    "--collect",
+    "page",
+];
+
+/// Dirty generated visits: out of order, late (some within the lateness, so there are
+/// revisions and retractions), duplicated and invalid lines.
+fn generate(path: &Path, events: u64, seed: u64) {
+    run_ok(&[
+        "generate",
+        "--events",
+        &events.to_string(),
+        "--keys",
+        "2000",
+        "--seed",
+        &seed.to_string(),
+        "--out-of-order",
+        "30s",
+        "--late-fraction",
+        "0.03",
+        "--late-by",
+        "4m",
+        "--duplicate-fraction",
+        "0.005",
+        "--invalid-fraction",
+        "0.002",
+        "--return-fraction",
+        "0.3",
+        "--output",
+        s(path),
+    ]);
+}
+
+/// The topics of one job.
+struct Topics {
+    input: String,
+    output: String,
+    dead: String,
+    late: String,
+    group: String,
+}
+
+impl Topics {
+    fn new(partitions: i32) -> Topics {
+        let t = Topics {
+            input: unique("visits"),
+            output: unique("sessions"),
+            dead: unique("dead"),
+            late: unique("late"),
+            group: unique("job"),
+        };
+        create_topics(&[&t.input, &t.output, &t.dead, &t.late], partitions);
+        t
+    }
+
+    /// `run` arguments for a Kafka-in, Kafka-out job over these topics.
+    fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = [
+            "run",
+            "--kafka-brokers",
+            broker(),
+            "--kafka-topic",
+            &self.input,
+            "--kafka-group",
+            &self.group,
+            "--kafka-output-topic",
+            &self.output,
+            "--dead-letter-topic",
+            &self.dead,
+            "--late-topic",
+            &self.late,
+            "--progress",
+            "never",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(OPTIONS.iter().map(|s| s.to_string()));
+        a
+    }
+}
+
+fn as_strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// What the file path writes for one input partition's records in offset order.
+struct FileRun {
+    /// `(session_id, record)` per line; a retraction is `(session_id, None)`.
+    sessions: Vec<(String, Option<String>)>,
+    /// Dead letters: `(offset, reason, raw)`.
+    dead: Vec<(i64, String, String)>,
+    /// Late events: `(offset, reason, event)`.
+    late: Vec<(i64, String, String)>,
+    stats: serde_json::Value,
+}
+
+fn session_line(line: &str) -> (String, Option<String>) {
+    let v: serde_json::Value = serde_json::from_str(line).expect("session record is JSON");
+    let id = v["session_id"].as_str().expect("session_id").to_string();
+    if v.get("retract").is_some() {
+        (id, None)
+    } else {
+        (id, Some(line.to_string()))
+    }
+}
+
+/// Runs the file path over partition `p`'s records (in offset order) in `dir`.
+fn file_run(dir: &Path, p: usize, records: &[Read]) -> FileRun {
+    let input = dir.join(format!("partition-{p}.jsonl"));
+    let mut data = Vec::new();
+    for r in records {
+        data.extend_from_slice(r.value.as_deref().unwrap_or_default());
+        data.push(b'\n');
+    }
+    std::fs::write(&input, &data).expect("write partition input");
+    let output = dir.join(format!("partition-{p}.out.jsonl"));
+    let dead = dir.join(format!("partition-{p}.dead.jsonl"));
+    let late = dir.join(format!("partition-{p}.late.jsonl"));
+    let stats = dir.join(format!("partition-{p}.stats.json"));
+    let mut args = vec![
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+        "--dead-letter",
+        s(&dead),
+        "--late-output",
+        s(&late),
+        "--stats-file",
+        s(&stats),
+    ];
+    args.extend_from_slice(OPTIONS);
+    run_ok(&args);
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    // Line n of the partition file is the record at offset records[n - 1].offset.
+    let offset_of = |source: &str| -> i64 {
+        let line: usize = source
+            .rsplit(':')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("file:line");
+        records[line - 1].offset
+    };
+    let side = |text: String, payload: &str| -> Vec<(i64, String, String)> {
+        text.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("side record is JSON");
+                (
+                    offset_of(v["source"].as_str().expect("source")),
+                    v["reason"].as_str().expect("reason").to_string(),
+                    v[payload].to_string(),
+                )
+            })
+            .collect()
+    };
+    FileRun {
+        sessions: read(&output).lines().map(session_line).collect(),
+        dead: side(read(&dead), "raw"),
+        late: side(read(&late), "event"),
+        stats: serde_json::from_str(&read(&stats)).expect("stats JSON"),
+    }
+}
+
+/// The Kafka output of one partition as `(session_id, record)`, checking the SPEC §3
+/// format on the way: key = session_id, retraction = tombstone with `retract: true`.
+fn kafka_sessions(records: &[Read]) -> Vec<(String, Option<String>)> {
+    records
+        .iter()
+        .map(|r| {
+            let key = String::from_utf8(r.key.clone().expect("session records have a key"))
+                .expect("utf8 key");
+            match &r.value {
+                None => {
+                    assert_eq!(
+                        r.retract.as_deref(),
+                        Some("true"),
+                        "a tombstone is a retraction"
+                    );
+                    (key, None)
+                }
+                Some(_) => {
+                    let line = text(r);
+                    let (id, _) = session_line(&line);
+                    assert_eq!(id, key, "the record key is the session_id");
+                    assert_eq!(r.retract, None);
+                    (key, Some(line))
+                }
+            }
+        })
+        .collect()
+}
+
+/// Side-output records read from a topic, by input partition: `(offset, reason, payload)`.
+fn kafka_side(
+    topic_records: &[Vec<Read>],
+    input: &str,
+    payload: &str,
+) -> BTreeMap<i32, Vec<(i64, String, String)>> {
+    let mut out: BTreeMap<i32, Vec<(i64, String, String)>> = BTreeMap::new();
+    for r in topic_records.iter().flatten() {
+        let v: serde_json::Value = serde_json::from_str(&text(r)).expect("side record is JSON");
+        let source = v["source"].as_str().expect("source");
+        let (name, offset) = source.rsplit_once('@').expect("topic/partition@offset");
+        let (topic, partition) = name.rsplit_once('/').expect("topic/partition");
+        assert_eq!(topic, input);
+        out.entry(partition.parse().expect("partition"))
+            .or_default()
+            .push((
+                offset.parse().expect("offset"),
+                v["reason"].as_str().expect("reason").to_string(),
+                v[payload].to_string(),
+            ));
+    }
+    for v in out.values_mut() {
+        v.sort();
+    }
+    out
+}
+
+/// Checks a finished job's committed output against the file path, partition by
+/// partition; returns the number of input records.
+fn assert_matches_file_runs(t: &Topics, dir: &Path, partitions: usize) -> u64 {
+    let inputs = read_committed(&t.input);
+    let outputs = read_committed(&t.output);
+    let dead = kafka_side(&read_committed(&t.dead), &t.input, "raw");
+    let late = kafka_side(&read_committed(&t.late), &t.input, "event");
+    assert_eq!(inputs.len(), partitions);
+    let mut total = 0;
+    for p in 0..partitions {
+        let expected = file_run(dir, p, &inputs[p]);
+        let got = kafka_sessions(&outputs[p]);
+        assert!(!expected.sessions.is_empty(), "partition {p} has sessions");
+        assert_eq!(
+            got.len(),
+            expected.sessions.len(),
+            "partition {p}: record count"
+        );
+        for (i, (g, e)) in got.iter().zip(&expected.sessions).enumerate() {
+            assert_eq!(g, e, "partition {p}, record {i}");
+        }
+        let mut file_dead = expected.dead.clone();
+        file_dead.sort();
+        assert_eq!(
+            dead.get(&(p as i32)).cloned().unwrap_or_default(),
+            file_dead,
+            "partition {p}: dead letters"
+        );
+        let mut file_late = expected.late.clone();
+        file_late.sort();
+        assert_eq!(
+            late.get(&(p as i32)).cloned().unwrap_or_default(),
+            file_late,
+            "partition {p}: late events"
+        );
+        total += expected.stats["records_read"]
+            .as_u64()
+            .expect("records_read");
+    }
+    total
+}
+
+fn stats_of(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("stats file")).expect("stats JSON")
+}
+
+/// The counters of a stats object, as the `job` object of its `kafka` part has them.
+fn stats_of_counters(stats: &serde_json::Value) -> serde_json::Value {
+    let keys = [
+        "records_read",
+        "in_sessions",
+        "duplicates",
+        "late",
+        "invalid",
+        "blank_lines",
+        "sessions_emitted",
+        "retractions",
+        "bytes_read",
+    ];
+    serde_json::Value::Object(
+        keys.iter()
+            .map(|k| (k.to_string(), stats[*k].clone()))
+            .collect(),
+    )
+}
+
+fn assert_adds_up(stats: &serde_json::Value, records: u64) {
+    let n = |k: &str| {
+        stats[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{k} in {stats}"))
+    };
+    assert_eq!(n("records_read"), records, "{stats}");
+    assert_eq!(
+        n("in_sessions") + n("duplicates") + n("late") + n("invalid"),
+        n("records_read"),
+        "{stats}"
+    );
+}
+
+#[test]
+fn kafka_output_per_partition_equals_the_file_run_of_each_partition() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 20_000, 7);
+    let t = Topics::new(4);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let stats = dir.path().join("stats.json");
+    let mut args = t.args();
+    args.extend(
+        [
+            "--stop-at-end",
+            "--checkpoint-interval",
+            "300ms",
+            "--stats-file",
+            s(&stats),
+        ]
+        .map(String::from),
+    );
+    run_ok(&as_strs(&args));
+    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    assert_eq!(records as usize, produced);
+    let stats = stats_of(&stats);
+    assert_adds_up(&stats, records);
+    assert_eq!(
+        stats["kafka"]["job"],
+        stats_of_counters(&stats),
+        "one process held the whole job"
+    );
+    assert!(
+        stats["retractions"].as_u64() > Some(0),
+        "the data has retractions: {stats}"
+    );
+    assert!(
+        stats["late"].as_u64() > Some(0),
+        "the data has late events: {stats}"
+    );
+    assert!(
+        stats["invalid"].as_u64() > Some(0),
+        "the data has invalid records: {stats}"
+    );
+
+    // Run again: everything was read and committed, so nothing more is written.
+    let before = read_committed(&t.output)
+        .iter()
+        .map(Vec::len)
+        .sum::<usize>();
+    run_ok(&as_strs(&args));
+    let after = read_committed(&t.output)
+        .iter()
+        .map(Vec::len)
+        .sum::<usize>();
+    assert_eq!(before, after, "a finished job run again writes nothing");
+}
+
+#[test]
+fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterrupted_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 60_000, 11);
+    let t = Topics::new(4);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let stats = dir.path().join("stats.json");
+    let mut args = t.args();
+    args.extend(
+        [
+            "--stop-at-end",
+            "--checkpoint-interval",
+            "100ms",
+            "--kafka-instance-id",
+            "worker-1",
+            "--stats-file",
+            s(&stats),
+        ]
+        .map(String::from),
+    );
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(2024);
+    let mut kills = 0;
+    let mut finished = false;
+    for _ in 0..20 {
+        let mut child = bin()
+            .args(as_strs(&args))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let wait = Duration::from_millis(rng.random_range(300..2500));
+        let began = Instant::now();
+        let mut exited = None;
+        while began.elapsed() < wait {
+            if let Some(status) = child.try_wait().expect("wait") {
+                exited = Some(status);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        match exited {
+            Some(status) => {
+                let mut err = String::new();
+                use std::io::Read as _;
+                child
+                    .stderr
+                    .take()
+                    .expect("stderr")
+                    .read_to_string(&mut err)
+                    .ok();
+                assert!(status.success(), "run failed: {err}");
+                finished = true;
+                break;
+            }
+            None => {
+                child.kill().expect("kill -9");
+                child.wait().expect("reap");
+                kills += 1;
+            }
+        }
+    }
+    if !finished {
+        run_ok(&as_strs(&args));
+    }
+    assert!(
+        kills >= 10,
+        "only {kills} kills: the run was too short to test anything"
+    );
+    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    assert_eq!(records as usize, produced);
+    // The last run reports the job's accounting, carried in the changelogs across
+    // every killed process, beside its own share.
+    let stats = stats_of(&stats);
+    assert_adds_up(&stats["kafka"]["job"], records);
+    assert_eq!(
+        stats["kafka"]["partitions"].as_array().map(Vec::len),
+        Some(4)
+    );
+}
+
+#[test]
+fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 60_000, 13);
+    let t = Topics::new(4);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let mut args = t.args();
+    args.extend(["--stop-at-end", "--checkpoint-interval", "100ms"].map(String::from));
+    let stats: Vec<PathBuf> = (0..2)
+        .map(|i| dir.path().join(format!("stats-{i}.json")))
+        .collect();
+    let spawn = |i: usize| {
+        let mut a = args.clone();
+        a.extend(["--stats-file".to_string(), s(&stats[i]).to_string()]);
+        bin()
+            .args(as_strs(&a))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let first = spawn(0);
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = spawn(1);
+    for child in [first, second] {
+        let out = child.wait_with_output().expect("wait");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    assert_eq!(records as usize, produced);
+    // Each process reports its share of the job; together they are the job.
+    let mut sum = 0;
+    for p in &stats {
+        let st = stats_of(p);
+        assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
+        sum += st["records_read"].as_u64().expect("records_read");
+    }
+    assert_eq!(
+        sum, records,
+        "the processes' accounting adds up to the input"
+    );
+}
+
+#[test]
+fn a_missing_topic_an_unreachable_broker_and_a_lost_changelog_are_clear_errors() {
+    // A topic that does not exist.
+    let out = run(&[
+        "run",
+        "--kafka-brokers",
+        broker(),
+        "--kafka-topic",
+        &unique("nope"),
+        "--kafka-group",
+        "g",
+        "--stop-at-end",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not exist") && err.contains("create it first"),
+        "{err}"
+    );
+
+    // Nothing listens there.
+    let out = run(&[
+        "run",
+        "--kafka-brokers",
+        "127.0.0.1:1",
+        "--kafka-topic",
+        "visits",
+        "--kafka-timeout",
+        "2s",
+        "--stop-at-end",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot reach the Kafka brokers at 127.0.0.1:1"),
+        "{err}"
+    );
+
+    // A job whose changelog was deleted cannot go on as if it had no state.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 2_000, 5);
+    let t = Topics::new(2);
+    produce_lines(&t.input, &data, "visit_id");
+    let mut args = t.args();
+    args.extend(["--stop-at-end", "--keep-open"].map(String::from));
+    run_ok(&as_strs(&args));
+    kafka::delete_topic(&format!("{}-{}-changelog", t.group, t.input));
+    std::thread::sleep(Duration::from_millis(500));
+    let out = run(&as_strs(&args));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("holds no state") && err.contains("new --kafka-group"),
+        "{err}"
+    );
+}

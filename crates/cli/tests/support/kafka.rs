@@ -1,0 +1,257 @@
+//! A real Apache Kafka broker for the tests: started (once, idempotently) by the
+//! project's own `scripts/kafka-dev.sh`, KRaft mode on 127.0.0.1. Topics get unique
+//! names so that tests run side by side on one broker.
+
+#![allow(dead_code)]
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use sessionizer_connectors::kafka::rdkafka;
+use std::path::Path;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// The bootstrap address of the test broker, started on first use.
+pub fn broker() -> &'static str {
+    static BROKER: OnceLock<String> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-dev.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .output()
+            .expect("run scripts/kafka-dev.sh start");
+        assert!(
+            out.status.success(),
+            "scripts/kafka-dev.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg("brokers")
+            .output()
+            .expect("run scripts/kafka-dev.sh brokers");
+        String::from_utf8(out.stdout)
+            .expect("utf8")
+            .trim()
+            .to_string()
+    })
+}
+
+/// A topic name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn config() -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", broker()).set("log_level", "3");
+    c
+}
+
+/// Creates topics with `partitions` partitions each.
+pub fn create_topics(names: &[&str], partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = config().create().expect("admin client");
+    let topics: Vec<NewTopic<'_>> = names
+        .iter()
+        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let res = futures_block_on(admin.create_topics(topics.iter(), &opts)).expect("create topics");
+    for r in res {
+        r.expect("topic created");
+    }
+    // Wait until the metadata shows them.
+    let meta: BaseConsumer = config().create().expect("metadata client");
+    for n in names {
+        let began = Instant::now();
+        loop {
+            let md = meta
+                .fetch_metadata(Some(n), Duration::from_secs(10))
+                .expect("metadata");
+            if md.topics().iter().any(|t| {
+                t.name() == *n && t.error().is_none() && t.partitions().len() as i32 == partitions
+            }) {
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(30),
+                "topic {n} never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Deletes a topic.
+pub fn delete_topic(name: &str) {
+    let admin: AdminClient<DefaultClientContext> = config().create().expect("admin client");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let res = futures_block_on(admin.delete_topics(&[name], &opts)).expect("delete topic");
+    for r in res {
+        r.expect("topic deleted");
+    }
+}
+
+fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
+    // A minimal executor: the admin futures complete on librdkafka's own thread.
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Thread(std::thread::Thread);
+    impl Wake for Thread {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Thread(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    loop {
+        match f.as_mut().poll(&mut cx) {
+            Poll::Ready(v) => return v,
+            Poll::Pending => std::thread::park_timeout(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// Produces every line of `path` as one record, keyed by the JSON field `key_field`
+/// when the line has it (invalid lines get no key), with Kafka's default (murmur2)
+/// partitioner as a Java producer would; returns the number of records.
+pub fn produce_lines(topic: &str, path: &Path, key_field: &str) -> usize {
+    let producer: BaseProducer = config()
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "20")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    let data = std::fs::read(path).expect("read input");
+    let mut n = 0;
+    for line in data.split(|&b| b == b'\n') {
+        if line.is_empty() {
+            continue;
+        }
+        let key = serde_json::from_slice::<serde_json::Value>(line)
+            .ok()
+            .and_then(|v| v.get(key_field).cloned())
+            .and_then(|k| match k {
+                serde_json::Value::String(s) => Some(s),
+                serde_json::Value::Number(n) => Some(n.to_string()),
+                _ => None,
+            });
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(line);
+        if let Some(k) = &key {
+            record = record.key(k.as_bytes());
+        }
+        let mut record = record;
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(_), back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+        producer.poll(Duration::ZERO);
+        n += 1;
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+    n
+}
+
+/// One record as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// The `retract` header's value, if any.
+    pub retract: Option<String>,
+}
+
+/// Every record of `topic` visible to a `read_committed` reader, per partition in
+/// offset order.
+pub fn read_committed(topic: &str) -> Vec<Vec<Read>> {
+    read_all(topic, "read_committed")
+}
+
+/// Every record of `topic`, aborted ones included, per partition in offset order.
+pub fn read_uncommitted(topic: &str) -> Vec<Vec<Read>> {
+    read_all(topic, "read_uncommitted")
+}
+
+fn read_all(topic: &str, isolation: &str) -> Vec<Vec<Read>> {
+    let consumer: BaseConsumer = config()
+        .set("group.id", "sessionizer-tests")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", isolation)
+        .create()
+        .expect("consumer");
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .expect("metadata");
+    let partitions = md.topics()[0].partitions().len();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
+    }
+    consumer.assign(&tpl).expect("assign");
+    let mut out = vec![Vec::new(); partitions];
+    let mut ended = std::collections::HashSet::new();
+    let began = Instant::now();
+    while ended.len() < partitions {
+        assert!(
+            began.elapsed() < Duration::from_secs(120),
+            "reading {topic} did not reach the end"
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => panic!("read {topic}: {e}"),
+            Some(Ok(m)) => {
+                let retract = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "retract")
+                        .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+                });
+                out[m.partition() as usize].push(Read {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    retract,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A record's value as text.
+pub fn text(r: &Read) -> String {
+    String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()
+}
