@@ -11,4 +11,5 @@ pub mod args;
 pub mod config;
 pub mod generate;
 pub mod inspect;
+pub mod paths;
 pub mod progress;

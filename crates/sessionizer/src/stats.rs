@@ -35,6 +35,11 @@ pub struct RunStats {
     /// the job's, cumulative over every run that continued it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<CheckpointStats>,
+    /// Set when the run stopped early because the reader of this output closed it
+    /// (`stdout` piped into `head`): the counts are those of the input processed until
+    /// then, and they still add up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_closed: Option<String>,
 }
 
 /// What checkpointing did in one run.
