@@ -299,6 +299,50 @@ fn stats_file_is_written_when_stdout_is_closed_early() {
     assert_eq!(st["output_closed"], "stdout", "{st}");
 }
 
+/// A dead-letter pipe closed while a batch's invalid records are written: the run stops
+/// before that batch is sessionized, so the batch must not be counted either.
+#[test]
+fn a_run_stopped_by_a_closed_dead_letter_pipe_reports_counts_that_add_up() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("dirty.jsonl");
+    let mut text = String::new();
+    for i in 0..3000 {
+        text.push_str(&format!(
+            "{{\"visit_id\":\"k{i}\",\"event_time\":\"2024-01-01T00:00:00Z\"}}\nnot json {i}\n"
+        ));
+    }
+    std::fs::write(&input, text).expect("write");
+    let stats = tmp.path().join("stats.json");
+    let mut child = bin()
+        .args([
+            "run",
+            "--input",
+            s(&input),
+            "--output",
+            s(&tmp.path().join("out.jsonl")),
+            "--dead-letter",
+            "-",
+            "--stats-file",
+            s(&stats),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let st: Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("stats JSON");
+    let n = |k: &str| st[k].as_u64().unwrap_or_else(|| panic!("{k} in {st}"));
+    assert_eq!(
+        n("in_sessions") + n("duplicates") + n("late") + n("invalid"),
+        n("records_read"),
+        "{st}"
+    );
+    assert_eq!(st["output_closed"], "stdout", "{st}");
+}
+
 /// Issue 8: an unwritable `--stats-file` was reported only after all the work (and after
 /// the outputs were written).
 #[test]
