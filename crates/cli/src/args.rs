@@ -22,8 +22,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Write generated visit events (JSON lines) to stdout or a file.
     Generate(GenerateArgs),
-    /// Show the checkpoints of a state directory: positions, watermark, counts and the
-    /// sessions in progress.
+    /// Show the checkpoints of a state directory: positions, watermark, counts, and on
+    /// request the sessions in progress (--keys, --key K).
     Inspect(InspectArgs),
 }
 
@@ -34,11 +34,15 @@ pub struct InspectArgs {
     #[arg(long, value_name = "DIR")]
     pub state_dir: PathBuf,
 
-    /// Show only this key's sessions.
-    #[arg(long, value_name = "K")]
+    /// Also show this key's sessions.
+    #[arg(long, value_name = "K", conflicts_with = "keys")]
     pub key: Option<String>,
 
-    /// Print one JSON object instead of text.
+    /// Also list every key with its sessions (by default only their number is shown).
+    #[arg(long)]
+    pub keys: bool,
+
+    /// Print one JSON object instead of text (with "sessions" only with --keys or --key).
     #[arg(long)]
     pub json: bool,
 }
@@ -69,7 +73,7 @@ pub struct RunArgs {
     pub time_format: Option<TimeFormatArg>,
 
     /// Inactivity that closes a session, e.g. 30m, 1h30m, 250ms. [default: 30m]
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub gap: Option<String>,
 
     /// Field that may carry an event's own gap (a duration string or integer
@@ -78,12 +82,12 @@ pub struct RunArgs {
     pub gap_field: Option<String>,
 
     /// How far the watermark trails the largest event time seen. [default: 1m]
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub watermark_delay: Option<String>,
 
     /// How long a complete session still accepts late events (re-emitted with the next
     /// revision). [default: 0s]
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub allowed_lateness: Option<String>,
 
     /// Event times outside START..END are invalid (START inclusive, END exclusive;
@@ -149,8 +153,8 @@ pub struct RunArgs {
 
     /// With stdin input: once no input has come for this long, the watermark moves on
     /// with the wall clock, so quiet keys still see their sessions close (a live tail).
-    /// Off unless given.
-    #[arg(long, value_name = "DUR")]
+    /// Off unless given; 0s is refused.
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub idle_timeout: Option<String>,
 
     /// Worker threads; keys are shared among them by hash, decoding is parallel too.
@@ -165,7 +169,7 @@ pub struct RunArgs {
 
     /// Time between checkpoints (checked between batches of about 4 MiB of input).
     /// [default: 10s]
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub checkpoint_interval: Option<String>,
 
     /// Also checkpoint after every N records read.
@@ -178,7 +182,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub keep_open: bool,
 
-    /// Also write the run's summary as one JSON object to this file.
+    /// Also write the run's summary as one JSON object to this file (also when stdout
+    /// is closed early; checked before the run starts).
     #[arg(long, value_name = "PATH")]
     pub stats_file: Option<PathBuf>,
 

@@ -178,6 +178,16 @@ fn duration(
     default: &str,
 ) -> Result<DurationMs, ConfigError> {
     let value = value.unwrap_or_else(|| default.to_string());
+    // Duration flags accept values starting with '-' (so that `--gap -5m` is refused as
+    // negative, not taken for an unknown option); a missing value then takes the next
+    // option.
+    if value.starts_with("--") {
+        return Err(ConfigError::Invalid {
+            option,
+            value,
+            reason: format!("that is an option, not a duration: give {option} a value such as 30m"),
+        });
+    }
     parse_duration(&value).map_err(|e| ConfigError::Invalid {
         option,
         value: value.clone(),
@@ -272,6 +282,8 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     } else {
         OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()))
     };
+    let explicit_dead = args.dead_letter.is_some() || file.dead_letter.is_some();
+    let explicit_late = args.late_output.is_some() || file.late_output.is_some();
     let dead_letter = match args.dead_letter.or(file.dead_letter) {
         Some(p) => OutputTarget::parse(&p),
         None => beside(&output, "dead-letter"),
@@ -280,30 +292,17 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         Some(p) => OutputTarget::parse(&p),
         None => beside(&output, "late"),
     };
-    let files = [&output, &dead_letter, &late_output];
-    for (i, a) in files.iter().enumerate() {
-        for b in &files[i + 1..] {
-            // Two outputs may share a device such as /dev/null, never a regular file.
-            let regular = |t: &OutputTarget| match t {
-                OutputTarget::File(p) => std::fs::metadata(p).map_or(true, |m| m.is_file()),
-                _ => false,
-            };
-            if regular(a) && a == b {
-                return Err(ConfigError::Conflict(format!(
-                    "{} is named for two outputs; give --output, --dead-letter and --late-output different files",
-                    a.display_name()
-                )));
-            }
-        }
-        if let OutputTarget::File(out) = a
-            && inputs.iter().any(|i| Path::new(i) == out)
-        {
-            return Err(ConfigError::Conflict(format!(
-                "{} is both an input and an output",
-                out.display()
-            )));
-        }
-    }
+    let stats_file = args.stats_file.or(file.stats_file);
+    check_distinct_files(
+        &inputs,
+        args.config.as_deref(),
+        &[
+            (OutputRole::Output, &output, true),
+            (OutputRole::DeadLetter, &dead_letter, explicit_dead),
+            (OutputRole::Late, &late_output, explicit_late),
+        ],
+        stats_file.as_deref(),
+    )?;
 
     let key = field(
         "--key",
@@ -439,7 +438,17 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     };
 
     let idle_timeout = match args.idle_timeout.or(file.idle_timeout) {
-        Some(v) => Some(duration("--idle-timeout", Some(v), "0s")?).filter(|d| d.millis() > 0),
+        Some(v) => {
+            let d = duration("--idle-timeout", Some(v.clone()), "0s")?;
+            if d.millis() == 0 {
+                return Err(ConfigError::Invalid {
+                    option: "--idle-timeout",
+                    value: v,
+                    reason: "the input would count as idle all the time; give how long a quiet input waits before the watermark follows the wall clock (e.g. 30s), or leave --idle-timeout out to move the watermark with events only".into(),
+                });
+            }
+            Some(d)
+        }
         None => None,
     };
     let workers = args.workers.or(file.workers).unwrap_or(1);
@@ -488,9 +497,135 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     Ok(RunConfig {
         pipeline,
         checkpoint,
-        stats_file: args.stats_file.or(file.stats_file),
+        stats_file,
         progress: args.progress.or(file.progress).unwrap_or(ProgressArg::Auto),
     })
+}
+
+/// Which output a path is, for naming it in messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OutputRole {
+    Output,
+    DeadLetter,
+    Late,
+}
+
+impl OutputRole {
+    fn option(self) -> &'static str {
+        match self {
+            OutputRole::Output => "--output",
+            OutputRole::DeadLetter => "--dead-letter",
+            OutputRole::Late => "--late-output",
+        }
+    }
+
+    /// How the output is named in a message: its option, or — for a side output placed
+    /// next to `--output` by default — where it came from and how to move it.
+    fn describe(self, target: &OutputTarget, explicit: bool) -> String {
+        let name = target.display_name();
+        match self {
+            OutputRole::Output => format!("--output {name}"),
+            _ if explicit => format!("{} {name}", self.option()),
+            OutputRole::DeadLetter => format!(
+                "the dead-letter output {name} (placed next to --output; set --dead-letter to move it)"
+            ),
+            OutputRole::Late => format!(
+                "the late output {name} (placed next to --output; set --late-output to move it)"
+            ),
+        }
+    }
+}
+
+/// Refuses a run whose outputs (the session, dead-letter and late outputs, the stats
+/// file) name one of its inputs (the input files, the file stdin reads, the config file)
+/// or each other — by file identity, so that no spelling (`./s.jsonl`, an absolute path,
+/// a symlink, a hard link) gets a file truncated before the run has read it. Devices
+/// such as `/dev/null` may be shared. Nothing is created or opened for writing here.
+fn check_distinct_files(
+    inputs: &[String],
+    config_file: Option<&Path>,
+    outputs: &[(OutputRole, &OutputTarget, bool)],
+    stats_file: Option<&Path>,
+) -> Result<(), ConfigError> {
+    use crate::paths::{FileId, identify, of_stdio};
+    // An identity that cannot be read (no permission) is left to opening the file,
+    // which reports it.
+    let id = |p: &Path| identify(p).ok().filter(|id| *id != FileId::Special);
+
+    let mut read: Vec<(FileId, String)> = Vec::new();
+    for i in inputs {
+        if i == "-" {
+            if let Some(id) = of_stdio(std::io::stdin()).filter(|id| *id != FileId::Special) {
+                read.push((id, "the file stdin reads (--input -)".into()));
+            }
+        } else if let Some(id) = id(Path::new(i)) {
+            read.push((id, format!("--input {i}")));
+        }
+    }
+    if let Some(c) = config_file
+        && let Some(id) = id(c)
+    {
+        read.push((id, format!("--config {}", c.display())));
+    }
+
+    let mut written: Vec<(FileId, String)> = Vec::new();
+    for &(role, target, explicit) in outputs {
+        let id = match target {
+            OutputTarget::File(p) => id(p),
+            OutputTarget::Stdout => of_stdio(std::io::stdout()),
+            OutputTarget::Stderr => of_stdio(std::io::stderr()),
+        };
+        let Some(id) = id.filter(|id| *id != FileId::Special) else {
+            continue;
+        };
+        // stdout and stderr may share a file (`> out 2>&1`); only an input is out of
+        // bounds for them.
+        let name = match target {
+            OutputTarget::File(_) => role.describe(target, explicit),
+            OutputTarget::Stdout => format!("stdout ({} -), redirected to a file,", role.option()),
+            OutputTarget::Stderr => format!(
+                "stderr (where {} go when the output is stdout), redirected to a file,",
+                if role == OutputRole::Late {
+                    "late events"
+                } else {
+                    "invalid records"
+                }
+            ),
+        };
+        if let Some((_, input)) = read.iter().find(|(r, _)| *r == id) {
+            return Err(same_file_as_input(&name, input));
+        }
+        if matches!(target, OutputTarget::File(_)) {
+            if let Some((_, other)) = written.iter().find(|(w, _)| *w == id) {
+                return Err(same_output(&name, other));
+            }
+            written.push((id, name));
+        }
+    }
+    if let Some(p) = stats_file
+        && let Some(id) = id(p)
+    {
+        let name = format!("--stats-file {}", p.display());
+        if let Some((_, input)) = read.iter().find(|(r, _)| *r == id) {
+            return Err(same_file_as_input(&name, input));
+        }
+        if let Some((_, other)) = written.iter().find(|(w, _)| *w == id) {
+            return Err(same_output(&name, other));
+        }
+    }
+    Ok(())
+}
+
+fn same_file_as_input(output: &str, input: &str) -> ConfigError {
+    ConfigError::Conflict(format!(
+        "{output} is the same file as {input}: writing it would destroy the input; give the output another path"
+    ))
+}
+
+fn same_output(output: &str, other: &str) -> ConfigError {
+    ConfigError::Conflict(format!(
+        "{output} is the same file as {other}: the two would overwrite each other; give each its own path"
+    ))
 }
 
 /// The environment variable of the write-failure test hook: the n-th checkpoint file

@@ -67,7 +67,8 @@ pub struct GenerateArgs {
     pub start: i64,
 
     /// Mean time between two events of one visit (exponentially distributed).
-    #[arg(long, value_name = "DUR", default_value = "20s", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DUR", default_value = "20s", value_parser = parse_duration_arg,
+          allow_hyphen_values = true)]
     pub mean_interval: i64,
 
     /// Mean number of events per visit (geometrically distributed, at least 1).
@@ -79,7 +80,8 @@ pub struct GenerateArgs {
     pub return_fraction: f64,
 
     /// Largest backwards jitter of event times (uniform in [0, DUR]); 0s keeps times in order.
-    #[arg(long, value_name = "DUR", default_value = "0s", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DUR", default_value = "0s", value_parser = parse_duration_arg,
+          allow_hyphen_values = true)]
     pub out_of_order: i64,
 
     /// Share of events that arrive late: their time is shifted back by about --late-by.
@@ -87,7 +89,8 @@ pub struct GenerateArgs {
     pub late_fraction: f64,
 
     /// How far behind late events are (the shift is uniform in ±10% around this).
-    #[arg(long, value_name = "DUR", default_value = "2h", value_parser = parse_duration_arg)]
+    #[arg(long, value_name = "DUR", default_value = "2h", value_parser = parse_duration_arg,
+          allow_hyphen_values = true)]
     pub late_by: i64,
 
     /// Per event, the probability that an exact copy of its line follows 1 to 8 events later.
@@ -789,6 +792,11 @@ const GREGORIAN_CYCLE_MS: i64 = 146_097 * MS_PER_DAY;
 fn parse_duration_arg(s: &str) -> Result<i64, String> {
     if s.trim() == "0" {
         return Ok(0);
+    }
+    // Values may start with '-' (so that `-5m` is refused as negative, not taken for
+    // an unknown option); a missing value then takes the next option.
+    if s.starts_with("--") {
+        return Err("that is an option, not a duration: give a value such as 30s".into());
     }
     parse_duration(s)
         .map(DurationMs::millis)

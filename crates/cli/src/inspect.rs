@@ -12,32 +12,53 @@ use sessionizer_core::timefmt::format_rfc3339_ms;
 use sessionizer_core::{EventTime, Watermark};
 use std::io::Write;
 
-/// Writes the report for `args` to `out`.
+/// Writes the report for `args` to `out`: the checkpoints and the newest valid one's
+/// positions, watermark and counts; the keys' sessions only with `--keys` or `--key`.
 pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let dir = StateDir::existing(&args.state_dir)
-        .with_context(|| format!("cannot inspect {}", args.state_dir.display()))?;
+    let path = &args.state_dir;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => anyhow::bail!(
+            "cannot inspect {}: it is not a directory; give the --state-dir DIR of a run",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => anyhow::bail!(
+            "cannot inspect {}: no such directory; give the --state-dir DIR of a run",
+            path.display()
+        ),
+        Err(e) => anyhow::bail!("cannot inspect {}: {e}", path.display()),
+    }
+    let dir =
+        StateDir::existing(path).with_context(|| format!("cannot inspect {}", path.display()))?;
     let checkpoints = dir.checkpoints()?;
     let newest = checkpoints.iter().find_map(|c| c.status.as_ref().ok());
-    let state = match newest {
-        Some(m) => Some(
-            dir.load_state(m)
-                .map_err(|d| anyhow::anyhow!("checkpoint {}: {d}", m.epoch))?,
-        ),
-        None => None,
-    };
-    let sessions = match &state {
-        Some(state) => collect_sessions(state, args.key.as_deref())?,
-        None => Vec::new(),
+    let listing = args.keys || args.key.is_some();
+    let sessions = match newest {
+        Some(m) if listing => {
+            let state = dir
+                .load_state(m)
+                .map_err(|d| anyhow::anyhow!("checkpoint {}: {d}", m.epoch))?;
+            collect_sessions(&state, args.key.as_deref())?
+        }
+        _ => Vec::new(),
     };
     if args.json {
-        let report = json!({
-            "state_dir": args.state_dir.display().to_string(),
+        let mut report = json!({
+            "state_dir": path.display().to_string(),
             "checkpoints": checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>(),
             "newest_valid": newest,
-            "sessions": sessions.iter().map(|(k, s)| json!({"key": k, "sessions": s})).collect::<Vec<_>>(),
+            "keys_with_state": newest.map(|m| m.keys),
         });
-        serde_json::to_writer_pretty(&mut *out, &report)?;
-        writeln!(out)?;
+        if listing {
+            report["sessions"] = sessions
+                .iter()
+                .map(|(k, s)| json!({"key": k, "sessions": s}))
+                .collect();
+        }
+        // Written as plain bytes, so that a closed stdout is an I/O error like any other.
+        let mut text = serde_json::to_vec_pretty(&report)?;
+        text.push(b'\n');
+        out.write_all(&text)?;
         return Ok(());
     }
     writeln!(out, "state directory {}", args.state_dir.display())?;
@@ -60,7 +81,11 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
     match &args.key {
         Some(k) if sessions.is_empty() => writeln!(out, "key {k:?}: no state")?,
         Some(_) => writeln!(out, "state of the key:")?,
-        None => writeln!(out, "state of every key ({}):", sessions.len())?,
+        None if args.keys => writeln!(out, "state of every key ({}):", sessions.len())?,
+        None => writeln!(
+            out,
+            "list the sessions of every key with --keys, or of one with --key K"
+        )?,
     }
     for (key, list) in &sessions {
         writeln!(out, "  {key:?}")?;

@@ -12,4 +12,5 @@ pub mod config;
 pub mod generate;
 pub mod inspect;
 pub mod kafka;
+pub mod paths;
 pub mod progress;

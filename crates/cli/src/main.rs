@@ -9,7 +9,8 @@ use sessionizer::pipeline::{self, RunError};
 use sessionizer_cli::args::{Cli, Command, ProgressArg};
 use sessionizer_cli::config;
 use sessionizer_cli::progress::Progress;
-use std::io::{ErrorKind, Write};
+use std::io::{ErrorKind, Seek, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Sessions are created and dropped at a high rate, often by another thread than the
@@ -45,15 +46,88 @@ fn inspect(args: &sessionizer_cli::args::InspectArgs) -> ExitCode {
 fn exit_code(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e)
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|e| e.kind() == ErrorKind::BrokenPipe) =>
-        {
-            ExitCode::SUCCESS
-        }
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sessionizer: {e:#}");
+            eprintln!("sessionizer: {}", message(&e));
             ExitCode::from(1)
+        }
+    }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == ErrorKind::BrokenPipe)
+    })
+}
+
+/// The error and its causes, each said once: a message that already quotes its cause
+/// (as many error types do) is not followed by that cause again.
+fn message(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+/// The `--stats-file`, opened (created when missing, not yet truncated) before the run,
+/// so that a path that cannot be written is reported before any work.
+struct StatsFile {
+    path: PathBuf,
+    file: std::fs::File,
+    /// Whether this run created it (then a run that fails removes it again).
+    created: bool,
+}
+
+impl StatsFile {
+    fn open(path: &Path) -> anyhow::Result<StatsFile> {
+        let fail = |e: std::io::Error| {
+            anyhow::anyhow!(
+                "cannot write the stats file {}: {e}; give a --stats-file path in a writable directory",
+                path.display()
+            )
+        };
+        let mut open = std::fs::OpenOptions::new();
+        open.write(true);
+        let (file, created) = match open.clone().create_new(true).open(path) {
+            Ok(f) => (f, true),
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                (open.open(path).map_err(fail)?, false)
+            }
+            Err(e) => return Err(fail(e)),
+        };
+        Ok(StatsFile {
+            path: path.to_path_buf(),
+            file,
+            created,
+        })
+    }
+
+    fn write(mut self, stats: &sessionizer::stats::RunStats) -> anyhow::Result<()> {
+        let mut json = serde_json::to_vec_pretty(stats).context("encoding the stats")?;
+        json.push(b'\n');
+        let regular = self.file.metadata().is_ok_and(|m| m.is_file());
+        let written = (|| {
+            if regular {
+                self.file.set_len(0)?;
+                self.file.rewind()?;
+            }
+            self.file.write_all(&json)?;
+            self.file.flush()
+        })();
+        written.with_context(|| format!("cannot write the stats file {}", self.path.display()))
+    }
+
+    /// The run failed: leave no empty stats file behind as if it had succeeded.
+    fn abandon(self) {
+        if self.created {
+            let _ = std::fs::remove_file(&self.path);
         }
     }
 }
@@ -66,33 +140,37 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let stats_file = match cfg.stats_file.as_deref().map(StatsFile::open).transpose() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("sessionizer: {}", message(&e));
+            return ExitCode::from(1);
+        }
+    };
     let progress = Progress::new(cfg.progress == ProgressArg::Auto);
     let result = pipeline::run_with(&cfg.pipeline, cfg.checkpoint.as_ref(), &progress);
     progress.finish();
     let stats = match result {
-        Ok(stats) => stats,
-        Err(RunError::Output(e)) if e.source.kind() == ErrorKind::BrokenPipe => {
-            // A closed stdout pipe (`| head`) ends the run quietly.
-            return ExitCode::SUCCESS;
+        Ok(stats) => {
+            eprintln!("{}", stats.summary(&cfg.pipeline.output.display_name()));
+            stats
         }
+        // A closed stdout pipe (`| head`) ends the run quietly; the stats file still
+        // tells how far it got.
+        Err(RunError::OutputClosed { stats, .. }) => *stats,
         Err(e) => {
             eprintln!("sessionizer: {e}");
+            if let Some(f) = stats_file {
+                f.abandon();
+            }
             return ExitCode::from(1);
         }
     };
-    eprintln!("{}", stats.summary(&cfg.pipeline.output.display_name()));
-    if let Some(path) = &cfg.stats_file {
-        let written = serde_json::to_vec_pretty(&stats)
-            .context("encoding the stats")
-            .and_then(|mut json| {
-                json.push(b'\n');
-                std::fs::write(path, json)
-                    .with_context(|| format!("cannot write the stats file {}", path.display()))
-            });
-        if let Err(e) = written {
-            eprintln!("sessionizer: {e:#}");
-            return ExitCode::from(1);
-        }
+    if let Some(f) = stats_file
+        && let Err(e) = f.write(&stats)
+    {
+        eprintln!("sessionizer: {}", message(&e));
+        return ExitCode::from(1);
     }
     ExitCode::SUCCESS
 }

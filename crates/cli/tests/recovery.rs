@@ -687,8 +687,8 @@ fn inspect_shows_positions_watermark_counts_and_open_sessions() {
     assert!(out.status.success(), "{}", stderr(&out));
     let state = dir.join("state");
 
-    let text =
-        String::from_utf8(run_ok(&["inspect", "--state-dir", s(&state)]).stdout).expect("utf8");
+    let text = String::from_utf8(run_ok(&["inspect", "--state-dir", s(&state), "--keys"]).stdout)
+        .expect("utf8");
     let size = std::fs::metadata(&day1).expect("meta").len();
     for want in [
         "end of input (--keep-open: sessions kept)",
@@ -707,9 +707,10 @@ fn inspect_shows_positions_watermark_counts_and_open_sessions() {
             .expect("utf8");
     assert!(one.contains("\"v2\"") && !one.contains("\"v1\""), "{one}");
 
-    let json: serde_json::Value =
-        serde_json::from_slice(&run_ok(&["inspect", "--state-dir", s(&state), "--json"]).stdout)
-            .expect("json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &run_ok(&["inspect", "--state-dir", s(&state), "--json", "--keys"]).stdout,
+    )
+    .expect("json");
     assert_eq!(json["newest_valid"]["finished"], true);
     assert_eq!(json["sessions"].as_array().map(Vec::len), Some(2));
     assert_eq!(json["sessions"][0]["sessions"][0]["event_count"], 2);

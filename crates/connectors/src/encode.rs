@@ -435,7 +435,9 @@ fn write_source(pos: SourcePos<'_>, out: &mut Vec<u8>) {
     write_json_string(&s, out);
 }
 
-/// `{"reason":..,"source":"file:line","raw":"<the record as read>"}`.
+/// `{"reason":..,"source":"file:line","raw":"<the record as read>"}`. A JSON string
+/// holds only UTF-8, so when the record is not UTF-8 `raw` has U+FFFD in place of the
+/// bad bytes and `"raw_base64"` follows with the exact bytes (standard base64, padded).
 pub fn encode_dead_letter(out: &mut Vec<u8>, reason: &str, pos: SourcePos<'_>, raw: &[u8]) {
     out.extend_from_slice(b"{\"reason\":");
     write_json_string(reason.as_bytes(), out);
@@ -444,9 +446,25 @@ pub fn encode_dead_letter(out: &mut Vec<u8>, reason: &str, pos: SourcePos<'_>, r
     out.extend_from_slice(b",\"raw\":");
     match std::str::from_utf8(raw) {
         Ok(_) => write_json_string(raw, out),
-        Err(_) => write_json_string(String::from_utf8_lossy(raw).as_bytes(), out),
+        Err(_) => {
+            write_json_string(String::from_utf8_lossy(raw).as_bytes(), out);
+            out.extend_from_slice(b",\"raw_base64\":\"");
+            out.extend_from_slice(base64_of(raw).as_bytes());
+            out.push(b'"');
+        }
     }
     out.extend_from_slice(b"}\n");
+}
+
+/// The dead-letter `raw_base64` of a record: its exact bytes in standard base64 when
+/// they are not UTF-8 (so that `raw`, a JSON string, cannot hold them), else `None`.
+pub fn raw_base64(raw: &[u8]) -> Option<String> {
+    std::str::from_utf8(raw).is_err().then(|| base64_of(raw))
+}
+
+fn base64_of(raw: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(raw)
 }
 
 /// `{"reason":..,"source":..,"watermark":..,"behind_watermark_ms":..,"event":<as read>}`.
@@ -474,6 +492,27 @@ pub fn encode_late(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 8): bytes that are not UTF-8 were replaced by U+FFFD in `raw`
+    /// and lost; `raw_base64` keeps them.
+    #[test]
+    fn a_dead_letter_of_bytes_that_are_not_utf8_keeps_them_in_raw_base64() {
+        let name = SourceName::lines("in.jsonl");
+        let pos = name.pos(3);
+        let mut out = Vec::new();
+        encode_dead_letter(&mut out, "not valid JSON", pos, b"ab\xffc\"");
+        let rec: serde_json::Value = serde_json::from_slice(&out).expect("one JSON line");
+        assert_eq!(rec["raw"], "ab\u{fffd}c\"");
+        assert_eq!(rec["raw_base64"], "YWL/YyI=", "base64 of 61 62 ff 63 22");
+        assert_eq!(raw_base64(b"ab\xffc\""), Some("YWL/YyI=".to_string()));
+
+        out.clear();
+        encode_dead_letter(&mut out, "not valid JSON", pos, "é\"".as_bytes());
+        let rec: serde_json::Value = serde_json::from_slice(&out).expect("one JSON line");
+        assert_eq!(rec["raw"], "é\"");
+        assert!(rec.get("raw_base64").is_none(), "{rec}");
+        assert_eq!(raw_base64("é".as_bytes()), None);
+    }
 
     #[test]
     fn commit_reports_the_synced_length_and_open_at_cuts_back_to_it() {

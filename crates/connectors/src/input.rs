@@ -79,6 +79,10 @@ pub struct Batch {
     pub lines: Vec<LineSpan>,
     /// Where the inputs stand after this batch's last line.
     pub end: ReadPosition,
+    /// Bytes of the inputs handed out as whole lines up to the end of this batch, since
+    /// reading started ([`Inputs::bytes_read`] less what is read ahead): what a run that
+    /// stops after this batch has consumed.
+    pub consumed: u64,
 }
 
 impl Batch {
@@ -113,6 +117,10 @@ pub struct Inputs {
     resume: Option<ReadPosition>,
     /// The end of the last input that was read to its end.
     finished: ReadPosition,
+    /// Bytes copied to carry the start of a line over to the next batch (out and back
+    /// in). Each byte is carried at most once, so this stays under twice the input
+    /// whatever the lengths of its lines; the unit tests check it.
+    moved: u64,
 }
 
 impl std::fmt::Debug for Inputs {
@@ -137,6 +145,7 @@ impl Inputs {
             carry: Vec::new(),
             resume: None,
             finished: ReadPosition::default(),
+            moved: 0,
         }
     }
 
@@ -183,6 +192,11 @@ impl Inputs {
     /// Fills `batch` with the next whole lines, about `target_bytes` of them (fewer from
     /// stdin, whose lines are handed out as soon as they arrive; more when one line is
     /// longer). Returns `false` once every input is exhausted and nothing was read.
+    ///
+    /// A batch always holds at least one whole line (unless the inputs ended), so the
+    /// start of a line is carried over to the next batch at most once, and a line longer
+    /// than a batch is read in reads that double with it: the cost is linear in the
+    /// line's length.
     pub fn next_batch(
         &mut self,
         batch: &mut Batch,
@@ -196,12 +210,14 @@ impl Inputs {
             batch.data.resize(filled, 0);
         }
         batch.data[..filled].copy_from_slice(&self.carry);
+        self.moved += filled as u64;
         self.carry.clear();
         // Where the next line starts; the carried bytes begin a line.
         let mut start = 0usize;
         loop {
             if !self.open_next_if_needed()? {
                 batch.end = self.finished;
+                batch.consumed = self.bytes_read;
                 return Ok(!batch.lines.is_empty());
             }
             let Inputs {
@@ -210,15 +226,23 @@ impl Inputs {
                 bytes_read,
                 carry,
                 finished,
+                moved,
                 ..
             } = self;
             let Some(cur) = current.as_mut() else {
                 batch.end = *finished;
+                batch.consumed = *bytes_read;
                 return Ok(!batch.lines.is_empty());
             };
-            let want = target_bytes.saturating_sub(filled).max(CHUNK_MIN);
+            // Up to the batch's target; for a line longer than that, as much again as
+            // the line has so far, so that its reads double in size.
+            let want = target_bytes
+                .saturating_sub(filled)
+                .max(CHUNK_MIN)
+                .max(filled - start);
             // Line positions are 32-bit: only a single line of 4 GiB gets here.
-            if filled + want > u32::MAX as usize {
+            let want = want.min(LINE_MAX - filled);
+            if want == 0 {
                 return Err(InputError {
                     name: names[cur.index].clone(),
                     source: io::Error::new(
@@ -274,13 +298,15 @@ impl Inputs {
                     line_no: cur.line_no,
                 };
                 *current = None;
-            } else if filled >= target_bytes || (cur.live && !batch.lines.is_empty()) {
+            } else if !batch.lines.is_empty() && (filled >= target_bytes || cur.live) {
                 carry.extend_from_slice(&batch.data[start..filled]);
+                *moved += carry.len() as u64;
                 batch.end = ReadPosition {
                     input,
                     offset: cur.read - carry.len() as u64,
                     line_no: cur.line_no,
                 };
+                batch.consumed = *bytes_read - carry.len() as u64;
                 return Ok(true);
             }
         }
@@ -332,6 +358,9 @@ impl Inputs {
 
 /// Reads at least this much per call, so that small targets still read efficiently.
 const CHUNK_MIN: usize = 64 * 1024;
+
+/// The largest batch: line positions are 32-bit.
+const LINE_MAX: usize = u32::MAX as usize;
 
 fn push_line(batch: &mut Batch, start: usize, stop: usize, input: u32, line_no: u64) {
     let end = if stop > start && batch.data[stop - 1] == b'\r' {
@@ -481,6 +510,54 @@ mod tests {
             },
             "the end of the last input, whole"
         );
+    }
+
+    /// Regression (issue 8): a line longer than a batch was copied again on every
+    /// read — 100 MB took 20 s. Counting the bytes carried between batches (and the
+    /// reads) shows the cost is linear, whatever the batch target.
+    #[test]
+    fn a_line_longer_than_a_batch_is_carried_over_at_most_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("long.jsonl");
+        let long = "L".repeat(8 << 20);
+        let mut text = String::new();
+        for i in 0..2000 {
+            text.push_str(&format!("short {i}\n"));
+        }
+        text.push_str(&long);
+        text.push('\n');
+        text.push_str("after\n");
+        text.push_str(&long);
+        std::fs::write(&p, &text).expect("write");
+        let n = text.len() as u64;
+        for target in [1, 1000, CHUNK_MIN, 1 << 20, 4 << 20] {
+            let mut inputs = Inputs::new(vec![InputSource::File(p.clone())]);
+            let got = collect(&mut inputs, target);
+            assert_eq!(got.len(), 2003, "target {target}");
+            assert_eq!(got[2000].2.len(), long.len());
+            assert_eq!(got[2002].2.len(), long.len());
+            assert!(
+                inputs.moved <= 2 * n,
+                "target {target}: {} bytes carried for {n} bytes of input",
+                inputs.moved
+            );
+        }
+    }
+
+    #[test]
+    fn batches_report_the_bytes_consumed_through_their_last_line() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("a.jsonl");
+        std::fs::write(&p, "one\ntwo\nthree\nfour without newline").expect("write");
+        let mut inputs = Inputs::new(vec![InputSource::File(p.clone())]);
+        let mut batch = Batch::default();
+        let mut ends = Vec::new();
+        while inputs.next_batch(&mut batch, 1).expect("read") {
+            ends.push((batch.lines.len(), batch.consumed));
+        }
+        // One read takes the whole file: the three whole lines (14 bytes), then the
+        // last line once the end of the file shows it is complete.
+        assert_eq!(ends, vec![(3, 14), (1, 34)]);
     }
 
     #[test]

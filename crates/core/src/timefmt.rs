@@ -602,6 +602,22 @@ pub enum DurationError {
     /// The total exceeds [`MAX_DURATION`] (or overflows).
     #[error("duration longer than 100 years")]
     TooLong,
+    /// A unit given twice (`1h1h`), which would otherwise silently add up.
+    #[error("unit '{unit}' is given twice; write each unit once, largest first, e.g. 1h30m")]
+    RepeatedUnit {
+        /// The unit.
+        unit: String,
+    },
+    /// A unit after a smaller one (`30s1m`).
+    #[error(
+        "'{unit}' comes after the smaller unit '{previous}'; write the units largest first (d, h, m, s, ms), each once, e.g. 1h30m"
+    )]
+    UnitOrder {
+        /// The unit out of order.
+        unit: String,
+        /// The smaller unit before it.
+        previous: String,
+    },
 }
 
 fn lossy(s: &[u8]) -> String {
@@ -610,8 +626,10 @@ fn lossy(s: &[u8]) -> String {
 
 /// Parses a humane duration: one or more `<integer><unit>` parts with units `ms`, `s`,
 /// `m`, `h`, `d` (`10m`, `1h30m`, `250ms`, `1d2h`, `0s`), spaces allowed between parts and
-/// between a number and its unit. Parts add up; a bare number is rejected with a hint to
-/// add a unit; totals above 100 years ([`MAX_DURATION`]) are rejected.
+/// between a number and its unit. Parts add up; each unit appears at most once, largest
+/// first (`1h1h` and `30s1m` are rejected: likely typos); a bare number is rejected with
+/// a hint to add a unit; a minus sign is rejected; totals above 100 years
+/// ([`MAX_DURATION`]) are rejected.
 ///
 /// ```
 /// use sessionizer_core::timefmt::parse_duration;
@@ -635,6 +653,8 @@ pub fn parse_duration_bytes(s: &[u8]) -> Result<DurationMs, DurationError> {
         return Err(DurationError::Empty);
     }
     let mut total: i64 = 0;
+    // The previous part's unit, as its rank from days (0) down to milliseconds (4).
+    let mut previous: Option<(usize, &[u8])> = None;
     while i < n {
         // Number.
         let num_start = i;
@@ -672,12 +692,12 @@ pub fn parse_duration_bytes(s: &[u8]) -> Result<DurationMs, DurationError> {
             i += 1;
         }
         let unit = &s[unit_start..i];
-        let scale = match unit {
-            b"ms" => 1,
-            b"s" => MS_PER_SEC,
-            b"m" => MS_PER_MIN,
-            b"h" => MS_PER_HOUR,
-            b"d" => MS_PER_DAY,
+        let (rank, scale) = match unit {
+            b"d" => (0, MS_PER_DAY),
+            b"h" => (1, MS_PER_HOUR),
+            b"m" => (2, MS_PER_MIN),
+            b"s" => (3, MS_PER_SEC),
+            b"ms" => (4, 1),
             b"" => {
                 return Err(DurationError::MissingUnit {
                     number: lossy(number),
@@ -685,6 +705,18 @@ pub fn parse_duration_bytes(s: &[u8]) -> Result<DurationMs, DurationError> {
             }
             _ => return Err(DurationError::UnknownUnit { unit: lossy(unit) }),
         };
+        match previous {
+            Some((r, _)) if r == rank => {
+                return Err(DurationError::RepeatedUnit { unit: lossy(unit) });
+            }
+            Some((r, before)) if r > rank => {
+                return Err(DurationError::UnitOrder {
+                    unit: lossy(unit),
+                    previous: lossy(before),
+                });
+            }
+            _ => previous = Some((rank, unit)),
+        }
         if overflow {
             return Err(DurationError::TooLong);
         }

@@ -221,6 +221,37 @@ fn durations() {
     assert!(err("101y").to_string().contains("unknown unit 'y'"));
 }
 
+/// Regression (issue 8): `1h1h` was read as 2h, `30s1m` as 1m30s; both are likely typos.
+#[test]
+fn each_unit_at_most_once_largest_first() {
+    let err = |s: &str| parse_duration(s).unwrap_err();
+    assert_eq!(
+        err("1h1h"),
+        DurationError::RepeatedUnit { unit: "h".into() }
+    );
+    assert_eq!(
+        err("1ms 2ms"),
+        DurationError::RepeatedUnit { unit: "ms".into() }
+    );
+    assert_eq!(
+        err("30s1m"),
+        DurationError::UnitOrder {
+            unit: "m".into(),
+            previous: "s".into()
+        }
+    );
+    assert_eq!(
+        err("1ms1s"),
+        DurationError::UnitOrder {
+            unit: "s".into(),
+            previous: "ms".into()
+        }
+    );
+    assert!(err("1h1h").to_string().contains("largest first"));
+    assert_eq!(dur("1d1h1m1s1ms"), 90_061_001);
+    assert_eq!(dur("1d 1ms"), 86_400_001);
+}
+
 #[test]
 fn duration_formatting() {
     let f = |ms| format_duration(DurationMs(ms));
@@ -329,6 +360,32 @@ proptest! {
             let rank = |u: &str| ["d", "h", "m", "s", "ms"].iter().position(|x| *x == u);
             let ranks: Vec<_> = units.iter().map(|u| rank(u)).collect();
             prop_assert!(ranks.windows(2).all(|w| w[0] < w[1]), "{}", s);
+        }
+    }
+
+    /// Any sequence of parts is accepted exactly when its units are strictly
+    /// decreasing, and then it is their sum.
+    #[test]
+    fn parts_are_accepted_exactly_when_units_decrease(
+        parts in proptest::collection::vec((0i64..1000, 0usize..5), 1..6)
+    ) {
+        const UNITS: [(&str, i64); 5] =
+            [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)];
+        let text: String = parts.iter().map(|&(n, u)| format!("{n}{}", UNITS[u].0)).collect();
+        let decreasing = parts.windows(2).all(|w| w[0].1 < w[1].1);
+        match parse_duration(&text) {
+            Ok(d) => {
+                prop_assert!(decreasing, "{} accepted", text);
+                let sum: i64 = parts.iter().map(|&(n, u)| n * UNITS[u].1).sum();
+                prop_assert_eq!(d.millis(), sum, "{}", text);
+            }
+            Err(e) => {
+                prop_assert!(!decreasing, "{} refused: {}", text, e);
+                prop_assert!(
+                    matches!(e, DurationError::RepeatedUnit { .. } | DurationError::UnitOrder { .. }),
+                    "{}: {:?}", text, e
+                );
+            }
         }
     }
 

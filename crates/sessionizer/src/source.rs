@@ -12,15 +12,20 @@ use std::fmt;
 use std::marker::PhantomData;
 
 /// A record that could not be read as an event, in the command line's dead-letter shape:
-/// `{"reason":..,"source":"file:line","raw":..}`.
+/// `{"reason":..,"source":"file:line","raw":..}`, plus `"raw_base64"` when the record is
+/// not UTF-8.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadLetter {
     /// Why (serde's message, e.g. ``missing field `visit_id` at line 1 column 40``).
     pub reason: String,
     /// `file:line` (or `stdin:line`).
     pub source: String,
-    /// The record as read.
+    /// The record as read (bytes that are not UTF-8 replaced by U+FFFD).
     pub raw: String,
+    /// The exact bytes of the record, in standard base64, when they are not UTF-8 (so
+    /// that `raw` could not hold them); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub raw_base64: Option<String>,
 }
 
 /// Why a source stopped.
@@ -166,6 +171,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                             span.line_no
                         ),
                         raw: String::from_utf8_lossy(line).into_owned(),
+                        raw_base64: sessionizer_connectors::encode::raw_base64(line),
                     };
                     if let Err(e) = self.dead.send(letter) {
                         self.error = Some(e.into());
@@ -174,5 +180,46 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Visit {
+        #[allow(dead_code)]
+        visit_id: String,
+    }
+
+    /// Regression (issue 8): a line that is not UTF-8 lost its bytes in the dead letter.
+    #[test]
+    fn dead_letters_carry_the_exact_bytes_of_lines_that_are_not_utf8() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("in.jsonl");
+        std::fs::write(
+            &p,
+            b"{\"visit_id\":\"a\"}\n{\"visit_id\":\xff}\n{\"x\":1}\n",
+        )
+        .expect("write");
+        let mut dead = Vec::new();
+        let mut source =
+            JsonLines::<Visit, _>::open(vec![InputSource::File(p)], &mut dead).expect("open");
+        assert_eq!(source.by_ref().count(), 1);
+        source.finish().expect("finish");
+        assert_eq!(dead.len(), 2);
+        assert_eq!(dead[0].raw, "{\"visit_id\":\u{fffd}}");
+        assert_eq!(
+            dead[0].raw_base64.as_deref(),
+            Some("eyJ2aXNpdF9pZCI6/30="),
+            "base64 of the exact bytes"
+        );
+        assert_eq!(dead[1].raw_base64, None);
+        let json = serde_json::to_value(&dead[1]).expect("json");
+        assert!(
+            json.get("raw_base64").is_none(),
+            "absent when UTF-8: {json}"
+        );
     }
 }

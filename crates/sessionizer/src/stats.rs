@@ -35,6 +35,11 @@ pub struct RunStats {
     /// the job's, cumulative over every run that continued it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<CheckpointStats>,
+    /// Set when the run stopped early because the reader of this output closed it
+    /// (`stdout` piped into `head`): the counts are those of the input processed until
+    /// then, and they still add up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output_closed: Option<String>,
     /// A Kafka input's tasks (`--kafka-topic` only). The counters above are then this
     /// process's share of the job: what it committed for the partitions it held, so
     /// that the processes of a group add up to the job.
@@ -50,16 +55,15 @@ pub struct KafkaStats {
     /// The job's accounting for those partitions, cumulative over every process that
     /// held them (from their changelogs).
     pub job: Counters,
-    /// Transactions committed and aborted.
+    /// Transactions committed.
     pub commits: u64,
     /// Transactions aborted (the tasks were rewound to their last commit and redone).
     pub aborts: u64,
-    /// Partitions gained and lost in rebalances.
+    /// Partitions gained in rebalances (with their state).
     pub assigned: u64,
     /// Partitions given up in rebalances.
     pub revoked: u64,
-    /// Changelog records read to restore tasks, their bytes, the keys restored and the
-    /// time it took (milliseconds).
+    /// Changelog records read to restore tasks.
     pub restored_records: u64,
     /// Bytes of changelog records read to restore tasks.
     pub restored_bytes: u64,

@@ -48,6 +48,16 @@ pub enum RunError {
     /// An output could not be written, flushed or synced.
     #[error(transparent)]
     Output(#[from] OutputError),
+    /// The reader of an output closed it (stdout piped into `head`), so the run stopped
+    /// early. Not a failure for a command line; `stats` counts the input processed until
+    /// then (the counts add up) and names the output in `output_closed`.
+    #[error("{name} was closed by its reader; the run stopped early")]
+    OutputClosed {
+        /// The output's name (`stdout`, or a path).
+        name: String,
+        /// The run's counts until it stopped.
+        stats: Box<RunStats>,
+    },
     /// An invalid record with `--on-invalid fail`.
     #[error(
         "invalid record at {position}: {reason} (stopping because of --on-invalid fail; use --on-invalid dead-letter to set such records aside)"
@@ -146,6 +156,11 @@ impl Observer for Quiet {}
 /// Bytes of input per batch.
 const BATCH_BYTES: usize = 4 << 20;
 
+/// With a live input, how long records may wait in an output's buffer while input keeps
+/// coming (SPEC §6: visible within about 100 ms). When no input is ready they are
+/// written at once.
+const LIVE_FLUSH_EVERY: Duration = Duration::from_millis(100);
+
 /// Runs the job to the end of its inputs.
 pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, RunError> {
     run_with(cfg, None, observer)
@@ -240,6 +255,16 @@ impl ReadAhead {
         })
     }
 
+    /// What the reader has ready now, without waiting (`None`: the job would wait).
+    fn ready(&mut self) -> Result<Option<Next>, RunError> {
+        use std::sync::mpsc::TryRecvError;
+        match self.full.try_recv() {
+            Ok(received) => Self::next_of(received).map(Some),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(RunError::ReaderFailed),
+        }
+    }
+
     /// The next batch, the end of the inputs, or — when `wait` is given and no batch
     /// came within it — `Next::Idle`.
     fn next_within(&mut self, wait: Option<Duration>) -> Result<Next, RunError> {
@@ -252,6 +277,10 @@ impl ReadAhead {
                 Err(RecvTimeoutError::Disconnected) => Err(RunError::ReaderFailed),
             },
         }?;
+        Self::next_of(received)
+    }
+
+    fn next_of(received: Result<Option<Batch>, InputError>) -> Result<Next, RunError> {
         match received {
             Ok(Some(batch)) => Ok(Next::Batch(batch)),
             Ok(None) => Ok(Next::End),
@@ -399,6 +428,38 @@ impl<'c> Job<'c> {
         checkpoint: Option<&CheckpointConfig>,
         observer: &dyn Observer,
     ) -> Result<RunStats, RunError> {
+        match self.drive(checkpoint, observer) {
+            Err(RunError::Output(e)) if e.source.kind() == std::io::ErrorKind::BrokenPipe => {
+                let mut stats = self.stats_so_far();
+                stats.output_closed = Some(e.name.clone());
+                Err(RunError::OutputClosed {
+                    name: e.name,
+                    stats: Box::new(stats),
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// The run's counts so far: this run's, its shards', and with a state directory
+    /// those of the job's earlier runs.
+    fn stats_so_far(&mut self) -> RunStats {
+        let mut stats = std::mem::take(&mut self.stats);
+        add_shard_counts(&mut stats, &self.shards);
+        if let Some(d) = &self.durable {
+            stats.add_counters(&d.carried);
+            stats.checkpoints = Some(d.stats.clone());
+        }
+        stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
+        stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
+        stats
+    }
+
+    fn drive(
+        &mut self,
+        checkpoint: Option<&CheckpointConfig>,
+        observer: &dyn Observer,
+    ) -> Result<RunStats, RunError> {
         self.inputs.check_readable()?;
         let start = match checkpoint {
             Some(c) => {
@@ -459,8 +520,24 @@ impl<'c> Job<'c> {
         };
         let mut last_input = Instant::now();
         let mut watermark_at_last_input = Watermark::MIN;
+        // A live input's reader waits for lines to arrive: whatever the job produced is
+        // written out before it waits too, and at least every LIVE_FLUSH_EVERY (SPEC §6).
+        // File inputs keep writing in large blocks.
+        let live = self.cfg.inputs.contains(&InputSource::Stdin);
+        let mut flushed_at = Instant::now();
         loop {
-            let batch = match reader.next_within(idle.map(idle_tick))? {
+            let ready = if live { reader.ready()? } else { None };
+            if live && (ready.is_none() || flushed_at.elapsed() >= LIVE_FLUSH_EVERY) {
+                for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
+                    w.finish()?;
+                }
+                flushed_at = Instant::now();
+            }
+            let next = match ready {
+                Some(next) => next,
+                None => reader.next_within(idle.map(idle_tick))?,
+            };
+            let batch = match next {
                 Next::End => break,
                 Next::Idle => {
                     if let Some(limit) = idle {
@@ -521,14 +598,7 @@ impl<'c> Job<'c> {
         self.dead.finish()?;
         self.late.finish()?;
 
-        let mut stats = std::mem::take(&mut self.stats);
-        add_shard_counts(&mut stats, &self.shards);
-        if let Some(d) = &self.durable {
-            stats.add_counters(&d.carried);
-            stats.checkpoints = Some(d.stats.clone());
-        }
-        stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
-        stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
+        let stats = self.stats_so_far();
         debug_assert!(stats.adds_up(), "accounting does not add up: {stats:?}");
         Ok(stats)
     }
@@ -653,6 +723,7 @@ impl<'c> Job<'c> {
             None => work((0, (&mut self.decoders[0], &mut self.parsed[0]))),
         }
 
+        let (mut blank, mut invalid, mut read) = (0, 0, 0);
         for part in &self.parsed {
             if let Some((line, reason)) = &part.first_invalid {
                 let span = batch.lines[*line as usize];
@@ -663,13 +734,19 @@ impl<'c> Job<'c> {
                     reason: reason.clone(),
                 });
             }
-            self.stats.blank_lines += part.blank;
-            self.stats.invalid += part.invalid;
-            self.stats.records_read += part.recs.len() as u64 - part.blank;
+            blank += part.blank;
+            invalid += part.invalid;
+            read += part.recs.len() as u64 - part.blank;
             if on_invalid == OnInvalid::DeadLetter {
                 self.dead.append(&part.dead, part.invalid)?;
             }
         }
+        // Counted once the batch is sure to be sessionized: a run stopped by a closed
+        // output reports counts that add up.
+        self.stats.blank_lines += blank;
+        self.stats.invalid += invalid;
+        self.stats.records_read += read;
+        self.stats.bytes_read = batch.consumed;
         Ok(())
     }
 
