@@ -34,7 +34,7 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
             "state_dir": args.state_dir.display().to_string(),
             "checkpoints": checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>(),
             "newest_valid": newest,
-            "sessions": sessions.iter().map(|(k, s)| json!({"key": k, "sessions": s})).collect::<Vec<_>>(),
+            "sessions": sessions.iter().map(|(k, floor, s)| json!({"key": k, "floor": floor, "sessions": s})).collect::<Vec<_>>(),
         });
         serde_json::to_writer_pretty(&mut *out, &report)?;
         writeln!(out)?;
@@ -62,8 +62,14 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
         Some(_) => writeln!(out, "state of the key:")?,
         None => writeln!(out, "state of every key ({}):", sessions.len())?,
     }
-    for (key, list) in &sessions {
-        writeln!(out, "  {key:?}")?;
+    for (key, floor, list) in &sessions {
+        match floor.as_str() {
+            Some(f) => writeln!(out, "  {key:?} (floor {f})")?,
+            None => writeln!(
+                out,
+                "  {key:?} (floor not stored in format 1: a resumed run derives it)"
+            )?,
+        }
         for s in list {
             writeln!(out, "    {}", session_line(s))?;
         }
@@ -171,20 +177,23 @@ fn checkpoint_json(c: &CheckpointInfo) -> Value {
     }
 }
 
-/// Every key's sessions (or one key's), sorted by key, as JSON objects.
+/// Every key's floor and sessions (or one key's), sorted by key, as JSON: the floor as
+/// RFC 3339 (`-inf` for minus infinity; `null` in a format-1 checkpoint, which stored
+/// none), the sessions as objects.
 fn collect_sessions(
     state: &LoadedState,
     only: Option<&str>,
-) -> anyhow::Result<Vec<(String, Vec<Value>)>> {
+) -> anyhow::Result<Vec<(String, Value, Vec<Value>)>> {
     let mut all = Vec::new();
+    let format = state.format_version();
     state
         .for_each_live(|key, value| {
             if only.is_some_and(|k| k.as_bytes() != key) {
                 return Ok(());
             }
-            let sessions = describe_sessions(key, value)
+            let (floor, sessions) = describe_sessions(key, value, format)
                 .map_err(|e| format!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
-            all.push((String::from_utf8_lossy(key).into_owned(), sessions));
+            all.push((String::from_utf8_lossy(key).into_owned(), floor, sessions));
             Ok::<(), String>(())
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -192,13 +201,19 @@ fn collect_sessions(
     Ok(all)
 }
 
-/// One key's sessions as JSON: bounds, count, revision, status and the aggregates so far.
-fn describe_sessions(key: &[u8], value: &[u8]) -> Result<Vec<Value>, String> {
+/// One key's floor (`null` when its checkpoint format stored none) and sessions as JSON:
+/// bounds, count, revision, status and the aggregates so far.
+fn describe_sessions(key: &[u8], value: &[u8], format: u16) -> Result<(Value, Vec<Value>), String> {
     let sessions =
-        sessionizer_window::codec::decode_sessions_any(value).map_err(|e| e.to_string())?;
+        sessionizer_window::codec::decode_sessions_any(value, format).map_err(|e| e.to_string())?;
+    let floor = if format == 1 {
+        Value::Null
+    } else {
+        Value::String(Watermark::at(EventTime(sessions.floor())).to_string())
+    };
     let mut list: Vec<&sessionizer_window::session::Session> = sessions.sessions().iter().collect();
     list.sort_by_key(|s| s.start());
-    Ok(list
+    let list: Vec<Value> = list
         .into_iter()
         .map(|s| {
             let time = |t: i64| format_rfc3339_ms(EventTime(t));
@@ -223,7 +238,8 @@ fn describe_sessions(key: &[u8], value: &[u8]) -> Result<Vec<Value>, String> {
                 "aggregates": aggregates,
             })
         })
-        .collect())
+        .collect();
+    Ok((floor, list))
 }
 
 fn session_line(s: &Value) -> String {
