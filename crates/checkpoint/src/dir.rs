@@ -249,6 +249,7 @@ impl StateDir {
     /// Reads and checks a manifest's base and deltas.
     pub fn load_state(&self, manifest: &Manifest) -> Result<LoadedState, Damage> {
         let mut files = Vec::with_capacity(1 + manifest.deltas.len());
+        let mut format_version = None;
         let refs = std::iter::once((FileKind::Base, &manifest.base))
             .chain(manifest.deltas.iter().map(|d| (FileKind::Delta, d)));
         for (kind, r) in refs {
@@ -269,16 +270,32 @@ impl StateDir {
                     reason: format!("{} bytes, the manifest recorded {}", bytes.len(), r.bytes),
                 });
             }
-            let payload = frame::decode(&bytes, kind, r.epoch).map_err(|e| Damage {
-                file: r.file.clone(),
-                reason: e.to_string(),
-            })?;
+            let (version, payload) =
+                frame::decode_versioned(&bytes, kind, r.epoch).map_err(|e| Damage {
+                    file: r.file.clone(),
+                    reason: e.to_string(),
+                })?;
+            match format_version {
+                None => format_version = Some(version),
+                Some(base) if base != version => {
+                    return Err(Damage {
+                        file: r.file.clone(),
+                        reason: format!(
+                            "written in checkpoint format {version}, its base in format {base}: a chain is never mixed"
+                        ),
+                    });
+                }
+                Some(_) => {}
+            }
             let range = frame::HEADER_LEN..frame::HEADER_LEN + payload.len();
             bytes.truncate(range.end);
             bytes.drain(..range.start);
             files.push((r.file.clone(), bytes));
         }
-        let loaded = LoadedState { files };
+        let loaded = LoadedState {
+            files,
+            format_version: format_version.unwrap_or(frame::FORMAT_VERSION),
+        };
         loaded.check()?;
         Ok(loaded)
     }

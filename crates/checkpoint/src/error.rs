@@ -18,7 +18,8 @@ pub enum FrameError {
     Magic,
     /// The file was written in a format version this build does not read.
     #[error(
-        "checkpoint format version {found} is not supported (this build reads version {})",
+        "checkpoint format version {found} is not supported (this build reads versions {} to {}); resume it with the sessionizer release that wrote it",
+        crate::frame::OLDEST_FORMAT_VERSION,
         crate::frame::FORMAT_VERSION
     )]
     Version {

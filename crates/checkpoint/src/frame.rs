@@ -21,9 +21,16 @@ use crate::error::FrameError;
 /// The first bytes of every checkpoint file.
 pub const MAGIC: [u8; 4] = *b"SZCP";
 
-/// The format version this build writes and reads. Bump it on any change of the layout
-/// of a frame, a state payload or a manifest, and keep a fixture of the old version.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this build writes. Bump it on any change of the layout of a frame,
+/// a state payload, a key's value or a manifest, and keep a fixture of the old version.
+///
+/// Version 2 added the per-key floor to a key's value and the new-key floor to the
+/// manifest's watermark (`docs/checkpoint-format.md`).
+pub const FORMAT_VERSION: u16 = 2;
+
+/// The oldest format version this build still reads (the value layout of a version is
+/// read by `sessionizer_window::codec::decode_value`).
+pub const OLDEST_FORMAT_VERSION: u16 = 1;
 
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 24;
@@ -111,6 +118,16 @@ pub fn encode(kind: FileKind, epoch: u64, payload: &[u8]) -> Vec<u8> {
 
 /// Checks a whole file's frame and returns its payload.
 pub fn decode(bytes: &[u8], kind: FileKind, epoch: u64) -> Result<&[u8], FrameError> {
+    decode_versioned(bytes, kind, epoch).map(|(_, payload)| payload)
+}
+
+/// Checks a whole file's frame and returns its format version (one this build reads:
+/// [`OLDEST_FORMAT_VERSION`] to [`FORMAT_VERSION`]) and its payload.
+pub fn decode_versioned(
+    bytes: &[u8],
+    kind: FileKind,
+    epoch: u64,
+) -> Result<(u16, &[u8]), FrameError> {
     if bytes.len() < HEADER_LEN + TRAILER_LEN {
         return Err(FrameError::Truncated {
             len: bytes.len() as u64,
@@ -120,7 +137,7 @@ pub fn decode(bytes: &[u8], kind: FileKind, epoch: u64) -> Result<&[u8], FrameEr
         return Err(FrameError::Magic);
     }
     let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(FrameError::Version { found: version });
     }
     let payload_len = u64::from_le_bytes(bytes[16..24].try_into().map_err(|_| FrameError::Magic)?);
@@ -161,7 +178,7 @@ pub fn decode(bytes: &[u8], kind: FileKind, epoch: u64) -> Result<&[u8], FrameEr
             found: found_epoch,
         });
     }
-    Ok(&bytes[HEADER_LEN..body_end])
+    Ok((version, &bytes[HEADER_LEN..body_end]))
 }
 
 #[cfg(test)]
@@ -197,6 +214,37 @@ mod tests {
             decode(&bytes, FileKind::Delta, 8),
             Err(FrameError::Epoch { .. })
         ));
+    }
+
+    /// Frames of every version from the oldest read to this one are accepted, with
+    /// their version; an unknown version is refused by name.
+    #[test]
+    fn older_versions_are_read_and_newer_ones_refused() {
+        let reframe = |version: u16| {
+            let mut bytes = encode(FileKind::Base, 3, b"payload");
+            bytes[4..6].copy_from_slice(&version.to_le_bytes());
+            let end = bytes.len() - TRAILER_LEN;
+            let crc = crc32fast::hash(&bytes[..end]).to_le_bytes();
+            bytes[end..].copy_from_slice(&crc);
+            bytes
+        };
+        for version in OLDEST_FORMAT_VERSION..=FORMAT_VERSION {
+            let bytes = reframe(version);
+            assert_eq!(
+                decode_versioned(&bytes, FileKind::Base, 3).expect("read"),
+                (version, &b"payload"[..])
+            );
+        }
+        for version in [0, FORMAT_VERSION + 1] {
+            let err = decode(&reframe(version), FileKind::Base, 3).expect_err("refused");
+            assert_eq!(err, FrameError::Version { found: version });
+            assert!(
+                err.to_string().contains(&format!(
+                    "reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}"
+                )),
+                "{err}"
+            );
+        }
     }
 
     #[test]

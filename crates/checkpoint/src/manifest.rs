@@ -91,6 +91,11 @@ pub struct WatermarkState {
     pub watermark_ms: i64,
     /// Largest gap of any valid event (ms): how long final bounds are remembered.
     pub largest_gap_ms: i64,
+    /// The floor a key whose state is created next starts with (ms; `i64::MIN` is minus
+    /// infinity): the highest `W - A - Gmax` so far (docs/semantics.md S-30). Since
+    /// format 2; absent in a format-1 manifest, where a resumed run derives it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_key_floor_ms: Option<i64>,
 }
 
 /// The committed length of one file output.

@@ -239,9 +239,18 @@ impl<'a> Cursor<'a> {
 pub struct LoadedState {
     /// `(file name, payload)`: the base first, then the deltas in order.
     pub(crate) files: Vec<(String, Vec<u8>)>,
+    /// The format version of every one of the files (a chain is never mixed: after a
+    /// resume from an older version the first checkpoint is a new base).
+    pub(crate) format_version: u16,
 }
 
 impl LoadedState {
+    /// The checkpoint format version the values were written in: how to decode them
+    /// (`sessionizer_window::codec::decode_value`).
+    pub fn format_version(&self) -> u16 {
+        self.format_version
+    }
+
     /// Calls `f` once for every key that has state at the checkpoint, with its newest
     /// value, in no particular order. Stops at the first error of `f`.
     pub fn for_each_live<E>(
@@ -383,6 +392,7 @@ mod tests {
                 ("d1".into(), payload(&[&d1])),
                 ("d2".into(), payload(&[&d2])),
             ],
+            format_version: crate::FORMAT_VERSION,
         };
         let mut live = Vec::new();
         state

@@ -3,8 +3,9 @@
 
 use crate::dir::StateDir;
 use crate::error::CheckpointError;
-use crate::frame::FileKind;
+use crate::frame::{FORMAT_VERSION, FileKind};
 use crate::manifest::{Manifest, StateFileRef};
+use crate::state::LoadedState;
 
 /// After this many deltas the next checkpoint writes a new base, so that a restore never
 /// reads a long chain.
@@ -51,15 +52,21 @@ pub struct CheckpointWriter {
 }
 
 impl CheckpointWriter {
-    /// Continues after `resumed` (the checkpoint restored, if any). Epochs continue past
-    /// every file in the directory, so a damaged newer checkpoint is never overwritten
-    /// in place.
-    pub fn new(dir: StateDir, resumed: Option<&Manifest>) -> Result<Self, CheckpointError> {
+    /// Continues after `resumed` (the checkpoint restored and its state, if any). Epochs
+    /// continue past every file in the directory, so a damaged newer checkpoint is never
+    /// overwritten in place. A checkpoint of an older format version is not continued:
+    /// the next checkpoint is a new base, so that a chain's files share one version.
+    pub fn new(
+        dir: StateDir,
+        resumed: Option<(&Manifest, &LoadedState)>,
+    ) -> Result<Self, CheckpointError> {
         let next_epoch = dir.list()?.max_epoch() + 1;
         dir.remove_temp_files()?;
         Ok(CheckpointWriter {
             dir,
-            chain: resumed.map(|m| (m.base.clone(), m.deltas.clone())),
+            chain: resumed
+                .filter(|(_, state)| state.format_version() == FORMAT_VERSION)
+                .map(|(m, _)| (m.base.clone(), m.deltas.clone())),
             next_epoch,
             max_deltas: DEFAULT_MAX_DELTAS,
         })

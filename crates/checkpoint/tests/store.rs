@@ -1,6 +1,6 @@
 //! The state directory on real files: commits, restore = base + deltas, folding into a
 //! new base, garbage collection, recovery from damage, write failures, and the fixture
-//! that pins format version 1.
+//! that pins format version 2 (and the one of version 1, still read).
 
 use sessionizer_checkpoint::dir::file_name;
 use sessionizer_checkpoint::{
@@ -214,9 +214,10 @@ fn a_failed_write_leaves_the_previous_checkpoint_usable_and_no_temp_file() {
     assert_eq!((m.epoch, got), (1, before));
 }
 
-/// The files of `tests/fixtures/v1`, written by format version 1. A build that cannot
+/// The files of `tests/fixtures/v2`, written by format version 2. A build that cannot
 /// read them, or that writes different bytes for the same checkpoint, changed the format:
-/// bump `FORMAT_VERSION`, document it, and keep this fixture for the old version.
+/// bump `FORMAT_VERSION`, document it, and keep this fixture for the old version (as
+/// `tests/fixtures/v1` is kept for version 1).
 fn write_fixture(dir: &Path) {
     let mut d = StateDir::open(dir).expect("open");
     let mut base = StateEntries::default();
@@ -252,6 +253,7 @@ fn write_fixture(dir: &Path) {
             max_event_time_ms: Some(1_704_067_260_000),
             watermark_ms: 1_704_067_200_000,
             largest_gap_ms: 1_800_000,
+            new_key_floor_ms: Some(1_704_065_400_000),
         },
         outputs: vec![sessionizer_checkpoint::OutputCommit {
             role: "sessions".into(),
@@ -272,22 +274,35 @@ fn write_fixture(dir: &Path) {
     d.write_manifest(&manifest).expect("manifest");
 }
 
+fn fixture(version: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(version)
+}
+
+fn fixture_entries() -> Model {
+    [("v2", "state-of-v2"), ("v3", "state-of-v3")]
+        .iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+        .collect()
+}
+
 #[test]
-fn format_v1_fixture_is_read_and_written_byte_for_byte() {
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1");
+fn format_v2_fixture_is_read_and_written_byte_for_byte() {
+    let fixture = fixture("v2");
     if std::env::var_os("SESSIONIZER_WRITE_FIXTURES").is_some() {
         write_fixture(&fixture);
     }
-    let (m, got) = live(&StateDir::existing(&fixture).expect("fixture dir"));
+    let dir = StateDir::existing(&fixture).expect("fixture dir");
+    let (m, got) = live(&dir);
     assert_eq!(m.epoch, 2);
     assert_eq!(m.inputs[0].offset, 600);
     assert_eq!(m.watermark.largest_gap_ms, 1_800_000);
+    assert_eq!(m.watermark.new_key_floor_ms, Some(1_704_065_400_000));
     assert_eq!(m.counters.records_read, 6);
-    let want: Model = [("v2", "state-of-v2"), ("v3", "state-of-v3")]
-        .iter()
-        .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
-        .collect();
-    assert_eq!(got, want);
+    assert_eq!(got, fixture_entries());
+    let state = dir.recover().expect("recover").found.expect("found").state;
+    assert_eq!(state.format_version(), 2);
 
     let tmp = tempfile::tempdir().expect("tempdir");
     write_fixture(tmp.path());
@@ -295,9 +310,74 @@ fn format_v1_fixture_is_read_and_written_byte_for_byte() {
         assert_eq!(
             std::fs::read(tmp.path().join(&name)).expect("written"),
             std::fs::read(fixture.join(&name)).expect("fixture"),
-            "{name} differs from the format-1 fixture"
+            "{name} differs from the format-2 fixture"
         );
     }
+}
+
+/// Files written by format version 1 (the build before the floor) are still read: the
+/// manifest has no new-key floor and the state says its version, so that the window
+/// decodes its values as format 1.
+#[test]
+fn format_v1_fixture_is_still_read() {
+    let dir = StateDir::existing(&fixture("v1")).expect("fixture dir");
+    let (m, got) = live(&dir);
+    assert_eq!(m.epoch, 2);
+    assert_eq!(m.inputs[0].offset, 600);
+    assert_eq!(m.watermark.largest_gap_ms, 1_800_000);
+    assert_eq!(m.watermark.new_key_floor_ms, None);
+    assert_eq!(got, fixture_entries());
+    let state = dir.recover().expect("recover").found.expect("found").state;
+    assert_eq!(state.format_version(), 1);
+}
+
+/// A run resuming a format-1 checkpoint does not continue its chain: its first
+/// checkpoint is a new base, so that no chain mixes two value layouts. A checkpoint of
+/// this format with few deltas is continued with a delta.
+#[test]
+fn resuming_an_older_format_starts_a_new_base() {
+    for (version, base) in [("v1", true), ("v2", false)] {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for name in names(&fixture(version)) {
+            std::fs::copy(fixture(version).join(&name), tmp.path().join(&name)).expect("copy");
+        }
+        let dir = StateDir::open(tmp.path()).expect("open");
+        let found = dir.recover().expect("recover").found.expect("found");
+        let w = CheckpointWriter::new(dir, Some((&found.manifest, &found.state))).expect("writer");
+        assert_eq!(w.next_is_base(), base, "resuming {version}");
+    }
+}
+
+/// A manifest whose state files are of two format versions is damaged (no build writes
+/// one): recovery falls back to the previous checkpoint and says why.
+#[test]
+fn a_chain_of_mixed_format_versions_is_damaged() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for name in names(&fixture("v1")) {
+        std::fs::copy(fixture("v1").join(&name), tmp.path().join(&name)).expect("copy");
+    }
+    let mut dir = StateDir::open(tmp.path()).expect("open");
+    let (old, _) = live(&dir);
+    let mut delta = StateEntries::default();
+    delta.put_with(b"v4", |o| o.extend_from_slice(b"state-of-v4"));
+    let delta_ref = dir
+        .write_state(FileKind::Delta, 3, &delta.parts().collect::<Vec<_>>(), 1, 0)
+        .expect("delta");
+    let mut mixed = old.clone();
+    mixed.epoch = 3;
+    mixed.deltas.push(delta_ref);
+    dir.write_manifest(&mixed).expect("manifest");
+    let rec = dir.recover().expect("recover");
+    assert_eq!(
+        rec.found.expect("the previous checkpoint").manifest.epoch,
+        2
+    );
+    assert_eq!(rec.skipped.len(), 1);
+    let why = rec.skipped[0].1.to_string();
+    assert!(
+        why.contains("delta-0000000003.ckpt") && why.contains("format 2, its base in format 1"),
+        "{why}"
+    );
 }
 
 /// Two runs on one state directory would overwrite each other's checkpoints: the second

@@ -52,7 +52,7 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
         if listing {
             report["sessions"] = sessions
                 .iter()
-                .map(|(k, s)| json!({"key": k, "sessions": s}))
+                .map(|(k, floor, s)| json!({"key": k, "floor": floor, "sessions": s}))
                 .collect();
         }
         // Written as plain bytes, so that a closed stdout is an I/O error like any other.
@@ -87,8 +87,14 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
             "list the sessions of every key with --keys, or of one with --key K"
         )?,
     }
-    for (key, list) in &sessions {
-        writeln!(out, "  {key:?}")?;
+    for (key, floor, list) in &sessions {
+        match floor.as_str() {
+            Some(f) => writeln!(out, "  {key:?} (floor {f})")?,
+            None => writeln!(
+                out,
+                "  {key:?} (floor not stored in format 1: a resumed run derives it)"
+            )?,
+        }
         for s in list {
             writeln!(out, "    {}", session_line(s))?;
         }
@@ -196,20 +202,23 @@ fn checkpoint_json(c: &CheckpointInfo) -> Value {
     }
 }
 
-/// Every key's sessions (or one key's), sorted by key, as JSON objects.
+/// Every key's floor and sessions (or one key's), sorted by key, as JSON: the floor as
+/// RFC 3339 (`-inf` for minus infinity; `null` in a format-1 checkpoint, which stored
+/// none), the sessions as objects.
 fn collect_sessions(
     state: &LoadedState,
     only: Option<&str>,
-) -> anyhow::Result<Vec<(String, Vec<Value>)>> {
+) -> anyhow::Result<Vec<(String, Value, Vec<Value>)>> {
     let mut all = Vec::new();
+    let format = state.format_version();
     state
         .for_each_live(|key, value| {
             if only.is_some_and(|k| k.as_bytes() != key) {
                 return Ok(());
             }
-            let sessions = describe_sessions(key, value)
+            let (floor, sessions) = describe_sessions(key, value, format)
                 .map_err(|e| format!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
-            all.push((String::from_utf8_lossy(key).into_owned(), sessions));
+            all.push((String::from_utf8_lossy(key).into_owned(), floor, sessions));
             Ok::<(), String>(())
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -217,13 +226,19 @@ fn collect_sessions(
     Ok(all)
 }
 
-/// One key's sessions as JSON: bounds, count, revision, status and the aggregates so far.
-fn describe_sessions(key: &[u8], value: &[u8]) -> Result<Vec<Value>, String> {
+/// One key's floor (`null` when its checkpoint format stored none) and sessions as JSON:
+/// bounds, count, revision, status and the aggregates so far.
+fn describe_sessions(key: &[u8], value: &[u8], format: u16) -> Result<(Value, Vec<Value>), String> {
     let sessions =
-        sessionizer_window::codec::decode_sessions_any(value).map_err(|e| e.to_string())?;
+        sessionizer_window::codec::decode_sessions_any(value, format).map_err(|e| e.to_string())?;
+    let floor = if format == 1 {
+        Value::Null
+    } else {
+        Value::String(Watermark::at(EventTime(sessions.floor())).to_string())
+    };
     let mut list: Vec<&sessionizer_window::session::Session> = sessions.sessions().iter().collect();
     list.sort_by_key(|s| s.start());
-    Ok(list
+    let list: Vec<Value> = list
         .into_iter()
         .map(|s| {
             let time = |t: i64| format_rfc3339_ms(EventTime(t));
@@ -248,7 +263,8 @@ fn describe_sessions(key: &[u8], value: &[u8]) -> Result<Vec<Value>, String> {
                 "aggregates": aggregates,
             })
         })
-        .collect())
+        .collect();
+    Ok((floor, list))
 }
 
 fn session_line(s: &Value) -> String {

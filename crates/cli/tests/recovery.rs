@@ -823,3 +823,204 @@ fn an_input_appended_to_after_a_keep_open_run_is_refused_not_read_twice() {
         before
     );
 }
+
+/// Runs `sessionizer` with `args` in `dir` (the format-1 fixture's paths are relative).
+fn run_in(dir: &Path, args: &[&str]) -> Output {
+    let out = bin()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("spawn sessionizer");
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        stderr(&out)
+    );
+    out
+}
+
+/// The fixture's job: the options its checkpoint records.
+const FIXTURE_JOB: &[&str] = &[
+    "--output",
+    "out.jsonl",
+    "--state-dir",
+    "state",
+    "--gap",
+    "10m",
+    "--watermark-delay",
+    "1m",
+    "--allowed-lateness",
+    "5m",
+    "--collect",
+    "page",
+    "--dedup",
+    "--progress",
+    "never",
+];
+
+/// A checkpoint of format 1 (written before the per-key floor existed:
+/// `tests/fixtures/checkpoint-v1`, its README says how) still resumes. Its keys start
+/// with the floor their state implies, `min(W - A - G, earliest start - 1)` at the
+/// checkpoint's `W` = 10:28 (docs/semantics.md S-30): the issue's late event of key `a`
+/// (4 minutes after its forgotten first session, within the gap of its live one) is
+/// turned away as in an uninterrupted run; so is an event reaching back before `long`'s
+/// start (08:00), which an uninterrupted run accepts (its floor is minus infinity): the
+/// old state cannot tell whether a forgotten session ended just before. The first
+/// checkpoint of the resumed run is a new base of format 2, which the next run resumes.
+#[test]
+fn a_format_1_checkpoint_resumes_with_the_floors_its_state_implies() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/checkpoint-v1");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let job = tmp.path();
+    std::fs::create_dir_all(job.join("state")).expect("mkdir");
+    for name in [
+        "day1.jsonl",
+        "out.jsonl",
+        "out.late.jsonl",
+        "out.dead-letter.jsonl",
+        "state/manifest-0000000001.ckpt",
+        "state/base-0000000001.ckpt",
+    ] {
+        std::fs::copy(fixture.join(name), job.join(name)).expect("copy fixture");
+    }
+    let day1_out = std::fs::read_to_string(job.join("out.jsonl")).expect("out");
+    let text =
+        String::from_utf8(run_in(job, &["inspect", "--state-dir", "state"]).stdout).expect("utf8");
+    assert!(
+        text.contains("\"a\" (floor not stored in format 1: a resumed run derives it)"),
+        "{text}"
+    );
+
+    let line = |key: &str, time: &str, page: &str| {
+        format!(
+            "{{\"visit_id\":\"{key}\",\"event_time\":\"2024-01-01T{time}Z\",\"page\":\"{page}\"}}\n"
+        )
+    };
+    std::fs::write(
+        job.join("day2.jsonl"),
+        [
+            line("a", "10:04:00", "/a4"),
+            line("ek", "10:14:00", "/e1"),
+            line("long", "07:55:00", "/l-1"),
+            line("kept", "10:14:00", "/k1"),
+            line("new", "10:13:30", "/n0"),
+            line("open", "10:31:00", "/o2"),
+        ]
+        .concat(),
+    )
+    .expect("write day2");
+    let mut args = vec!["run", "--input", "day2.jsonl", "--keep-open"];
+    args.extend_from_slice(FIXTURE_JOB);
+    run_in(job, &args);
+
+    // By hand, at W = 10:28 (A = 5m, G = 10m; floors: a 10:11:59.999, ek 10:13,
+    // kept 10:09:59.999, long 07:59:59.999, open 10:13, new keys 10:13):
+    // a@10:04 joins a's live [10:12, 10:27] (close 10:37): 10:04 <= 10:11:59.999 ->
+    //   session_final. ek@10:14 joins the emitted [10:15] (close 10:25 + 5 > 10:28),
+    //   10:14 > 10:13: applied; its start moves: retraction, then revision 1 (complete).
+    // long@07:55 -> session_final (07:55 <= 07:59:59.999). kept@10:14 touches the final
+    // [10:10] (close 10:20; 10:24 + 5 > 10:28) -> session_final. new@10:13:30: a new
+    // key, 10:23:30 + 5 > 10:28 and 10:13:30 > 10:13: applied and complete at once.
+    // open@10:31 joins open; W = 10:30.
+    let late: Vec<serde_json::Value> = std::fs::read_to_string(job.join("out.late.jsonl"))
+        .expect("late")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let late: Vec<(&str, &str, &str)> = late
+        .iter()
+        .map(|r| {
+            (
+                r["event"]["visit_id"].as_str().unwrap_or("?"),
+                r["event"]["event_time"].as_str().unwrap_or("?"),
+                r["reason"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        late,
+        [
+            ("a", "2024-01-01T10:04:00Z", "session_final"),
+            ("long", "2024-01-01T07:55:00Z", "session_final"),
+            ("kept", "2024-01-01T10:14:00Z", "session_final"),
+        ]
+    );
+
+    // The resumed run's checkpoint is a new base, of this format, with the floors.
+    let m = newest(&job.join("state"));
+    assert_eq!((m.epoch, m.base.epoch, m.deltas.len()), (2, 2, 0));
+    assert_eq!(m.watermark.new_key_floor_ms, Some(1_704_104_100_000)); // 10:15
+    let json: serde_json::Value =
+        serde_json::from_slice(&run_in(job, &["inspect", "--state-dir", "state", "--json"]).stdout)
+            .expect("json");
+    let floors: Vec<(String, String)> = json["sessions"]
+        .as_array()
+        .expect("keys")
+        .iter()
+        .map(|k| {
+            (
+                k["key"].as_str().unwrap_or("?").to_owned(),
+                k["floor"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    let at = |t: &str| format!("2024-01-01T{t}Z");
+    assert_eq!(
+        floors,
+        [
+            ("a".to_owned(), at("10:11:59.999")),
+            ("ek".to_owned(), at("10:13:00.000")),
+            ("kept".to_owned(), at("10:09:59.999")),
+            ("long".to_owned(), at("07:59:59.999")),
+            ("new".to_owned(), at("10:13:00.000")),
+            ("open".to_owned(), at("10:13:00.000")),
+        ]
+    );
+
+    // The next run resumes the format-2 checkpoint and flushes.
+    std::fs::write(job.join("day3.jsonl"), line("open", "10:40:00", "/o3")).expect("write");
+    let mut args = vec!["run", "--input", "day3.jsonl"];
+    args.extend_from_slice(FIXTURE_JOB);
+    run_in(job, &args);
+    let all = std::fs::read_to_string(job.join("out.jsonl")).expect("out");
+    let after: Vec<serde_json::Value> = all
+        .strip_prefix(day1_out.as_str())
+        .expect("day 1's committed output kept")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let got: Vec<String> = after
+        .iter()
+        .map(|r| {
+            if r["retract"] == true {
+                format!("retract {}", r["key"].as_str().unwrap_or("?"))
+            } else {
+                format!(
+                    "{} {}..{} n {} rev {} {}",
+                    r["key"].as_str().unwrap_or("?"),
+                    &r["start"].as_str().unwrap_or("?")[11..16],
+                    &r["end"].as_str().unwrap_or("?")[11..16],
+                    r["event_count"],
+                    r["revision"],
+                    r["page"]
+                )
+            }
+        })
+        .collect();
+    // Day 3: open@10:40 (W = 10:39) completes long (close 10:35) and a (10:37); the end
+    // of input flushes open.
+    assert_eq!(
+        got,
+        [
+            "retract ek",
+            r#"ek 10:14..10:15 n 2 rev 1 ["/e1","/e0"]"#,
+            r#"new 10:13..10:13 n 1 rev 0 ["/n0"]"#,
+            &format!(
+                "long 08:00..10:25 n 30 rev 0 {}",
+                serde_json::json!((0..30).map(|i| format!("/l{i}")).collect::<Vec<_>>())
+            ),
+            r#"a 10:12..10:27 n 3 rev 0 ["/a1","/a2","/a3"]"#,
+            r#"open 10:25..10:40 n 4 rev 0 ["/o0","/o1","/o2","/o3"]"#,
+        ]
+    );
+}

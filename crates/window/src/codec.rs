@@ -13,6 +13,7 @@
 use crate::aggregate::AggState;
 use crate::operator::WindowConfig;
 use crate::session::{KeySessions, Session};
+use sessionizer_core::Watermark;
 use smallvec::SmallVec;
 
 /// Why a value cannot be decoded.
@@ -54,6 +55,11 @@ pub enum CodecError {
     /// A key is stored with zero sessions (a key without sessions has no state).
     #[error("a key with no sessions in session state")]
     Empty,
+    /// A checkpoint format whose value layout this build does not know.
+    #[error(
+        "session state of checkpoint format {0}, which this build does not read (it reads formats 1 to {FORMAT})"
+    )]
+    Format(u16),
 }
 
 /// Appends little-endian integers and length-prefixed bytes.
@@ -159,11 +165,17 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Appends the checkpoint encoding of one key's sessions. A key usually has one or two,
-/// but a long allowed lateness or a large per-event gap can keep hundreds: the count is
-/// a `u32`.
+/// The checkpoint format version (`docs/checkpoint-format.md`) whose value layout
+/// [`encode_sessions`] writes and [`decode_sessions`] reads: the key's floor, then its
+/// sessions. Format 1 had no floor; [`decode_value`] still reads it.
+pub const FORMAT: u16 = 2;
+
+/// Appends the checkpoint encoding of one key's state (format [`FORMAT`]): its floor,
+/// then its sessions. A key usually has one or two sessions, but a long allowed
+/// lateness or a large per-event gap can keep hundreds: the count is a `u32`.
 pub fn encode_sessions(sessions: &KeySessions, out: &mut Vec<u8>) {
     let mut w = Writer(out);
+    w.i64(sessions.floor);
     let list = sessions.sessions();
     w.count(list.len());
     for s in list {
@@ -174,41 +186,78 @@ pub fn encode_sessions(sessions: &KeySessions, out: &mut Vec<u8>) {
 /// The fewest bytes one encoded session takes (bounds, count, revision, flags).
 const SESSION_MIN_BYTES: usize = 8 * 3 + 8 + 4 + 1;
 
-/// Reads one key's sessions written by [`encode_sessions`] for a window configured as
-/// `cfg` (its aggregates must be the ones encoded).
+/// Reads one key's state written by [`encode_sessions`] (format [`FORMAT`]) for a
+/// window configured as `cfg` (its aggregates must be the ones encoded).
 pub fn decode_sessions(bytes: &[u8], cfg: &WindowConfig) -> Result<KeySessions, CodecError> {
     let mut r = Reader(bytes);
-    let n = r.count(SESSION_MIN_BYTES)?;
-    if n == 0 {
-        return Err(CodecError::Empty);
-    }
-    let mut sessions = SmallVec::with_capacity(n);
-    for _ in 0..n {
-        sessions.push(Session::decode(&mut r, &cfg.aggregates)?);
-    }
-    if !r.0.is_empty() {
-        return Err(CodecError::Trailing(r.0.len()));
-    }
-    Ok(KeySessions { sessions })
+    let floor = r.i64()?;
+    let mut sessions = read_sessions(&mut r, |r| Session::decode(r, &cfg.aggregates))?;
+    sessions.floor = floor;
+    Ok(sessions)
 }
 
-/// Reads one key's sessions without knowing the job's options (`inspect`): the
-/// aggregates are taken as encoded.
-pub fn decode_sessions_any(bytes: &[u8]) -> Result<KeySessions, CodecError> {
+/// Reads one key's value written in checkpoint format `format` (1 or [`FORMAT`]) for a
+/// window configured as `cfg`. Format 1 stored no floor: the key gets the floor its
+/// state implies at watermark `w`, the checkpoint's
+/// ([`KeySessions::implied_floor`], docs/semantics.md S-30).
+pub fn decode_value(
+    bytes: &[u8],
+    cfg: &WindowConfig,
+    format: u16,
+    w: Watermark,
+) -> Result<KeySessions, CodecError> {
+    match format {
+        1 => {
+            let mut sessions =
+                read_sessions(&mut Reader(bytes), |r| Session::decode(r, &cfg.aggregates))?;
+            sessions.floor =
+                sessions.implied_floor(w.millis(), cfg.allowed_lateness.millis(), cfg.gap.millis());
+            Ok(sessions)
+        }
+        FORMAT => decode_sessions(bytes, cfg),
+        other => Err(CodecError::Format(other)),
+    }
+}
+
+/// Reads one key's value of checkpoint format `format` without knowing the job's
+/// options (`inspect`): the aggregates are taken as encoded. A format-1 value has no
+/// floor: the result's is minus infinity (a resumed run derives one, see
+/// [`decode_value`]).
+pub fn decode_sessions_any(bytes: &[u8], format: u16) -> Result<KeySessions, CodecError> {
     let mut r = Reader(bytes);
+    let floor = match format {
+        1 => i64::MIN,
+        FORMAT => r.i64()?,
+        other => return Err(CodecError::Format(other)),
+    };
+    let mut sessions = read_sessions(&mut r, |r| {
+        let kinds = peek_kinds(r.0)?;
+        Session::decode(r, &kinds)
+    })?;
+    sessions.floor = floor;
+    Ok(sessions)
+}
+
+/// The session count and the sessions, each read by `one`; nothing may follow.
+fn read_sessions(
+    r: &mut Reader<'_>,
+    mut one: impl FnMut(&mut Reader<'_>) -> Result<Session, CodecError>,
+) -> Result<KeySessions, CodecError> {
     let n = r.count(SESSION_MIN_BYTES)?;
     if n == 0 {
         return Err(CodecError::Empty);
     }
     let mut sessions = SmallVec::with_capacity(n);
     for _ in 0..n {
-        let kinds = peek_kinds(r.0)?;
-        sessions.push(Session::decode(&mut r, &kinds)?);
+        sessions.push(one(r)?);
     }
     if !r.0.is_empty() {
         return Err(CodecError::Trailing(r.0.len()));
     }
-    Ok(KeySessions { sessions })
+    Ok(KeySessions {
+        sessions,
+        floor: i64::MIN,
+    })
 }
 
 /// The aggregate kinds of the encoded session at the start of `bytes`, found by reading
@@ -240,6 +289,79 @@ mod tests {
     impl Emit for Discard {
         fn session(&mut self, _: &SessionView<'_>) {}
         fn retraction(&mut self, _: &[u8], _: EventTime) {}
+    }
+
+    fn at(key: &'static [u8], time: i64, seq: u64) -> Event<'static> {
+        Event {
+            key,
+            time: EventTime(time),
+            gap: DurationMs(10),
+            seq,
+            dedup: None,
+            values: &[],
+        }
+    }
+
+    /// The floor is part of a key's value (format 2); a format-1 value (the same
+    /// without the floor) gets `min(W - A - G, earliest start - 1)`; an unknown format
+    /// is refused by number.
+    #[test]
+    fn the_floor_round_trips_and_a_format_1_value_gets_the_floor_its_state_implies() {
+        let cfg = WindowConfig {
+            gap: DurationMs(10),
+            allowed_lateness: DurationMs(5),
+            emit: EmitMode::OnClose,
+            aggregates: Vec::new(),
+            dedup: false,
+        };
+        let mut op = SessionOperator::new(cfg.clone());
+        // k: [0] final and forgotten at W = 25 (floor 10), then [40, 48] live.
+        for (i, t) in [0i64, 40, 48].into_iter().enumerate() {
+            op.on_event(&at(b"k", t, i as u64), &mut Discard);
+            op.advance_to(Watermark::at(EventTime(t)), &mut Discard);
+        }
+        let id = op.store().find(b"k").expect("key k");
+        let state = op.store().state(id);
+        assert_eq!(state.floor(), 10);
+        let mut bytes = Vec::new();
+        encode_sessions(state, &mut bytes);
+        assert_eq!(decode_sessions(&bytes, &cfg).expect("decodes").floor(), 10);
+        let w = Watermark::at(EventTime(60));
+        assert_eq!(
+            decode_value(&bytes, &cfg, FORMAT, w)
+                .expect("decodes")
+                .floor(),
+            10
+        );
+        assert_eq!(
+            decode_sessions_any(&bytes, FORMAT)
+                .expect("decodes")
+                .floor(),
+            10
+        );
+
+        let format_1 = &bytes[8..];
+        let old = decode_value(format_1, &cfg, 1, w).expect("format 1 decodes");
+        assert_eq!(old.sessions().len(), 1);
+        // W - A - G = 60 - 5 - 10 = 45; the earliest start - 1 = 39.
+        assert_eq!(old.floor(), 39);
+        let early = decode_value(format_1, &cfg, 1, Watermark::at(EventTime(50))).expect("decodes");
+        assert_eq!(early.floor(), 35, "W - A - G = 50 - 5 - 10");
+        let none = decode_value(format_1, &cfg, 1, Watermark::MIN).expect("decodes");
+        assert_eq!(none.floor(), i64::MIN, "minus infinity while W is");
+        assert_eq!(
+            decode_sessions_any(format_1, 1).expect("decodes").floor(),
+            i64::MIN
+        );
+        assert_eq!(
+            decode_value(&bytes, &cfg, 3, w).map(|s| s.floor()),
+            Err(CodecError::Format(3))
+        );
+        assert!(
+            CodecError::Format(3).to_string().contains("formats 1 to 2"),
+            "{}",
+            CodecError::Format(3)
+        );
     }
 
     /// A long allowed lateness keeps hundreds of sessions of one key: they all go

@@ -162,6 +162,9 @@ pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     watermark: Watermark,
     /// Largest gap of any valid event so far: how long final bounds are remembered.
     largest_gap: i64,
+    /// The floor of a key whose state is created now: the highest `W - A - Gmax` has
+    /// been (docs/semantics.md S-30), `i64::MIN` while `W` is minus infinity.
+    new_key_floor: i64,
     /// The session the current step changed (key slot, start), for `on-update`.
     changed: Option<(SlotId, i64)>,
     open_sessions: usize,
@@ -214,6 +217,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
     pub fn with_aggregate(cfg: WindowConfig, agg: A) -> SessionOperator<A> {
         SessionOperator {
             largest_gap: cfg.gap.millis(),
+            new_key_floor: i64::MIN,
             cfg,
             agg,
             store: KeyedStore::default(),
@@ -267,6 +271,13 @@ impl<A: SessionAggregate> SessionOperator<A> {
         DurationMs(self.largest_gap)
     }
 
+    /// The floor a key whose state is created now starts with: the highest value
+    /// `W - A - Gmax` has had (`i64::MIN` for minus infinity; docs/semantics.md S-30).
+    /// Part of a checkpoint.
+    pub fn new_key_floor(&self) -> i64 {
+        self.new_key_floor
+    }
+
     /// Starts (or stops) remembering which keys change, for incremental checkpoints
     /// ([`drain_changes`](Self::drain_changes)).
     pub fn track_changes(&mut self, on: bool) {
@@ -284,12 +295,13 @@ impl<A: SessionAggregate> SessionOperator<A> {
         self.store.forget_changes();
     }
 
-    /// Puts a key's sessions back from a checkpoint. Its timer is derived from them —
-    /// the earliest of: the close of a changed live session (it completes then), close +
-    /// lateness of an emitted one (it becomes final), close + lateness + the largest gap
-    /// of a final one (it is forgotten) — which is exactly when an uninterrupted run
-    /// would next act on the key, so timers need not be stored. Call
-    /// [`observe_gap`](Self::observe_gap) with the checkpoint's largest gap first.
+    /// Puts a key's sessions (and its floor) back from a checkpoint. Its timer is
+    /// derived from them — the earliest of: the close of a changed live session (it
+    /// completes then), close + lateness of an emitted one (it becomes final), close +
+    /// lateness + the largest gap of a final one (it is forgotten) — which is exactly
+    /// when an uninterrupted run would next act on the key, so timers need not be
+    /// stored. Call [`observe_gap`](Self::observe_gap) with the checkpoint's largest gap
+    /// first.
     pub fn restore_key(&mut self, key: &[u8], sessions: KeySessions<A::Acc>) {
         let lateness = self.cfg.allowed_lateness.millis();
         let retention = lateness.saturating_add(self.largest_gap);
@@ -320,6 +332,22 @@ impl<A: SessionAggregate> SessionOperator<A> {
         if w > self.watermark {
             self.watermark = w;
         }
+    }
+
+    /// Sets the floor of new keys of a restored checkpoint (after
+    /// [`restore_watermark`](Self::restore_watermark)): the checkpoint's
+    /// [`new_key_floor`](Self::new_key_floor), or `None` for a checkpoint of format 1,
+    /// which stored none: then `W - A - G` with the configured gap `G`, an upper bound of
+    /// every `W - A - Gmax` so far (`Gmax >= G`), so no key forgotten before the
+    /// checkpoint is given a floor below one of its sessions (docs/semantics.md S-30).
+    pub fn restore_new_key_floor(&mut self, floor: Option<i64>) {
+        let floor = floor.unwrap_or_else(|| {
+            self.watermark
+                .millis()
+                .saturating_sub(self.cfg.allowed_lateness.millis())
+                .saturating_sub(self.cfg.gap.millis())
+        });
+        self.new_key_floor = self.new_key_floor.max(floor);
     }
 
     /// Records the gap of a valid event that another shard of the same job processes.
@@ -358,11 +386,18 @@ impl<A: SessionAggregate> SessionOperator<A> {
             <= self.watermark.millis()
         {
             return Verdict::Late(LateReason::WindowClosed);
+        } else if arrival.time <= self.new_key_floor {
+            // At or before the floor the key's new state would have.
+            return Verdict::Late(LateReason::SessionFinal);
         }
 
         let id = match slot {
             Some(id) => id,
-            None => self.store.slot_for(ev.key),
+            None => {
+                let id = self.store.slot_for(ev.key);
+                self.store.state_mut(id).floor = self.new_key_floor;
+                id
+            }
         };
         let (start, close) = self.apply(id, &arrival, out);
         self.store.schedule(id, EventTime(close));
@@ -371,8 +406,12 @@ impl<A: SessionAggregate> SessionOperator<A> {
     }
 
     /// Lateness and dedup verdict for a key that has state; `None` means apply.
+    /// `window_closed` comes first, then `session_final` (the event touches a final
+    /// session, or lies at or before the key's floor), then duplicates
+    /// (docs/semantics.md S-20).
     fn judge<I: ?Sized>(&self, id: SlotId, ev: &Arrival<'_, I>) -> Option<Verdict> {
-        let sessions = &self.store.state(id).sessions;
+        let state = self.store.state(id);
+        let sessions = &state.sessions;
         let mut close = ev.end;
         let mut touches_final = false;
         for s in sessions.iter().filter(|s| s.touches(ev.time, ev.end)) {
@@ -385,7 +424,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         if close.saturating_add(self.cfg.allowed_lateness.millis()) <= self.watermark.millis() {
             return Some(Verdict::Late(LateReason::WindowClosed));
         }
-        if touches_final {
+        if touches_final || ev.time <= state.floor {
             return Some(Verdict::Late(LateReason::SessionFinal));
         }
         if let Some(h) = ev.dedup.filter(|_| self.cfg.dedup) {
@@ -458,12 +497,20 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// Moves the watermark to `w` (never backwards) and emits what the step made due:
     /// the `on-update` record of the session this step changed, then every completed
     /// session in `(close, key, start)` order. Then sessions past their lateness become
-    /// final, and final bounds past their retention are forgotten.
+    /// final, and final bounds past their retention are forgotten, raising their key's
+    /// floor to their close.
     pub fn advance_to(&mut self, w: Watermark, out: &mut impl Emit<A>) {
         if w > self.watermark {
             self.watermark = w;
         }
         let w = self.watermark;
+        // Every bound forgotten from now on closes at or before W - A - Gmax.
+        let lateness = self.cfg.allowed_lateness.millis();
+        self.new_key_floor = self.new_key_floor.max(
+            w.millis()
+                .saturating_sub(lateness)
+                .saturating_sub(self.largest_gap),
+        );
         if let Some((id, start)) = self.changed.take()
             && self.cfg.emit == EmitMode::OnUpdate
         {
@@ -494,11 +541,10 @@ impl<A: SessionAggregate> SessionOperator<A> {
             self.emit(id, start, true, out);
         }
 
-        let lateness = self.cfg.allowed_lateness.millis();
         let retention = lateness.saturating_add(self.largest_gap);
         for i in 0..self.fired.len() {
             let id = self.fired[i];
-            let sessions = &mut self.store.state_mut(id).sessions;
+            let KeySessions { sessions, floor } = self.store.state_mut(id);
             let mut next = i64::MAX;
             let mut finalized = 0;
             sessions.retain(|s| {
@@ -509,6 +555,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
                 if s.is_final() {
                     let forget_at = s.close().saturating_add(retention);
                     if w.millis() >= forget_at {
+                        *floor = (*floor).max(s.close());
                         return false;
                     }
                     next = next.min(forget_at);

@@ -337,22 +337,30 @@ impl Session<Vec<AggState>> {
     }
 }
 
-/// All sessions of one key, live and final. Usually one.
+/// All sessions of one key, live and final (usually one), and the key's floor.
 pub struct KeySessions<Acc = Vec<AggState>> {
     pub(crate) sessions: SmallVec<[Session<Acc>; 1]>,
+    /// No session of this key whose bounds were forgotten closes after this time (ms;
+    /// `i64::MIN` is minus infinity): an event at or before it might belong to a session
+    /// that is gone, and is too late (SPEC §2, docs/semantics.md S-30).
+    pub(crate) floor: i64,
 }
 
 impl<Acc> Default for KeySessions<Acc> {
     fn default() -> Self {
         KeySessions {
             sessions: SmallVec::new(),
+            floor: i64::MIN,
         }
     }
 }
 
 impl<Acc> fmt::Debug for KeySessions<Acc> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.sessions.iter()).finish()
+        f.debug_struct("KeySessions")
+            .field("sessions", &self.sessions)
+            .field("floor", &self.floor)
+            .finish()
     }
 }
 
@@ -360,6 +368,31 @@ impl<Acc> KeySessions<Acc> {
     /// The key's sessions, live and final, in no particular order.
     pub fn sessions(&self) -> &[Session<Acc>] {
         &self.sessions
+    }
+
+    /// The key's floor (ms, `i64::MIN` for minus infinity): every session of the key
+    /// whose bounds were forgotten closed at or before it, so an event at or before it
+    /// is too late (`session_final`). See docs/semantics.md S-30.
+    pub fn floor(&self) -> i64 {
+        self.floor
+    }
+
+    /// The floor a checkpoint of format 1 (which stored none) implies for this state,
+    /// at watermark `w` with allowed lateness `lateness` and default gap `gap` (ms):
+    /// `min(W - A - G, earliest start - 1)`. Every session forgotten before closed at or
+    /// before `W - A - Gmax <= W - A - G` when it was forgotten, and before the start of
+    /// every session still here unless one of them already touches it (a pair closer
+    /// than the gap made before the floor existed, which an event joining that session
+    /// does not worsen). See docs/semantics.md S-30.
+    pub fn implied_floor(&self, w: i64, lateness: i64, gap: i64) -> i64 {
+        let by_watermark = w.saturating_sub(lateness).saturating_sub(gap);
+        let by_start = self
+            .sessions
+            .iter()
+            .map(|s| s.start.saturating_sub(1))
+            .min()
+            .unwrap_or(i64::MAX);
+        by_watermark.min(by_start)
     }
 
     pub(crate) fn position_of(&self, start: i64) -> Option<usize> {

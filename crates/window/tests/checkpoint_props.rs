@@ -262,12 +262,14 @@ proptest! {
         }
         restored.op.observe_gap(job.op.largest_gap());
         restored.op.restore_watermark(job.op.watermark());
+        restored.op.restore_new_key_floor(Some(job.op.new_key_floor()));
         for (k, v) in &disk {
             let sessions = decode_sessions(v, restored.op.config()).expect("decodes");
             restored.op.restore_key(k, sessions);
         }
         prop_assert_eq!(restored.op.open_sessions(), job.op.open_sessions());
         prop_assert_eq!(restored.op.keys(), job.op.keys());
+        prop_assert_eq!(restored.op.new_key_floor(), job.op.new_key_floor());
         for (i, e) in events.iter().enumerate().skip(next) {
             restored.step(i, e, &mut got);
         }

@@ -131,6 +131,21 @@ fn ref_bridge_emitted_created_out_of_order() {
 }
 
 #[test]
+fn ref_floor_issue_example() {
+    check_reference(floor_issue_example());
+}
+
+#[test]
+fn ref_floor_chain() {
+    check_reference(floor_chain());
+}
+
+#[test]
+fn ref_floor_after_a_larger_gap() {
+    check_reference(floor_after_a_larger_gap());
+}
+
+#[test]
 fn ref_all_scenarios_have_distinct_names() {
     // Each scenario has its own name, so a failure points at one case.
     let names: std::collections::HashSet<_> = all_scenarios().iter().map(|s| s.name).collect();
@@ -246,8 +261,67 @@ fn config() -> ProptestConfig {
     }
 }
 
+/// A session's `[start, close]`.
+type Span = (i64, i64);
+
+/// Per key, the `close` of every session by `start`.
+type View = std::collections::BTreeMap<String, std::collections::BTreeMap<i64, i64>>;
+
+/// The final view of a run's output: per key, the `[start, close]` of the latest
+/// record of every session not retracted.
+fn final_view(run: &RefRun) -> View {
+    let mut view = View::new();
+    for o in &run.out {
+        match o {
+            RefOut::Session {
+                key, start, close, ..
+            } => {
+                view.entry(key.clone()).or_default().insert(*start, *close);
+            }
+            RefOut::Retract { key, start } => {
+                let removed = view.get_mut(key).and_then(|s| s.remove(start));
+                assert!(
+                    removed.is_some(),
+                    "retraction of a session never emitted: {key} {start}"
+                );
+            }
+        }
+    }
+    view
+}
+
+/// The first two sessions of one key in the final view whose `[start, close]`
+/// intervals touch (bounds included): two sessions within the gap of each other.
+fn touching_pair(run: &RefRun) -> Option<(String, Span, Span)> {
+    for (key, sessions) in final_view(run) {
+        let list: Vec<Span> = sessions.into_iter().collect();
+        for (i, &a) in list.iter().enumerate() {
+            for &b in &list[i + 1..] {
+                if a.0 <= b.1 && b.0 <= a.1 {
+                    return Some((key, a, b));
+                }
+            }
+        }
+    }
+    None
+}
+
 proptest! {
     #![proptest_config(config())]
+
+    /// SPEC §2 / docs/semantics.md S-30: whatever arrives late, no two sessions of one
+    /// key in the final output (latest revisions, retracted ones removed) are within
+    /// the gap of each other — with per-event gaps, their `[start, close]` intervals
+    /// never touch — for every gap, delay and lateness.
+    #[test]
+    fn no_two_sessions_of_a_key_are_within_the_gap(events in stream(), p in params_strategy()) {
+        let engine = run_engine(&events, &p);
+        if let Some((key, a, b)) = touching_pair(&engine) {
+            prop_assert!(false, "key {} has sessions {:?} and {:?} within the gap\nparams: {:?}\nevents: {:?}", key, a, b, p, events);
+        }
+        let reference = run_reference(&events, &p);
+        prop_assert_eq!(touching_pair(&reference), None, "the reference");
+    }
 
     #[test]
     fn engine_matches_reference(events in stream(), p in params_strategy()) {

@@ -124,3 +124,18 @@ fn engine_bridge_created_out_of_order() {
 fn engine_bridge_emitted_created_out_of_order() {
     check_engine(bridge_emitted_created_out_of_order());
 }
+
+#[test]
+fn engine_floor_issue_example() {
+    check_engine(floor_issue_example());
+}
+
+#[test]
+fn engine_floor_chain() {
+    check_engine(floor_chain());
+}
+
+#[test]
+fn engine_floor_after_a_larger_gap() {
+    check_engine(floor_after_a_larger_gap());
+}

@@ -148,7 +148,7 @@ impl Durable {
             .as_ref()
             .map(|(m, _)| m.counters.clone())
             .unwrap_or_default();
-        let writer = CheckpointWriter::new(dir, start.restore.as_ref().map(|(m, _)| m))?;
+        let writer = CheckpointWriter::new(dir, start.restore.as_ref().map(|(m, s)| (m, s)))?;
         let next_is_base = writer.next_is_base();
         let background = Background::start(writer)?;
         let stats = CheckpointStats {
@@ -260,6 +260,7 @@ impl Durable {
                 max_event_time_ms: lead.max_event_time().map(|t| t.millis()),
                 watermark_ms: lead.op.watermark().millis(),
                 largest_gap_ms: lead.largest_gap().millis(),
+                new_key_floor_ms: Some(lead.op.new_key_floor()),
             },
             outputs: outputs
                 .iter()

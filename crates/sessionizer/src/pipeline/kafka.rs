@@ -146,6 +146,7 @@ impl Task {
                 max_event_time_ms: self.shard.max_event_time().map(|t| t.millis()),
                 watermark_ms: self.shard.op.watermark().millis(),
                 largest_gap_ms: self.shard.largest_gap().millis(),
+                new_key_floor_ms: Some(self.shard.op.new_key_floor()),
             },
             counters: self.counters(),
             flushed: self.flushed,
@@ -580,7 +581,7 @@ impl<'c> KafkaJob<'c> {
         task.shard.restore_progress(&meta.watermark);
         for (key, value) in &states {
             task.shard
-                .restore_key(key, value)
+                .restore_key(key, value, meta.state_format)
                 .map_err(|reason| RunError::RestoreState {
                     dir: format!("changelog {topic}/{}", task.tp.partition),
                     key: String::from_utf8_lossy(key).into_owned(),

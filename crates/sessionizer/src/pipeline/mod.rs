@@ -617,10 +617,11 @@ impl<'c> Job<'c> {
             s.restore_progress(&manifest.watermark);
         }
         let shards = self.shards.len();
+        let format = state.format_version();
         let restored = state.for_each_live(|key, value| {
             let shard = parse::shard_of(key, shards) as usize;
             self.shards[shard]
-                .restore_key(key, value)
+                .restore_key(key, value, format)
                 .map_err(|reason| (key.to_vec(), reason))
         });
         match restored {

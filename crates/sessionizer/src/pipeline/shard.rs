@@ -20,6 +20,9 @@ use sessionizer_window::{
     BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
 };
 
+// The window encodes the values of the format the checkpoint files are framed with.
+const _: () = assert!(codec::FORMAT == sessionizer_checkpoint::FORMAT_VERSION);
+
 /// The step of the end of input, after every record.
 pub(crate) const END_STEP: u64 = u64::MAX;
 
@@ -264,11 +267,12 @@ impl Shard {
         }
     }
 
-    /// Puts one key's state back from a checkpoint (after
-    /// [`restore_progress`](Self::restore_progress)).
-    pub fn restore_key(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
-        let sessions =
-            codec::decode_sessions(value, self.op.config()).map_err(|e| e.to_string())?;
+    /// Puts one key's state back from a checkpoint of format `format` (after
+    /// [`restore_progress`](Self::restore_progress): a format-1 value gets the floor its
+    /// state implies at the restored watermark).
+    pub fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String> {
+        let sessions = codec::decode_value(value, self.op.config(), format, self.op.watermark())
+            .map_err(|e| e.to_string())?;
         self.op.restore_key(key, sessions);
         Ok(())
     }
@@ -293,5 +297,6 @@ impl Shard {
         self.op.observe_gap(DurationMs(w.largest_gap_ms));
         self.op
             .restore_watermark(Watermark::at(EventTime(w.watermark_ms)));
+        self.op.restore_new_key_floor(w.new_key_floor_ms);
     }
 }

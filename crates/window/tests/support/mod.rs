@@ -653,16 +653,19 @@ pub fn retracted_id_not_retracted_again() -> Scenario {
     }
 }
 
-/// A final session's bounds are forgotten at W >= close + A + Gmax; from then on an event
-/// that would have touched it is judged on its own.
+/// A final session's bounds are forgotten at W >= close + A + Gmax; from then on the
+/// floor stands in for them: an event that would have touched them is still too late.
 pub fn final_forgotten_at_boundary() -> Scenario {
     // G=10 D=0 A=5, Gmax = 10 until event 3.
-    // 0 k@0: W'=0. 1 x@20: W'=20; k[0] completes rev0 (10 <= 20) and is final (15 <= 20);
-    //   forgotten at W >= 10+5+10 = 25.
-    // 2 y@25: W'=25: k's final bounds forgotten (x[20] close 30 still open).
-    // 3 k@10 g40: W=25; Gmax=40; R={10} close 50; 55 > 25; no final bounds left ->
-    //   applied.
-    // end by close: x 30, y 35, k 50.
+    // 0 k@0: W'=0 (k's floor: W was -inf). 1 x@20: W'=20; k[0] completes rev0
+    //   (10 <= 20) and is final (15 <= 20); forgotten at W >= 10+5+10 = 25.
+    // 2 y@25: W'=25: k's final bounds forgotten, its floor raised to 10; k has no state
+    //   left and goes. New keys' floor: the largest W - A - Gmax so far, 25-5-10 = 10.
+    // 3 k@10 g40: W=25; Gmax=40; R={10} close 50; 55 > 25 (not window_closed); no state,
+    //   but 10 <= the floor of new keys, 10 -> session_final. (Without the floor it was
+    //   applied: [10, 50] touches the forgotten [0, 10]. With the SPEC's W - A - Gmax at
+    //   creation, 25-5-40 = -20, it would be applied too: S-30's larger-gap case.)
+    // end by close: x 30, y 35.
     Scenario {
         name: "final_forgotten_at_boundary",
         params: params(10, 0, 5),
@@ -672,10 +675,123 @@ pub fn final_forgotten_at_boundary() -> Scenario {
                 sess("k", 0, 0, 10, 1, 0),
                 sess("x", 20, 20, 30, 1, 0),
                 sess("y", 25, 25, 35, 1, 0),
-                sess("k", 10, 10, 50, 1, 0),
             ],
-            vec![],
-            4,
+            vec![late(3, "session_final", 25)],
+            3,
+            0,
+        ),
+    }
+}
+
+const MIN: i64 = 60_000;
+
+/// The example of issue 9, in minutes: a visit's first session S1 is final and
+/// forgotten, a live session S2 starts 12 minutes after it, and a late event 4 minutes
+/// after S1 would join S2 (within the gap of its start): it is turned away by the
+/// key's floor. An event just after the floor is applied.
+pub fn floor_issue_example() -> Scenario {
+    // G=10m D=1m A=0.
+    // 0 k@0: W'=-1m; S1 [0] close 10m. k's floor: W was -inf -> -inf.
+    // 1 k@12m: 12m > 10m -> new S2 [12m] close 22m; W'=11m: S1 completes rev0 and is
+    //   final (10m+0 <= 11m); forgotten at W >= 10m+0+10m = 20m.
+    // 2 k@20m: joins S2 -> [12m,20m] close 30m; W'=19m.
+    // 3 k@21m: joins S2 -> [12m,21m] close 31m; W'=20m: S1's bounds forgotten, k's floor
+    //   raised to 10m.
+    // 4 k@4m: W=20m; [4m,14m] touches S2 (12m <= 14m): R={4m,12m,20m,21m} close 31m;
+    //   31m > 20m, not window_closed; no final bounds; 4m <= floor 10m -> session_final.
+    //   (Without the floor: applied, S2 = [4m, 21m], 4 minutes after S1.)
+    // 5 k@11m: W=20m; [11m,21m] touches S2: close 31m > 20m; 11m > floor 10m ->
+    //   applied; S2's start moves to 11m (never emitted: no retraction), 11 minutes
+    //   after S1: more than the gap.
+    // end: S2 [11m,21m] close 31m, 4 events, rev 0.
+    Scenario {
+        name: "floor_issue_example",
+        params: params(10 * MIN, MIN, 0),
+        events: vec![
+            ev("k", 0),
+            ev("k", 12 * MIN),
+            ev("k", 20 * MIN),
+            ev("k", 21 * MIN),
+            ev("k", 4 * MIN),
+            ev("k", 11 * MIN),
+        ],
+        expected: run(
+            vec![
+                sess("k", 0, 0, 10 * MIN, 1, 0),
+                sess("k", 11 * MIN, 21 * MIN, 31 * MIN, 4, 0),
+            ],
+            vec![late(4, "session_final", 20 * MIN)],
+            5,
+            0,
+        ),
+    }
+}
+
+/// The chain of docs/semantics.md S-30: a live session extended backwards towards a
+/// session whose bounds were forgotten stops at the key's floor. An event at or below
+/// the floor whose own session would already be closed is `window_closed` (S-20).
+pub fn floor_chain() -> Scenario {
+    // G=10 D=0 A=0.
+    // 0 k@90: W'=90; [90] close 100; k's floor -inf (W was -inf).
+    // 1 k@105: 105 > 100 -> new [105] close 115; W'=105: [90] completes rev0 and is
+    //   final (100 <= 105); forgotten at W >= 100+0+10 = 110.
+    // 2 k@110: joins [105] -> [105,110] close 120; W'=110: [90]'s bounds forgotten, k's
+    //   floor raised to 100.
+    // 3 k@95: W=110; [95,105] touches [105,110]: R close 120 > 110, not window_closed;
+    //   95 <= floor 100 -> session_final.
+    // 4 k@80: W=110; [80,90] touches nothing: R={80} close 90 <= 110 -> window_closed,
+    //   judged before the floor.
+    // end: [105,110] close 120.
+    Scenario {
+        name: "floor_chain",
+        params: params(10, 0, 0),
+        events: vec![
+            ev("k", 90),
+            ev("k", 105),
+            ev("k", 110),
+            ev("k", 95),
+            ev("k", 80),
+        ],
+        expected: run(
+            vec![sess("k", 90, 90, 100, 1, 0), sess("k", 105, 110, 120, 2, 0)],
+            vec![late(3, "session_final", 110), late(4, "window_closed", 110)],
+            3,
+            0,
+        ),
+    }
+}
+
+/// Per-event gaps: a key forgotten under a small largest gap comes back with an event
+/// of a larger gap. Its new floor is the largest W - A - Gmax so far, not the one of
+/// this moment (which the larger gap lowered): the event reaching back over the
+/// forgotten session is too late, one just after it is applied.
+pub fn floor_after_a_larger_gap() -> Scenario {
+    // G=10 D=0 A=0.
+    // 0 k@90: W'=90; [90] close 100.
+    // 1 x@110: W'=110: k[90] completes rev0, is final and forgotten (110 >= 100+0+10);
+    //   k has no state left. New keys' floor: 110-0-10 = 100.
+    // 2 k@95 g50: Gmax=50; no state; [95,145]: 145 > 110, not window_closed; 95 <= 100
+    //   -> session_final. (W - A - Gmax now is 110-0-50 = 60: a floor of 60 would apply
+    //   it, and [95,145] would overlap the forgotten [90,100].)
+    // 3 k@101 g50: 101 > 100 -> applied, new state, [101] close 151. W'=110.
+    // end by close: x 120, k 151.
+    Scenario {
+        name: "floor_after_a_larger_gap",
+        params: params(10, 0, 0),
+        events: vec![
+            ev("k", 90),
+            ev("x", 110),
+            ev("k", 95).gap(50),
+            ev("k", 101).gap(50),
+        ],
+        expected: run(
+            vec![
+                sess("k", 90, 90, 100, 1, 0),
+                sess("x", 110, 110, 120, 1, 0),
+                sess("k", 101, 101, 151, 1, 0),
+            ],
+            vec![late(2, "session_final", 110)],
+            3,
             0,
         ),
     }
@@ -790,6 +906,9 @@ pub fn all_scenarios() -> Vec<Scenario> {
         final_remembered_before_boundary(),
         bridge_created_out_of_order(),
         bridge_emitted_created_out_of_order(),
+        floor_issue_example(),
+        floor_chain(),
+        floor_after_a_larger_gap(),
     ]
 }
 

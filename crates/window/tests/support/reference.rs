@@ -8,7 +8,9 @@
 //! - the identity of a session (its "emitted" mark, its next revision, whether it
 //!   changed since its last completion) is carried from the old sessions to the new
 //!   one by event-set containment;
-//! - aggregates are computed at emission time from the session's full event list.
+//! - aggregates are computed at emission time from the session's full event list;
+//! - a key's floor (SPEC §2, docs/semantics.md S-30) is computed from the list of every
+//!   watermark and largest gap the run has had, kept whole.
 //!
 //! All arithmetic on times is done in `i128`, so no saturation questions arise.
 
@@ -112,6 +114,10 @@ struct KeyState {
     sessions: Vec<Sess>,
     /// Final sessions: only their bounds `(start, close)` are remembered.
     finals: Vec<(i128, i128)>,
+    /// SPEC §2: "a key with state also keeps a floor": set when the key's state is
+    /// created, raised to the close of every final session whose bounds are forgotten.
+    /// `None` = minus infinity.
+    floor: Option<i128>,
 }
 
 /// Watermark: `None` = minus infinity.
@@ -126,10 +132,24 @@ struct Model<'a> {
     applied: BTreeMap<usize, Applied>,
     keys: BTreeMap<String, KeyState>,
     gmax: i128,
+    /// The watermark and the largest gap after every step so far, in order.
+    history: Vec<(Wm, i128)>,
     run: RefRun,
 }
 
 impl Model<'_> {
+    /// The floor of a key whose state is created now. SPEC §2 says `W - A - Gmax`; with
+    /// per-event gaps `Gmax` may have grown since bounds of an earlier life of the key
+    /// were forgotten (at `W' >= close + A + Gmax'`), so docs/semantics.md S-30 takes
+    /// the largest `W - A - Gmax` of any step so far. Minus infinity while `W` is.
+    fn new_key_floor(&self) -> Option<i128> {
+        let a = self.p.lateness as i128;
+        self.history
+            .iter()
+            .filter_map(|&(w, gmax)| w.map(|w| w - a - gmax))
+            .max()
+    }
+
     fn start_of(&self, members: &BTreeSet<usize>) -> i128 {
         members
             .iter()
@@ -253,8 +273,14 @@ impl Model<'_> {
                 }
             }
             ks.sessions = keep;
-            ks.finals
-                .retain(|&(_, close)| !wm_reached(w, close + a + gmax));
+            let (kept, forgotten): (Vec<_>, Vec<_>) = ks
+                .finals
+                .iter()
+                .partition(|&&(_, close)| !wm_reached(w, close + a + gmax));
+            for (_, close) in forgotten {
+                ks.floor = Some(ks.floor.map_or(close, |f| f.max(close)));
+            }
+            ks.finals = kept;
             if !ks.sessions.is_empty() || !ks.finals.is_empty() {
                 new_keys.insert(k, ks);
             }
@@ -300,7 +326,10 @@ impl Model<'_> {
                 value: e.value,
             },
         );
-        let ks = self.keys.get(&e.key).cloned().unwrap_or_default();
+        let ks = self.keys.get(&e.key).cloned().unwrap_or_else(|| KeyState {
+            floor: self.new_key_floor(),
+            ..KeyState::default()
+        });
         let mut live: BTreeSet<usize> = ks
             .sessions
             .iter()
@@ -326,11 +355,13 @@ impl Model<'_> {
         let r_start = self.start_of(&r_members);
         let r_close = self.close_of(&r_members);
         let f_touched = ks.finals.iter().any(|&(fs, fc)| t <= fc && fs <= t + g);
+        // "An event at or before the floor is too late (session_final)."
+        let below_floor = ks.floor.is_some_and(|f| t <= f);
 
         // 3. Lateness.
         let late = if wm_reached(w, r_close + p.lateness as i128) {
             Some("window_closed")
-        } else if f_touched {
+        } else if f_touched || below_floor {
             Some("session_final")
         } else {
             None
@@ -383,7 +414,11 @@ impl Model<'_> {
                 next_rev: parts.iter().map(|s| s.next_rev).max().unwrap_or(0),
                 dirty: true,
             };
-            let ks = self.keys.entry(e.key.clone()).or_default();
+            let floor = ks.floor;
+            let ks = self.keys.entry(e.key.clone()).or_insert_with(|| KeyState {
+                floor,
+                ..KeyState::default()
+            });
             ks.sessions.retain(|s| !s.members.is_subset(&r_members));
             ks.sessions.push(r);
             applied_r = Some(r_members);
@@ -411,6 +446,7 @@ impl Model<'_> {
         // 6b–6d.
         self.emit_completions(w2);
         self.finalize_and_forget(w2);
+        self.history.push((w2, self.gmax));
         self.check_invariants();
         w2
     }
@@ -423,6 +459,7 @@ pub fn run_reference(events: &[RefEvent], p: &RefParams) -> RefRun {
         applied: BTreeMap::new(),
         keys: BTreeMap::new(),
         gmax: p.gap as i128,
+        history: Vec::new(),
         run: RefRun::default(),
     };
     let mut w: Wm = None;
