@@ -788,6 +788,19 @@ proptest! {
     }
 
     #[test]
+    fn long_json_alphabet_lines_agree_with_serde_json(
+        body in proptest::collection::vec(
+            proptest::sample::select(&b"{}[]\":,\\ \t0123456789.eE+-aeflnrstu/bfx\xc3\xa9\x01"[..]),
+            60..400,
+        )
+    ) {
+        // Several 64-byte blocks of the structural pass, opening like an object.
+        let mut line = b"{\"a\":".to_vec();
+        line.extend_from_slice(&body);
+        check_line(&line, &[vec!["a".to_owned()], vec!["a".to_owned(), "a".to_owned()]])?;
+    }
+
+    #[test]
     fn json_alphabet_agrees_with_serde_json(
         line in proptest::collection::vec(
             proptest::sample::select(&b"{}[]\":,\\ \t0123456789.eE+-aeflnrstu/bfx\xc3\xa9\x01"[..]),
