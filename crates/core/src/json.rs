@@ -4,7 +4,15 @@
 //! [`Extractor::scan`] checks that a line is exactly one JSON value (RFC 8259), that it is
 //! an object, and records the byte [`Span`] of the value at each configured
 //! [`FieldPath`]. Nothing is allocated per line: the active paths are tracked per nesting
-//! level with a 64-bit mask, and strings are skipped eight bytes at a time.
+//! level with a 64-bit mask.
+//!
+//! Two scanners share that contract. On a CPU with AVX2 or AVX-512 (detected at run
+//! time) a structural pass in the manner of simdjson classifies the line 64 bytes at a
+//! time and walks its tokens (`json/fast.rs`, with the intrinsics in `json/simd.rs`, the
+//! workspace's one module allowed `unsafe`). Whenever that pass does not accept a line,
+//! and on other CPUs, the byte-at-a-time scanner runs (strings eight bytes at a time):
+//! it alone words the errors, so a rejected line gets the same reason on every CPU.
+//! Tests check that both accept exactly the same lines with the same spans.
 //!
 //! The helpers ([`kind`], [`string_content`], [`unescape_string`], [`write_json_string`])
 //! work on the raw value text that a span points at.
@@ -26,6 +34,10 @@ use std::sync::Arc;
 
 mod fast;
 mod simd;
+
+/// Lines longer than this are scanned byte at a time: the structural pass keeps four
+/// bytes of scratch space per byte of the longest line a thread has seen.
+const FAST_MAX_LINE: usize = 1 << 20;
 
 thread_local! {
     /// Scratch space of the structural pass: the token positions of the line.
@@ -394,7 +406,9 @@ impl Extractor {
         if line.len() > u32::MAX as usize {
             return Err(syntax(u32::MAX as usize, "line longer than 4 GiB"));
         }
-        if let Some(level) = self.fast {
+        if let Some(level) = self.fast
+            && line.len() <= FAST_MAX_LINE
+        {
             if TOKENS.with_borrow_mut(|idx| fast::scan(self, level, line, found, idx)) {
                 return Ok(());
             }
