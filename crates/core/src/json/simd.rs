@@ -1,11 +1,15 @@
-//! Byte classification of 64-byte blocks for the structural pass ([`super::fast`]): one
-//! bit per byte for quotes, backslashes, JSON whitespace, structural characters, control
-//! characters and non-ASCII bytes.
+//! The CPU-specific parts of the structural pass ([`super::fast`]): classifying 64-byte
+//! blocks (one bit per byte for quotes, backslashes, JSON whitespace, structural
+//! characters, control characters and non-ASCII bytes), the prefix XOR of the quote bits
+//! and the writing of token positions, each with AVX2 and with AVX-512, and a copy of
+//! stage 1 compiled for each level.
 //!
-//! This is the one module of the workspace that uses `unsafe`: the AVX2 and AVX-512
-//! versions call `std::arch` intrinsics, chosen at run time by CPU feature detection. The
-//! portable version computes exactly the same masks (the tests compare them on every byte
-//! value and on random blocks), so a CPU without AVX2 gets the same results, more slowly.
+//! This is the one module of the workspace that uses `unsafe`: `std::arch` intrinsics
+//! behind `#[target_feature]`, called only at a [`Level`] that run-time feature detection
+//! (`is_x86_feature_detected!`) found on this CPU. Each level computes exactly what the
+//! portable Rust versions compute; the tests compare them on every byte value and on
+//! random blocks and masks. In production a CPU without AVX2 (or not x86-64) does not use
+//! the structural pass at all: the byte-at-a-time scanner of [`super`] runs instead.
 #![allow(unsafe_code)]
 
 use super::fast::{self, Stage1};
@@ -38,7 +42,7 @@ const OP_TABLE: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b':', b'{', b',', b'}'
 /// Which implementation classifies blocks on this CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Level {
-    /// Plain Rust, one byte at a time.
+    /// Plain Rust, one byte at a time: the reference for the others in tests.
     Portable,
     /// AVX2 (two 32-byte halves).
     #[cfg(target_arch = "x86_64")]
@@ -101,11 +105,11 @@ impl Level {
         match self {
             Level::Portable => portable(block),
             // SAFETY: `Level::Avx2` is only constructed by `detect` / `all_supported` after
-            // `is_x86_feature_detected!("avx2")` returned true, so the CPU has AVX2.
+            // `has_avx2` found AVX2 on this CPU.
             #[cfg(target_arch = "x86_64")]
             Level::Avx2 => unsafe { avx2(block) },
-            // SAFETY: `Level::Avx512` is only constructed after
-            // `is_x86_feature_detected!("avx512bw")` returned true (AVX-512 BW implies F).
+            // SAFETY: `Level::Avx512` is only constructed after `has_avx512` found AVX-512
+            // F and BW on this CPU.
             #[cfg(target_arch = "x86_64")]
             Level::Avx512 => unsafe { avx512(block) },
         }
@@ -127,7 +131,8 @@ fn has_avx512() -> bool {
         && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
-/// Stage 1 compiled for AVX2 (the classification inlined, `tzcnt` for the bit loops).
+/// Stage 1 compiled for AVX2, with the classification and the writing of positions
+/// inlined.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,bmi1,popcnt,pclmulqdq")]
 fn stage1_avx2(s: &[u8], idx: &mut Vec<u32>) -> Option<Stage1> {
@@ -141,6 +146,7 @@ fn stage1_avx2(s: &[u8], idx: &mut Vec<u32>) -> Option<Stage1> {
 }
 
 /// `POSITIONS[b]`: the indices of the set bits of the byte `b`, in order (then zeros).
+#[cfg(target_arch = "x86_64")]
 static POSITIONS: [[u8; 8]; 256] = {
     let mut t = [[0u8; 8]; 256];
     let mut b = 0;
