@@ -39,7 +39,9 @@ const WS_TABLE: [u8; 16] = [
 /// With `c = b | 0x20`: `OP_TABLE[c & 15] == c` for `:`, `{`, `,`, `}` and so for `[`, `]`.
 const OP_TABLE: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b':', b'{', b',', b'}', 0, 0];
 
-/// Which implementation classifies blocks on this CPU.
+/// Which implementation classifies blocks on this CPU. Obtain one only from
+/// [`Level::detect`] or (tests) `Level::all_supported`: a SIMD variant promises that the
+/// CPU has its features, and the `unsafe` calls of this module rely on that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Level {
     /// Plain Rust, one byte at a time: the reference for the others in tests.
