@@ -3,12 +3,14 @@
 #
 #   scripts/bench.sh            # the whole suite (several minutes)
 #   scripts/bench.sh quick      # end to end on 1M events only
+#   SESSIONIZER_BIN=/path/to/sessionizer scripts/bench.sh quick   # another build (no cargo)
 #
 # Prints events/s, peak RSS and bytes per open session. Inputs are generated once into
 # bench-data/ (about 390 bytes per event: 1M events = 390 MB, 10M = 3.9 GB).
 #
 #   e2e      `run --collect page`, JSON in, JSON out to a file, on 1M and 10M visits,
 #            --workers 1 pinned to one core (taskset -c 0), and --workers 2 on two cores
+#   decode   one JSON line to one event, against simd-json, sonic-rs, serde_json (criterion)
 #   operator the session operator alone on pre-parsed events (criterion)
 #   q11      a Nexmark q11 equivalent: in-process bids, 10 s gap, count per session
 #   state    bytes of state per open session, 10M open sessions
@@ -16,8 +18,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
 
-cargo build --release -q -p sessionizer-cli
-BIN=target/release/sessionizer
+if [ -n "${SESSIONIZER_BIN:-}" ]; then
+  BIN=$SESSIONIZER_BIN
+else
+  cargo build --release -q -p sessionizer-cli
+  BIN=target/release/sessionizer
+fi
 mkdir -p bench-data
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/Mem:/{print $2}') GiB"
 echo "rustc:   $(rustc --version)"
@@ -52,6 +58,8 @@ case "$WHAT" in
     e2e 1000000 2 3
     e2e 10000000 1 1
     e2e 10000000 2 1
+    echo "-- decode, one visit line (criterion; lines/s)"
+    cargo bench -q -p sessionizer-core --bench decode 2>/dev/null | grep -E "^decode bench|^validation|^decode/|thrpt" || true
     echo "-- operator alone (criterion)"
     cargo bench -q -p sessionizer-window --bench operator 2>/dev/null | grep -E "^operator|thrpt" || true
     echo "-- q11"

@@ -4,7 +4,15 @@
 //! [`Extractor::scan`] checks that a line is exactly one JSON value (RFC 8259), that it is
 //! an object, and records the byte [`Span`] of the value at each configured
 //! [`FieldPath`]. Nothing is allocated per line: the active paths are tracked per nesting
-//! level with a 64-bit mask, and strings are skipped eight bytes at a time.
+//! level with a 64-bit mask.
+//!
+//! Two scanners share that contract. On a CPU with AVX2 or AVX-512 (detected at run
+//! time) a structural pass in the manner of simdjson classifies the line 64 bytes at a
+//! time and walks its tokens (`json/fast.rs`, with the intrinsics in `json/simd.rs`, the
+//! workspace's one module allowed `unsafe`). Whenever that pass does not accept a line,
+//! and on other CPUs, the byte-at-a-time scanner runs (strings eight bytes at a time):
+//! it alone words the errors, so a rejected line gets the same reason on every CPU.
+//! Tests check that both accept exactly the same lines with the same spans.
 //!
 //! The helpers ([`kind`], [`string_content`], [`unescape_string`], [`write_json_string`])
 //! work on the raw value text that a span points at.
@@ -23,6 +31,18 @@ use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 use std::sync::Arc;
+
+mod fast;
+mod simd;
+
+/// Lines longer than this are scanned byte at a time: the structural pass keeps four
+/// bytes of scratch space per byte of the longest line a thread has seen.
+const FAST_MAX_LINE: usize = 1 << 20;
+
+thread_local! {
+    /// Scratch space of the structural pass: the token positions of the line.
+    static TOKENS: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// The most paths one [`Extractor`] can look for.
 pub const MAX_PATHS: usize = 64;
@@ -246,6 +266,8 @@ struct Name {
     bytes: Box<[u8]>,
     /// The first (up to) 8 bytes of `bytes`, little endian, zero padded.
     head: u64,
+    /// Bytes 8 to 16 of `bytes`, likewise.
+    tail: u64,
     /// The paths whose segment at this level is `bytes`.
     mask: u64,
 }
@@ -266,6 +288,8 @@ struct Level {
 pub struct Extractor {
     levels: Vec<Level>,
     n_paths: usize,
+    /// The structural pass of [`fast`], when this CPU has SIMD for it.
+    fast: Option<simd::Level>,
 }
 
 /// The mask of the low `len` bytes of a `u64` (all of it for `len >= 8`).
@@ -322,6 +346,7 @@ impl Extractor {
                     None => level.names.push(Name {
                         bytes: seg.into(),
                         head: head_at(seg, 0, seg.len()),
+                        tail: head_at(seg, 8, seg.len().saturating_sub(8)),
                         mask: bit,
                     }),
                 }
@@ -331,9 +356,14 @@ impl Extractor {
                 }
             }
         }
+        let fast = match simd::Level::detect() {
+            simd::Level::Portable => None,
+            level => Some(level),
+        };
         Extractor {
             levels,
             n_paths: paths.len(),
+            fast,
         }
     }
 
@@ -376,6 +406,20 @@ impl Extractor {
         if line.len() > u32::MAX as usize {
             return Err(syntax(u32::MAX as usize, "line longer than 4 GiB"));
         }
+        if let Some(level) = self.fast
+            && line.len() <= FAST_MAX_LINE
+        {
+            if TOKENS.with_borrow_mut(|idx| fast::scan(self, level, line, found, idx)) {
+                return Ok(());
+            }
+            found.fill(None);
+        }
+        self.scan_bytewise(line, found)
+    }
+
+    /// [`scan`](Extractor::scan) one byte at a time: the portable path, and the one that
+    /// finds the exact error when the structural pass rejects a line.
+    fn scan_bytewise(&self, line: &[u8], found: &mut [Option<Span>]) -> Result<(), JsonError> {
         let mut sc = Scanner {
             s: line,
             ex: self,
@@ -397,7 +441,7 @@ impl Extractor {
 
     /// The paths among `active` whose segment at `depth` equals the member name
     /// `s[start..end]` (raw, between the quotes; `escaped` if it holds a backslash).
-    #[inline]
+    #[inline(always)]
     fn match_key(
         &self,
         depth: usize,
@@ -410,31 +454,42 @@ impl Extractor {
         let Some(level) = self.levels.get(depth) else {
             return 0;
         };
+        if escaped {
+            return match_escaped(level, s.get(start..end).unwrap_or_default(), active);
+        }
         let len = end - start;
-        if !escaped {
-            if level.lengths & (1u64 << len.min(63)) == 0 {
-                return 0;
-            }
-            let head = head_at(s, start, len);
-            for name in &level.names {
-                if name.mask & active != 0
-                    && name.head == head
-                    && name.bytes.len() == len
-                    && (len <= 8 || name.bytes.get(8..) == s.get(start + 8..end))
-                {
-                    return name.mask & active;
-                }
-            }
+        if level.lengths & (1u64 << len.min(63)) == 0 {
             return 0;
         }
-        let raw = s.get(start..end).unwrap_or_default();
+        let head = head_at(s, start, len);
+        let tail = if len > 8 {
+            head_at(s, start + 8, len - 8)
+        } else {
+            0
+        };
+        // The names of a level are distinct: at most one matches.
         for name in &level.names {
-            if name.mask & active != 0 && eq_unescaped(raw, &name.bytes) {
+            if name.head == head
+                && name.tail == tail
+                && name.bytes.len() == len
+                && (len <= 16 || name.bytes.get(16..) == s.get(start + 16..end))
+            {
                 return name.mask & active;
             }
         }
         0
     }
+}
+
+/// [`Extractor::match_key`] for a member name `raw` that holds escapes.
+#[inline(never)]
+fn match_escaped(level: &Level, raw: &[u8], active: u64) -> u64 {
+    for name in &level.names {
+        if name.mask & active != 0 && eq_unescaped(raw, &name.bytes) {
+            return name.mask & active;
+        }
+    }
+    0
 }
 
 const LO: u64 = 0x0101_0101_0101_0101;

@@ -488,3 +488,285 @@ fn decoder_is_reusable_across_errors() {
         .expect("valid");
     assert_eq!(e.value(0), None, "no stale span from the failed line");
 }
+
+// ---------------------------------------------------------------------------------------
+// The decoder against serde_json, on visit-shaped lines, their mutations and any bytes
+// ---------------------------------------------------------------------------------------
+
+mod differential {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+    use sessionizer_core::timefmt::parse_timestamp;
+
+    /// What the decoder must say, worked out from serde_json's document.
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        /// Key, time and the `page` value (`None` when absent or null).
+        Event(Vec<u8>, EventTime, Option<Value>),
+        /// Not JSON (syntax, UTF-8, nesting), or not an object.
+        NotJson,
+        /// Valid JSON, rejected for its key or time: the reason's first word.
+        Field(&'static str),
+    }
+
+    fn want(line: &[u8]) -> Option<Want> {
+        let v = match serde_json::from_slice::<Value>(line) {
+            Ok(v) => v,
+            // The scanner accepts numbers beyond f64 (docs of `json`): no verdict.
+            Err(e) if e.to_string().starts_with("number out of range") => return None,
+            Err(_) => return Some(Want::NotJson),
+        };
+        let Value::Object(o) = v else {
+            return Some(Want::NotJson);
+        };
+        let key = match o.get("visit_id") {
+            None => return Some(Want::Field("missing key")),
+            Some(Value::Null) => return Some(Want::Field("null key")),
+            Some(Value::String(s)) => s.as_bytes().to_vec(),
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.to_string().into_bytes(),
+            // Integers beyond u64 and integers written as "-0": compared loosely below.
+            Some(Value::Number(n)) if n.is_f64() => return Some(Want::Field("float key")),
+            Some(_) => return Some(Want::Field("key kind")),
+        };
+        let time = match o.get("event_time") {
+            None => return Some(Want::Field("missing time")),
+            Some(Value::Null) => return Some(Want::Field("null time")),
+            Some(Value::String(s)) => match parse_timestamp(s.as_bytes()) {
+                Ok(t) if t >= DEFAULT_VALID_RANGE.0 && t < DEFAULT_VALID_RANGE.1 => t,
+                Ok(_) => return Some(Want::Field("time range")),
+                Err(_) => return Some(Want::Field("bad time")),
+            },
+            Some(_) => return Some(Want::Field("time kind")),
+        };
+        let page = o.get("page").filter(|p| !p.is_null()).cloned();
+        Some(Want::Event(key, time, page))
+    }
+
+    fn got(d: &mut Decoder, line: &[u8]) -> Want {
+        match d.decode(line) {
+            Ok(e) => {
+                let page = e.value(0).map(|raw| {
+                    serde_json::from_slice::<Value>(raw).expect("a value span is valid JSON")
+                });
+                Want::Event(e.key.to_vec(), e.time, page)
+            }
+            Err(Invalid::NotUtf8 | Invalid::Json(_)) => Want::NotJson,
+            Err(Invalid::MissingKey(_)) => Want::Field("missing key"),
+            Err(Invalid::NullKey(_)) => Want::Field("null key"),
+            Err(Invalid::KeyKind {
+                found: "a float", ..
+            }) => Want::Field("float key"),
+            Err(Invalid::KeyKind { .. }) => Want::Field("key kind"),
+            Err(Invalid::MissingTime(_)) => Want::Field("missing time"),
+            Err(Invalid::NullTime(_)) => Want::Field("null time"),
+            Err(Invalid::TimeOutOfRange { .. }) => Want::Field("time range"),
+            Err(Invalid::BadTime { .. }) => Want::Field("bad time"),
+            Err(Invalid::TimeIsNumber(_) | Invalid::TimeKind { .. }) => Want::Field("time kind"),
+            Err(e) => panic!("unexpected reason {e}"),
+        }
+    }
+
+    fn check(line: &[u8]) -> Result<(), TestCaseError> {
+        let mut d = Decoder::new(DecoderConfig {
+            value_fields: vec![fp("page")],
+            ..cfg()
+        });
+        let Some(want) = want(line) else {
+            return Ok(());
+        };
+        let got = got(&mut d, line);
+        // An integer key is its digits as written: serde_json writes `-0` as `0`, and
+        // turns integers beyond u64 into floats (which it then calls a float key).
+        let integer = |k: &[u8]| std::str::from_utf8(k).ok()?.parse::<i128>().ok();
+        let got = match (got, &want) {
+            (Want::Event(k, ..), Want::Field("float key"))
+                if k.len() > 19 && integer(&k).is_some() =>
+            {
+                return Ok(());
+            }
+            (Want::Event(k, t, p), Want::Event(w, ..)) if k != *w && integer(&k).is_some() => {
+                prop_assert_eq!(integer(&k), integer(w));
+                Want::Event(w.clone(), t, p)
+            }
+            (got, _) => got,
+        };
+        prop_assert_eq!(&got, &want, "on {:?}", String::from_utf8_lossy(line));
+        // The same decoder again, after whatever the previous line left in it.
+        let again = self::got(&mut d, line);
+        prop_assert_eq!(
+            matches!(got, Want::Event(..)),
+            matches!(again, Want::Event(..))
+        );
+        Ok(())
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => "[a-z0-9/_.-]{0,40}",
+            1 => any::<String>(),
+            1 => proptest::sample::select(&[
+                "2024-01-01T00:00:00.012Z",
+                "2024-02-29T23:59:59+01:00",
+                "1969-12-31T23:59:59Z",
+                "not a time",
+                "v-\u{e9}\u{1F600}\"\\/\n",
+            ][..]).prop_map(str::to_owned),
+        ]
+    }
+
+    fn scalar() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            4 => text().prop_map(Value::String),
+            1 => any::<i64>().prop_map(Value::from),
+            1 => any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            1 => Just(Value::Null),
+            1 => any::<bool>().prop_map(Value::Bool),
+        ]
+    }
+
+    /// Mostly valid RFC 3339 times, in and out of the valid range.
+    fn time() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => prop_oneof![
+                6 => 0..DEFAULT_VALID_RANGE.1.0,
+                1 => -100_000_000_000_000i64..100_000_000_000_000,
+            ].prop_map(|ms| {
+                let mut out = Vec::new();
+                sessionizer_core::timefmt::write_rfc3339_ms(EventTime(ms), &mut out);
+                String::from_utf8(out).expect("UTF-8")
+            }),
+            1 => text(),
+        ]
+    }
+
+    /// A visit line as `sessionizer generate` writes it, with some fields swapped for
+    /// other values, dropped, repeated or moved.
+    fn visit() -> impl Strategy<Value = String> {
+        (
+            (text(), scalar(), 0u8..12),
+            (time(), scalar(), 0u8..12),
+            (text(), scalar(), 0u8..12),
+            any::<u64>(),
+            proptest::collection::vec((text(), scalar()), 0..4),
+            any::<bool>(),
+        )
+            .prop_map(|(key, time, page, n, extra, pretty)| {
+                let mut o = Map::new();
+                let mut repeats = Vec::new();
+                let mut put = |o: &mut Map<String, Value>, name: &str, (s, other, how): (String, Value, u8)| {
+                    match how {
+                        0 => {}
+                        1 => {
+                            o.insert(name.to_owned(), other);
+                        }
+                        2 => repeats.push((name.to_owned(), other, Value::String(s))),
+                        3 => {
+                            o.insert(name.to_owned(), json!({ "nested": s }));
+                        }
+                        _ => {
+                            o.insert(name.to_owned(), Value::String(s));
+                        }
+                    }
+                };
+                put(&mut o, "visit_id", key);
+                o.insert("user_id".into(), json!(format!("u-{:05}", n % 100_000)));
+                put(&mut o, "event_time", time);
+                put(&mut o, "page", page);
+                o.insert("duration_ms".into(), json!(n % 60_000));
+                o.insert(
+                    "context".into(),
+                    json!({"user": {"login": format!("user{}", n % 977), "country": "DE", "plan": "free"},
+                           "device": {"type": "mobile", "os": "Android 13", "browser": "Samsung Internet 25"},
+                           "app": {"version": "3.14.1", "lang": "en-CA"}, "tags": [1, "two", null, [], {}]}),
+                );
+                for (k, v) in extra {
+                    o.insert(k, v);
+                }
+                let mut line = if pretty {
+                    serde_json::to_string_pretty(&Value::Object(o)).expect("serializes").replace('\n', " ")
+                } else {
+                    serde_json::to_string(&Value::Object(o)).expect("serializes")
+                };
+                // A repeated member: the first occurrence is overridden by the last.
+                for (name, first, last) in repeats {
+                    let body = line.strip_suffix('}').unwrap_or(&line).to_owned();
+                    let sep = if body.trim_end().ends_with('{') { "" } else { "," };
+                    line = format!(
+                        "{{{}:{},{}{sep}{}:{}}}",
+                        json!(name),
+                        first,
+                        &body[1..],
+                        json!(name),
+                        last
+                    );
+                }
+                line
+            })
+    }
+
+    fn mutated() -> impl Strategy<Value = Vec<u8>> {
+        let byte = prop_oneof![
+            4 => proptest::sample::select(&b"{}[]\":,\\ 0123456789.eE+-tfnulrux\t\n\x01\x7f"[..]),
+            1 => any::<u8>(),
+        ];
+        let edit = (any::<proptest::sample::Index>(), 0u8..3, byte);
+        (visit(), proptest::collection::vec(edit, 1..4)).prop_map(|(line, edits)| {
+            let mut line = line.into_bytes();
+            for (at, op, b) in edits {
+                let i = at.index(line.len() + 1);
+                match op {
+                    0 if i < line.len() => {
+                        line.remove(i);
+                    }
+                    1 if i < line.len() => line[i] = b,
+                    _ => line.insert(i, b),
+                }
+            }
+            line
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1500))]
+
+        #[test]
+        fn visit_lines_decode_like_serde_json(line in visit()) {
+            check(line.as_bytes())?;
+        }
+
+        #[test]
+        fn mutated_visit_lines_decode_like_serde_json(line in mutated()) {
+            check(&line)?;
+        }
+
+        #[test]
+        fn arbitrary_bytes_decode_like_serde_json(line in proptest::collection::vec(any::<u8>(), 0..400)) {
+            check(&line)?;
+        }
+    }
+
+    /// The generator is worth its time: a good share of its lines decode, and a good
+    /// share of the mutated ones do not.
+    #[test]
+    fn generated_lines_are_mixed() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let (mut events, mut invalid, n) = (0, 0, 500);
+        let mut d = Decoder::new(cfg());
+        for _ in 0..n {
+            let line = visit().new_tree(&mut runner).expect("generates").current();
+            events += usize::from(d.decode(line.as_bytes()).is_ok());
+            let bad = mutated()
+                .new_tree(&mut runner)
+                .expect("generates")
+                .current();
+            invalid += usize::from(matches!(d.decode(&bad), Err(Invalid::Json(_))));
+        }
+        assert!(
+            events > n / 4 && invalid > n / 4,
+            "{events} events, {invalid} not JSON of {n}"
+        );
+    }
+}

@@ -196,6 +196,25 @@ fn long_names_and_many_paths() {
 }
 
 #[test]
+fn lines_over_a_mebibyte() {
+    // Past 1 MiB the byte-at-a-time scanner runs instead of the structural pass.
+    let big = "x".repeat(1 << 20);
+    let line = format!(r#"{{"pad":"{big}","a":{{"b":[1,2]}},"c":"\u00e9"}}"#);
+    assert_eq!(
+        extract(&line, &["a.b", "c"]).expect("valid"),
+        [Some("[1,2]"), Some(r#""\u00e9""#)]
+    );
+    let bad = format!(r#"{{"pad":"{big}","a":01}}"#);
+    assert_eq!(
+        extract(&bad, &["a"]),
+        Err(JsonError::NotJson {
+            offset: bad.len() - 2,
+            what: "expected ',' or '}' after object member"
+        })
+    );
+}
+
+#[test]
 fn same_path_twice() {
     assert_eq!(
         extract(r#"{"a":{"b":1}}"#, &["a.b", "a", "a.b"]).expect("valid"),
@@ -785,6 +804,19 @@ proptest! {
     #[test]
     fn arbitrary_bytes_agree_with_serde_json(line in proptest::collection::vec(any::<u8>(), 0..64)) {
         check_line(&line, &[vec!["a".to_owned()]])?;
+    }
+
+    #[test]
+    fn long_json_alphabet_lines_agree_with_serde_json(
+        body in proptest::collection::vec(
+            proptest::sample::select(&b"{}[]\":,\\ \t0123456789.eE+-aeflnrstu/bfx\xc3\xa9\x01"[..]),
+            60..400,
+        )
+    ) {
+        // Several 64-byte blocks of the structural pass, opening like an object.
+        let mut line = b"{\"a\":".to_vec();
+        line.extend_from_slice(&body);
+        check_line(&line, &[vec!["a".to_owned()], vec!["a".to_owned(), "a".to_owned()]])?;
     }
 
     #[test]
