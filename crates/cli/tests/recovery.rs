@@ -885,7 +885,8 @@ fn a_format_1_checkpoint_resumes_with_the_floors_its_state_implies() {
     }
     let day1_out = std::fs::read_to_string(job.join("out.jsonl")).expect("out");
     let text =
-        String::from_utf8(run_in(job, &["inspect", "--state-dir", "state"]).stdout).expect("utf8");
+        String::from_utf8(run_in(job, &["inspect", "--state-dir", "state", "--keys"]).stdout)
+            .expect("utf8");
     assert!(
         text.contains("\"a\" (floor not stored in format 1: a resumed run derives it)"),
         "{text}"
@@ -950,9 +951,14 @@ fn a_format_1_checkpoint_resumes_with_the_floors_its_state_implies() {
     let m = newest(&job.join("state"));
     assert_eq!((m.epoch, m.base.epoch, m.deltas.len()), (2, 2, 0));
     assert_eq!(m.watermark.new_key_floor_ms, Some(1_704_104_100_000)); // 10:15
-    let json: serde_json::Value =
-        serde_json::from_slice(&run_in(job, &["inspect", "--state-dir", "state", "--json"]).stdout)
-            .expect("json");
+    let json: serde_json::Value = serde_json::from_slice(
+        &run_in(
+            job,
+            &["inspect", "--state-dir", "state", "--json", "--keys"],
+        )
+        .stdout,
+    )
+    .expect("json");
     let floors: Vec<(String, String)> = json["sessions"]
         .as_array()
         .expect("keys")
