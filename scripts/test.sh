@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The whole test suite, every cargo feature included (Kafka: a real broker, started by
+# scripts/kafka-dev.sh from Apache Kafka's jars on Maven Central).
+#
+#   scripts/test.sh               # everything
+#   scripts/test.sh -p sessionizer-cli --test kafka    # extra arguments go to cargo test
+#
+# Needs: Rust, a C/C++ compiler and cmake (librdkafka is built from source), Java 17 and
+# Maven (the broker). On Debian, as root, missing packages are installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v c++ >/dev/null || need+=(g++)
+command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || need+=(maven)
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "scripts/test.sh: installing ${need[*]}" >&2
+    apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "scripts/test.sh: please install ${need[*]} first" >&2
+    exit 1
+  fi
+fi
+
+exec cargo test --workspace --all-features --locked "$@"
