@@ -104,6 +104,16 @@ pub struct GenerateArgs {
     /// How event_time is written.
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = GenTimeFormat::Rfc3339)]
     pub time_format: GenTimeFormat,
+
+    /// Write the events to this Kafka topic instead of --output, one record per line,
+    /// keyed by visit_id (Kafka's default partitioner). Needs --kafka-brokers and a
+    /// binary built with --features kafka.
+    #[arg(long, value_name = "TOPIC", requires = "kafka_brokers")]
+    pub kafka_topic: Option<String>,
+
+    /// Kafka bootstrap servers for --kafka-topic.
+    #[arg(long, value_name = "HOSTS", requires = "kafka_topic")]
+    pub kafka_brokers: Option<String>,
 }
 
 impl GenerateArgs {

@@ -273,3 +273,75 @@ fn at_least_1s(
     }
     Ok(Duration::from_millis(d.millis() as u64))
 }
+
+/// `sessionizer generate --kafka-topic`: the generated lines as records of `topic`,
+/// keyed by `visit_id`.
+#[cfg(feature = "kafka")]
+pub fn generate_into(
+    args: &crate::generate::GenerateArgs,
+    brokers: &str,
+    topic: &str,
+) -> anyhow::Result<crate::generate::GenerateReport> {
+    use sessionizer_connectors::kafka::{KafkaSettings, admin::Admin, producer::LineProducer};
+    let settings = KafkaSettings {
+        brokers: brokers.to_string(),
+        properties: Vec::new(),
+        timeout: Duration::from_secs(30),
+    };
+    Admin::new(&settings)?.require(topic, "--kafka-topic")?;
+    let mut out = LineWriter {
+        producer: LineProducer::new(&settings, topic, "visit_id")?,
+        partial: Vec::new(),
+    };
+    let report = crate::generate::generate(args, &mut out)?;
+    std::io::Write::flush(&mut out)?;
+    out.producer.flush()?;
+    Ok(report)
+}
+
+/// `sessionizer generate --kafka-topic` in a build without Kafka.
+#[cfg(not(feature = "kafka"))]
+pub fn generate_into(
+    _: &crate::generate::GenerateArgs,
+    _: &str,
+    _: &str,
+) -> anyhow::Result<crate::generate::GenerateReport> {
+    anyhow::bail!(
+        "this sessionizer was built without Kafka support; build it with `cargo build --release --features kafka`"
+    )
+}
+
+/// Cuts the generator's output into lines and sends each as one record.
+#[cfg(feature = "kafka")]
+struct LineWriter {
+    producer: sessionizer_connectors::kafka::producer::LineProducer,
+    partial: Vec<u8>,
+}
+
+#[cfg(feature = "kafka")]
+impl std::io::Write for LineWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+            let line = if self.partial.is_empty() {
+                &rest[..i]
+            } else {
+                self.partial.extend_from_slice(&rest[..i]);
+                &self.partial[..]
+            };
+            self.producer.send(line).map_err(std::io::Error::other)?;
+            self.partial.clear();
+            rest = &rest[i + 1..];
+        }
+        self.partial.extend_from_slice(rest);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.partial.is_empty() {
+            let line = std::mem::take(&mut self.partial);
+            self.producer.send(&line).map_err(std::io::Error::other)?;
+        }
+        Ok(())
+    }
+}

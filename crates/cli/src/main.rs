@@ -176,6 +176,15 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
 }
 
 fn generate(args: &sessionizer_cli::generate::GenerateArgs) -> ExitCode {
+    if let (Some(topic), Some(brokers)) = (&args.kafka_topic, &args.kafka_brokers) {
+        let result = sessionizer_cli::kafka::generate_into(args, brokers, topic);
+        return exit_code(result.map(|report| {
+            eprintln!(
+                "sessionizer: generated {} events ({} late), {} duplicate lines, {} invalid lines into Kafka topic {topic}",
+                report.events, report.late, report.duplicates, report.invalid
+            );
+        }));
+    }
     let result = match &args.output {
         path if path.as_os_str() != "-" => std::fs::File::create(path)
             .with_context(|| format!("cannot create {}", path.display()))

@@ -304,3 +304,151 @@ fn classify(e: ClientError) -> CommitError {
         _ => CommitError::Aborted(e.to_string()),
     }
 }
+
+/// A plain (not transactional) producer of JSON lines into a topic, each keyed by the
+/// text of one of its fields and placed by Kafka's default murmur2 partitioner — as a
+/// Java producer keyed by that field would place it. For loading sample data
+/// (`sessionizer generate --kafka-topic`).
+pub struct LineProducer {
+    producer: BaseProducer<DeliveryContext>,
+    topic: String,
+    key_field: Vec<u8>,
+    timeout: Duration,
+    sent: u64,
+}
+
+impl std::fmt::Debug for LineProducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LineProducer")
+            .field("topic", &self.topic)
+            .field("sent", &self.sent)
+            .finish()
+    }
+}
+
+impl LineProducer {
+    /// A producer into `topic`, keying each line by its top-level field `key_field`.
+    pub fn new(
+        settings: &KafkaSettings,
+        topic: &str,
+        key_field: &str,
+    ) -> Result<LineProducer, KafkaError> {
+        let mut c = settings.client_config();
+        c.set("partitioner", "murmur2_random")
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "20")
+            .set("batch.size", "1000000")
+            .set("queue.buffering.max.messages", "1000000");
+        let producer: BaseProducer<DeliveryContext> = settings
+            .finish(c)
+            .create_with_context(DeliveryContext::default())
+            .map_err(KafkaError::client("create the producer"))?;
+        Ok(LineProducer {
+            producer,
+            topic: topic.to_string(),
+            key_field: key_field.as_bytes().to_vec(),
+            timeout: settings.timeout,
+            sent: 0,
+        })
+    }
+
+    /// Sends one line (without its line end); a line without the key field (or not
+    /// JSON) is sent without a key.
+    pub fn send(&mut self, line: &[u8]) -> Result<(), KafkaError> {
+        let key = top_level_text(line, &self.key_field);
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic).payload(line);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => break,
+                Err((ClientError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    self.producer.poll(Duration::from_millis(5));
+                }
+                Err((e, _)) => {
+                    return Err(KafkaError::Client {
+                        what: format!("produce to {}", self.topic),
+                        source: e,
+                    });
+                }
+            }
+        }
+        self.sent += 1;
+        if self.sent % 10_000 == 0 {
+            self.producer.poll(Duration::ZERO);
+        }
+        Ok(())
+    }
+
+    /// Waits until every record is delivered; fails if any was not.
+    pub fn flush(&mut self) -> Result<u64, KafkaError> {
+        self.producer
+            .flush(self.timeout)
+            .map_err(KafkaError::client(format!("deliver to {}", self.topic)))?;
+        let failed = self.producer.context().failed.load(Ordering::Relaxed);
+        if failed > 0 {
+            let why = self
+                .producer
+                .context()
+                .first_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+                .unwrap_or_default();
+            return Err(KafkaError::Invalid(format!(
+                "{failed} records were not delivered to {}: {why}",
+                self.topic
+            )));
+        }
+        Ok(self.sent)
+    }
+}
+
+/// The text of top-level member `"name": "text"` (or a number) of a JSON line, found by
+/// a plain search: enough to key sample data, not a validating parser.
+fn top_level_text<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    let mut pat = Vec::with_capacity(name.len() + 2);
+    pat.push(b'"');
+    pat.extend_from_slice(name);
+    pat.push(b'"');
+    let at = line.windows(pat.len()).position(|w| w == pat.as_slice())? + pat.len();
+    let rest = line[at..]
+        .trim_ascii_start()
+        .strip_prefix(b":")?
+        .trim_ascii_start();
+    if let Some(s) = rest.strip_prefix(b"\"") {
+        let end = s.iter().position(|&b| b == b'"' || b == b'\\')?;
+        (s.get(end) == Some(&b'"')).then_some(&s[..end])
+    } else {
+        let end = rest
+            .iter()
+            .position(|b| !(b.is_ascii_digit() || *b == b'-'))
+            .unwrap_or(rest.len());
+        (end > 0).then_some(&rest[..end])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_level_text;
+
+    #[test]
+    fn keys_are_found_as_text_or_digits() {
+        let f = |l: &str| {
+            top_level_text(l.as_bytes(), b"visit_id")
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+        };
+        assert_eq!(f(r#"{"visit_id":"v-1","x":2}"#).as_deref(), Some("v-1"));
+        assert_eq!(f(r#"{"a":1, "visit_id" : 42}"#).as_deref(), Some("42"));
+        assert_eq!(f(r#"{"visit_id":null}"#), None);
+        assert_eq!(f(r#"{"visit":"v"}"#), None);
+        assert_eq!(f("not json"), None);
+        assert_eq!(
+            f(r#"{"visit_id":"a\"b"}"#),
+            None,
+            "escapes: no key rather than a wrong one"
+        );
+    }
+}

@@ -612,7 +612,18 @@ impl<'c> KafkaJob<'c> {
         match event {
             Rebalance::Assign(parts) => {
                 self.assigned += parts.len() as u64;
-                self.gain(&parts)
+                let began = Instant::now();
+                let before = self.restored;
+                self.gain(&parts)?;
+                tracing::info!(
+                    partitions = ?self.names_of(&parts),
+                    restored_records = self.restored.records - before.records,
+                    restored_bytes = self.restored.bytes - before.bytes,
+                    restored_keys = self.restored.keys - before.keys,
+                    ms = began.elapsed().as_millis() as u64,
+                    "partitions assigned"
+                );
+                Ok(())
             }
             Rebalance::Revoke(parts) => {
                 // Commit what the leaving tasks did, then let them go.
@@ -838,7 +849,24 @@ impl<'c> KafkaJob<'c> {
     /// Commits: in durable mode one transaction with every changed task's state
     /// changes and progress record and every task's offsets; otherwise the outputs are
     /// flushed (and a transaction holding side outputs to topics committed).
+    fn names_of(&self, parts: &[TopicPartition]) -> Vec<String> {
+        parts
+            .iter()
+            .map(|tp| format!("{}/{}", self.kafka.topics[tp.topic as usize], tp.partition))
+            .collect()
+    }
+
     fn commit(&mut self) -> Result<(), RunError> {
+        let began = Instant::now();
+        let commits = self.commits;
+        let result = self.commit_now();
+        if self.commits > commits {
+            tracing::debug!(ms = began.elapsed().as_millis() as u64, "committed");
+        }
+        result
+    }
+
+    fn commit_now(&mut self) -> Result<(), RunError> {
         self.last_commit = Instant::now();
         let KafkaJob {
             tasks,
