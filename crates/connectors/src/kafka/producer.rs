@@ -376,7 +376,7 @@ impl LineProducer {
             }
         }
         self.sent += 1;
-        if self.sent % 10_000 == 0 {
+        if self.sent.is_multiple_of(10_000) {
             self.producer.poll(Duration::ZERO);
         }
         Ok(())
