@@ -588,3 +588,75 @@ fn a_missing_topic_an_unreachable_broker_and_a_lost_changelog_are_clear_errors()
         "{err}"
     );
 }
+
+/// Waits for a child; its stderr on failure.
+fn wait_ok(child: std::process::Child, what: &str) {
+    let out = child.wait_with_output().expect("wait");
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 80_000, 17);
+    let t = Topics::new(4);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let base = {
+        let mut a = t.args();
+        a.extend(["--stop-at-end", "--checkpoint-interval", "100ms"].map(String::from));
+        a
+    };
+    let spawn = |id: &str, stats: &Path| {
+        let mut a = base.clone();
+        a.extend(["--kafka-instance-id", id, "--stats-file", s(stats)].map(String::from));
+        bin()
+            .args(as_strs(&a))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let stats: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("stats-{i}.json")))
+        .collect();
+    // Three processes started at different times; the second is killed with SIGKILL
+    // mid-run, the third stopped (SIGTERM: no clean shutdown is attempted either) and
+    // started again.
+    let a = spawn("a", &stats[0]);
+    std::thread::sleep(Duration::from_millis(800));
+    let mut b = spawn("b", &stats[1]);
+    std::thread::sleep(Duration::from_millis(800));
+    let mut c = spawn("c", &stats[2]);
+    std::thread::sleep(Duration::from_millis(1500));
+    b.kill().expect("kill -9 b");
+    b.wait().expect("reap b");
+    std::thread::sleep(Duration::from_millis(300));
+    c.kill().expect("stop c");
+    c.wait().expect("reap c");
+    let c2 = spawn("c", &stats[3]);
+    wait_ok(a, "process a");
+    wait_ok(c2, "process c, restarted");
+    // A group member that dies keeps its partitions until its session times out; the
+    // survivors then take them over from the changelog.
+    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    assert_eq!(records as usize, produced);
+    // The restarted process ends last: it takes over the partitions of the others as
+    // they finish or die, so it holds all four at the end, with the job's accounting
+    // carried in their changelogs.
+    let c2 = stats_of(&stats[3]);
+    assert_eq!(
+        c2["kafka"]["partitions"].as_array().map(Vec::len),
+        Some(4),
+        "{c2}"
+    );
+    assert_adds_up(&c2["kafka"]["job"], records);
+    // Each clean process's own share adds up too.
+    for st in [stats_of(&stats[0]), c2] {
+        assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
+    }
+}
