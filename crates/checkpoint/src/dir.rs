@@ -235,7 +235,7 @@ impl StateDir {
         Ok(manifest)
     }
 
-    fn read_file(&self, name: &str) -> Result<Vec<u8>, Damage> {
+    pub(crate) fn read_file(&self, name: &str) -> Result<Vec<u8>, Damage> {
         fs::read(self.path.join(name)).map_err(|e| Damage {
             file: name.to_string(),
             reason: if e.kind() == io::ErrorKind::NotFound {
@@ -396,7 +396,11 @@ impl StateDir {
     }
 
     /// Temp file, write, fsync, rename, fsync of the directory.
-    fn write_atomic(&mut self, name: &str, parts: &[&[u8]]) -> Result<u64, CheckpointError> {
+    pub(crate) fn write_atomic(
+        &mut self,
+        name: &str,
+        parts: &[&[u8]],
+    ) -> Result<u64, CheckpointError> {
         self.writes += 1;
         let inject = self.fail_write_at == Some(self.writes);
         let tmp = self.path.join(format!("{TMP_PREFIX}{name}"));

@@ -5,7 +5,7 @@
 //! offset  size  field
 //!      0     4  magic "SZCP"
 //!      4     2  format version, little-endian (FORMAT_VERSION)
-//!      6     1  kind: 1 manifest, 2 base, 3 delta
+//!      6     1  kind: 1 manifest, 2 base, 3 delta, 4 task snapshot
 //!      7     1  reserved, 0
 //!      8     8  epoch of the checkpoint that wrote the file, little-endian
 //!     16     8  payload length in bytes, little-endian
@@ -47,6 +47,8 @@ pub enum FileKind {
     Base,
     /// The keys changed (or removed) since the previous checkpoint.
     Delta,
+    /// A local snapshot of one Kafka task (`crate::task`).
+    TaskSnapshot,
 }
 
 impl FileKind {
@@ -55,6 +57,7 @@ impl FileKind {
             FileKind::Manifest => 1,
             FileKind::Base => 2,
             FileKind::Delta => 3,
+            FileKind::TaskSnapshot => 4,
         }
     }
 
@@ -63,6 +66,7 @@ impl FileKind {
             1 => Some(FileKind::Manifest),
             2 => Some(FileKind::Base),
             3 => Some(FileKind::Delta),
+            4 => Some(FileKind::TaskSnapshot),
             _ => None,
         }
     }
@@ -73,6 +77,7 @@ impl FileKind {
             FileKind::Manifest => "manifest",
             FileKind::Base => "base",
             FileKind::Delta => "delta",
+            FileKind::TaskSnapshot => "task",
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod error;
 pub mod frame;
 pub mod manifest;
 pub mod state;
+pub mod task;
 pub mod writer;
 
 pub use dir::{CheckpointInfo, KEEP_MANIFESTS, Listing, Recovered, Recovery, StateDir};
@@ -25,6 +26,7 @@ pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
 pub use manifest::{Counters, InputPosition, Manifest, OutputCommit, StateFileRef, WatermarkState};
 pub use state::{LoadedState, StateEntries};
+pub use task::TaskSnapshot;
 pub use writer::{CheckpointWriter, Committed, EncodedState};
 
 /// Bytes of an input file's head hashed into its identity.

@@ -93,6 +93,8 @@ pub struct FileConfig {
     pub kafka_transaction_timeout: Option<String>,
     pub kafka_timeout: Option<String>,
     pub kafka_config: Option<Vec<String>>,
+    pub standby_replicas: Option<usize>,
+    pub snapshot_interval: Option<String>,
 }
 
 impl FileConfig {
@@ -111,6 +113,8 @@ impl FileConfig {
             kafka_transaction_timeout: self.kafka_transaction_timeout.take(),
             kafka_timeout: self.kafka_timeout.take(),
             kafka_config: self.kafka_config.take(),
+            standby_replicas: self.standby_replicas.take(),
+            snapshot_interval: self.snapshot_interval.take(),
         }
     }
 }
@@ -247,7 +251,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         output_given: args.output.is_some() || file.output.is_some(),
         dead_letter_given: args.dead_letter.is_some() || file.dead_letter.is_some(),
         late_output_given: args.late_output.is_some() || file.late_output.is_some(),
-        state_dir_given: args.state_dir.is_some() || file.state_dir.is_some(),
+        state_dir: args.state_dir.clone().or(file.state_dir.clone()),
         keep_open: args.keep_open || file.keep_open.unwrap_or(false),
         interval: {
             let d = duration(

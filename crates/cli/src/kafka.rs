@@ -70,6 +70,18 @@ pub struct KafkaArgs {
     /// Extra librdkafka client property KEY=VALUE (repeat), e.g. security settings.
     #[arg(long, value_name = "KEY=VALUE")]
     pub kafka_config: Vec<String>,
+
+    /// Keep a warm copy of each task of the other processes of the group on N of them
+    /// (by following their changelogs), so that a partition whose owner dies resumes
+    /// without a full restore. [default: 0]
+    #[arg(long, value_name = "N")]
+    pub standby_replicas: Option<usize>,
+
+    /// With --state-dir and a Kafka job: how often each task's state is snapshotted to
+    /// the directory (after a commit), so that a restart reads only the changelog's
+    /// tail. [default: 30s]
+    #[arg(long, value_name = "DUR")]
+    pub snapshot_interval: Option<String>,
 }
 
 /// `--kafka-start`.
@@ -98,10 +110,12 @@ pub struct KafkaFile {
     pub kafka_transaction_timeout: Option<String>,
     pub kafka_timeout: Option<String>,
     pub kafka_config: Option<Vec<String>>,
+    pub standby_replicas: Option<usize>,
+    pub snapshot_interval: Option<String>,
 }
 
 /// What the rest of the configuration needs to know to check the Kafka options.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Context {
     /// `--input` was given (on the command line or in the file).
     pub inputs_given: bool,
@@ -111,8 +125,8 @@ pub struct Context {
     pub dead_letter_given: bool,
     /// `--late-output` was given.
     pub late_output_given: bool,
-    /// `--state-dir` was given.
-    pub state_dir_given: bool,
+    /// `--state-dir`.
+    pub state_dir: Option<std::path::PathBuf>,
     /// `--keep-open`.
     pub keep_open: bool,
     /// `--checkpoint-interval`, or the default.
@@ -141,6 +155,8 @@ pub fn resolve(
         .kafka_transaction_timeout
         .or(file.kafka_transaction_timeout);
     let timeout = args.kafka_timeout.or(file.kafka_timeout);
+    let standby_replicas = args.standby_replicas.or(file.standby_replicas);
+    let snapshot_interval = args.snapshot_interval.or(file.snapshot_interval);
     let properties = if args.kafka_config.is_empty() {
         file.kafka_config.unwrap_or_default()
     } else {
@@ -158,6 +174,8 @@ pub fn resolve(
         ("--kafka-instance-id", instance_id.is_some()),
         ("--kafka-transaction-timeout", txn_timeout.is_some()),
         ("--kafka-timeout", timeout.is_some()),
+        ("--standby-replicas", standby_replicas.is_some()),
+        ("--snapshot-interval", snapshot_interval.is_some()),
         ("--kafka-config", !properties.is_empty()),
     ];
     let Some(brokers) = brokers else {
@@ -201,10 +219,25 @@ pub fn resolve(
             "a Kafka output with file or stdin input is not supported yet: give a Kafka input (--kafka-topic) with --kafka-output-topic, or write the sessions to a file",
         );
     }
-    if ctx.state_dir_given {
+    if ctx.state_dir.is_some() && output_topic.is_none() {
         return conflict(
-            "--state-dir is not supported with a Kafka input yet: with --kafka-output-topic the job's state lives in its changelog topics (exactly once); without it the state is in memory only",
+            "--state-dir with a Kafka input needs --kafka-output-topic (the state lives in the job's changelog topics, the directory keeps local snapshots of it); a Kafka input written to files keeps its state in memory only",
         );
+    }
+    if output_topic.is_none() {
+        for (name, on) in [
+            ("--standby-replicas", standby_replicas.is_some()),
+            ("--snapshot-interval", snapshot_interval.is_some()),
+        ] {
+            if on {
+                return Err(ConfigError::Conflict(format!(
+                    "{name} needs --kafka-output-topic: it works on the job's changelog topics"
+                )));
+            }
+        }
+    }
+    if snapshot_interval.is_some() && ctx.state_dir.is_none() {
+        return conflict("--snapshot-interval needs --state-dir: the snapshots are kept there");
     }
     if output_topic.is_some() && group.is_none() {
         return conflict(
@@ -229,6 +262,17 @@ pub fn resolve(
     }
     let transaction_timeout = at_least_1s("--kafka-transaction-timeout", txn_timeout, 10)?;
     let timeout = at_least_1s("--kafka-timeout", timeout, 30)?;
+    let snapshot_interval = match snapshot_interval {
+        Some(v) => {
+            let d = parse_duration(&v).map_err(|e| ConfigError::Invalid {
+                option: "--snapshot-interval",
+                value: v.clone(),
+                reason: e.to_string(),
+            })?;
+            Duration::from_millis(d.millis().max(0) as u64)
+        }
+        None => Duration::from_secs(30),
+    };
     Ok(Some(KafkaConfig {
         brokers,
         properties: props,
@@ -247,6 +291,9 @@ pub fn resolve(
         transaction_timeout,
         commit_interval: ctx.interval,
         keep_open: ctx.keep_open,
+        state_dir: ctx.state_dir,
+        snapshot_interval,
+        standby_replicas: standby_replicas.unwrap_or(0),
     }))
 }
 

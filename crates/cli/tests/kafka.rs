@@ -645,18 +645,313 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
     // survivors then take them over from the changelog.
     let records = assert_matches_file_runs(&t, dir.path(), 4);
     assert_eq!(records as usize, produced);
-    // The restarted process ends last: it takes over the partitions of the others as
-    // they finish or die, so it holds all four at the end, with the job's accounting
-    // carried in their changelogs.
-    let c2 = stats_of(&stats[3]);
-    assert_eq!(
-        c2["kafka"]["partitions"].as_array().map(Vec::len),
-        Some(4),
-        "{c2}"
+    // The processes that ended hold the four partitions between them (a partition
+    // that moved after its holder ended is listed by both, with the same counters);
+    // the partitions' accounting, carried in their changelogs across every process
+    // that held them, adds up to the input.
+    let ended = [stats_of(&stats[0]), stats_of(&stats[3])];
+    let mut by_partition: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    for st in &ended {
+        assert_adds_up(st, st["records_read"].as_u64().expect("records_read"));
+        for (p, c) in st["kafka"]["job_by_partition"]
+            .as_object()
+            .expect("by partition")
+        {
+            if let Some(seen) = by_partition.insert(p.clone(), c.clone()) {
+                assert_eq!(&seen, c, "one partition, two accounts");
+            }
+        }
+    }
+    assert_eq!(by_partition.len(), 4, "{by_partition:?}");
+    let mut sum = serde_json::json!({});
+    for k in [
+        "records_read",
+        "in_sessions",
+        "duplicates",
+        "late",
+        "invalid",
+    ] {
+        sum[k] = by_partition
+            .values()
+            .map(|c| c[k].as_u64().expect("counter"))
+            .sum::<u64>()
+            .into();
+    }
+    assert_adds_up(&sum, records);
+}
+
+/// Runs `args` and kills it (SIGKILL) after `after`, unless it ends first.
+fn run_then_kill(args: &[String], after: Duration) -> bool {
+    let mut child = bin()
+        .args(as_strs(args))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let began = Instant::now();
+    while began.elapsed() < after {
+        if child.try_wait().expect("wait").is_some() {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().expect("kill -9");
+    child.wait().expect("reap");
+    true
+}
+
+/// The committed records of a job's changelog, per partition.
+fn changelog_records(t: &Topics) -> Vec<usize> {
+    read_committed(&format!("{}-{}-changelog", t.group, t.input))
+        .iter()
+        .map(Vec::len)
+        .collect()
+}
+
+#[test]
+fn a_restart_with_state_dir_reads_only_the_changelog_tail_after_its_snapshot() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 60_000, 19);
+    let t = Topics::new(4);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let state = dir.path().join("state");
+    let stats = dir.path().join("stats.json");
+    let mut plain = t.args();
+    plain.extend(
+        [
+            "--stop-at-end",
+            "--checkpoint-interval",
+            "100ms",
+            "--kafka-instance-id",
+            "w",
+            "--stats-file",
+            s(&stats),
+        ]
+        .map(String::from),
     );
-    assert_adds_up(&c2["kafka"]["job"], records);
-    // Each clean process's own share adds up too.
-    for st in [stats_of(&stats[0]), c2] {
-        assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
+    let mut with_dir = plain.clone();
+    with_dir.extend(["--state-dir", s(&state), "--snapshot-interval", "200ms"].map(String::from));
+
+    // Killed with snapshots written, then killed again running without them: the
+    // snapshots are now behind the changelog, which a restart must read on from.
+    let snapshots = || {
+        std::fs::read_dir(&state).map_or(0, |d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+            })
+            .count()
+        })
+    };
+    let mut child = bin()
+        .args(as_strs(&with_dir))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let began = Instant::now();
+    while snapshots() < 4 {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "no snapshots written"
+        );
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "ran to its end too fast"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().expect("kill -9");
+    child.wait().expect("reap");
+    assert_eq!(snapshots(), 4, "one snapshot per task");
+    let full = changelog_records(&t);
+    assert!(
+        run_then_kill(&plain, Duration::from_millis(1500)),
+        "ran to its end too fast"
+    );
+    let st = stats_of_or_none(&stats);
+    assert!(st.is_none(), "a killed run writes no stats");
+
+    // Without the directory every task is restored from its whole changelog.
+    let full_now = changelog_records(&t);
+    run_ok(&as_strs(&with_dir));
+    let st = stats_of(&stats);
+    let restores = st["kafka"]["restores"]
+        .as_array()
+        .expect("restores")
+        .clone();
+    assert_eq!(restores.len(), 4, "{st}");
+    let mut tail = 0;
+    for r in &restores {
+        assert_eq!(r["source"], "snapshot", "{r}");
+        tail += r["changelog_records"].as_u64().expect("records");
+    }
+    let total: usize = full_now.iter().sum();
+    assert!(
+        (tail as usize) < total,
+        "the snapshot restore read {tail} changelog records of {total}"
+    );
+    assert!(
+        (tail as usize) >= full_now.iter().sum::<usize>() - full.iter().sum::<usize>(),
+        "it read at least what the run without snapshots added: {tail} vs {full:?} -> {full_now:?}"
+    );
+    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    assert_eq!(records as usize, produced);
+}
+
+fn stats_of_or_none(path: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+#[test]
+fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 200_000, 23);
+    let t = Topics::new(4);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let stats = dir.path().join("stats-b.json");
+    let args = |id: &str| {
+        let mut a = t.args();
+        a.extend(
+            [
+                "--stop-at-end",
+                "--checkpoint-interval",
+                "100ms",
+                "--standby-replicas",
+                "1",
+                "--kafka-instance-id",
+                id,
+                "--kafka-config",
+                "session.timeout.ms=6000",
+            ]
+            .map(String::from),
+        );
+        a
+    };
+    // a runs alone until it has committed state for its partitions; b joins, takes
+    // half of them and follows the changelogs of a's other half; then a is killed.
+    let mut a = bin()
+        .args(as_strs(&args("a")))
+        .env("RUST_LOG", "sessionizer=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a");
+    let a_log = LogLines::of(a.stderr.take().expect("stderr"));
+    a_log.wait_for(|l| l.contains("partitions assigned"), "a joined");
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut b_args = args("b");
+    b_args.extend(["--stats-file".to_string(), s(&stats).to_string()]);
+    let mut b = bin()
+        .args(as_strs(&b_args))
+        .env("RUST_LOG", "sessionizer=debug")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn b");
+    let b_log = LogLines::of(b.stderr.take().expect("stderr"));
+    b_log.wait_for(
+        |l| l.contains("standby copies followed") && !l.contains("partitions=[]"),
+        "b followed a's changelogs",
+    );
+    b_log.wait_for(|l| l.contains("standby copies updated"), "b's copies got records");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        a.try_wait().expect("wait").is_none(),
+        "a ended before it could be killed"
+    );
+    a.kill().expect("kill -9 a");
+    a.wait().expect("reap a");
+    let status = b.wait().expect("wait b");
+    let log = b_log.rest();
+    assert!(status.success(), "process b failed: {log}");
+    eprintln!("b's log:\n{log}\nb's stats: {}", std::fs::read_to_string(&stats).unwrap_or_default());
+    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    assert_eq!(records as usize, produced);
+    let st = stats_of(&stats);
+    assert_eq!(
+        st["kafka"]["partitions"].as_array().map(Vec::len),
+        Some(4),
+        "{st}"
+    );
+    assert!(st["kafka"]["standby_records"].as_u64() > Some(0), "{st}");
+    let restores = st["kafka"]["restores"].as_array().expect("restores");
+    let from_standby: Vec<&serde_json::Value> = restores
+        .iter()
+        .filter(|r| r["source"] == "standby")
+        .collect();
+    // A copy of a task that had state when its owner died was handed over with a
+    // short tail to read (a partition b took over at its start may have had none yet).
+    assert!(
+        from_standby.iter().any(|r| r["keys"].as_u64() > Some(0)),
+        "a's partitions came from b's copies: {st}"
+    );
+    for r in from_standby {
+        let read = r["changelog_records"].as_u64().expect("records");
+        let keys = r["keys"].as_u64().expect("keys");
+        assert!(
+            read == 0 || read < keys,
+            "a standby restore reads only a tail: {r}"
+        );
+    }
+}
+
+/// A child's stderr, line by line, read on a thread of its own.
+struct LogLines {
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: std::cell::RefCell<Vec<String>>,
+}
+
+impl LogLines {
+    fn of(stream: std::process::ChildStderr) -> LogLines {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        LogLines {
+            rx,
+            seen: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Waits (at most a minute) for a line that `matches`.
+    fn wait_for(&self, matches: impl Fn(&str) -> bool, what: &str) {
+        let began = Instant::now();
+        loop {
+            let left = Duration::from_secs(60).saturating_sub(began.elapsed());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = matches(&line);
+                    self.seen.borrow_mut().push(line);
+                    if hit {
+                        return;
+                    }
+                }
+                Err(_) => panic!(
+                    "never saw: {what}; the log: {}",
+                    self.seen.borrow().join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Everything logged (waits for the stream to end).
+    fn rest(&self) -> String {
+        while let Ok(line) = self.rx.recv() {
+            self.seen.borrow_mut().push(line);
+        }
+        self.seen.borrow().join("\n")
     }
 }

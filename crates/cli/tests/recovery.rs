@@ -513,6 +513,7 @@ fn a_damaged_newest_checkpoint_of_each_kind_falls_back_and_the_output_stays_exac
                     FileKind::Base => {
                         Some(m.base.file.clone()).filter(|_| m.base.epoch == m.epoch && m.epoch > 1)
                     }
+                    FileKind::TaskSnapshot => unreachable!("not among the kinds tried"),
                 };
                 if let Some(f) = file {
                     found = Some((m, f));

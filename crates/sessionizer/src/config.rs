@@ -122,6 +122,13 @@ pub struct KafkaConfig {
     /// `--keep-open`: at the end of a `--stop-at-end` run keep the sessions in progress
     /// in the changelog instead of emitting them.
     pub keep_open: bool,
+    /// `--state-dir`: local snapshots of the tasks, so that a restart reads only the
+    /// changelog's tail (and the process's instance id, kept across restarts).
+    pub state_dir: Option<std::path::PathBuf>,
+    /// How often the local snapshots are written (after a commit).
+    pub snapshot_interval: std::time::Duration,
+    /// `--standby-replicas`: warm copies of other processes' tasks kept per partition.
+    pub standby_replicas: usize,
 }
 
 impl KafkaConfig {

@@ -55,6 +55,8 @@ pub struct KafkaStats {
     /// The job's accounting for those partitions, cumulative over every process that
     /// held them (from their changelogs).
     pub job: Counters,
+    /// The same, partition by partition (`topic/partition` → counters).
+    pub job_by_partition: std::collections::BTreeMap<String, Counters>,
     /// Transactions committed.
     pub commits: u64,
     /// Transactions aborted (the tasks were rewound to their last commit and redone).
@@ -71,6 +73,33 @@ pub struct KafkaStats {
     pub restored_keys: u64,
     /// Time spent restoring tasks (milliseconds).
     pub restore_ms: u64,
+    /// Every task restore of the run, in order.
+    pub restores: Vec<RestoreStats>,
+    /// Partitions whose standby copies it kept at the end (`--standby-replicas`).
+    pub standby_partitions: Vec<String>,
+    /// Changelog records applied to standby copies.
+    pub standby_records: u64,
+    /// Local task snapshots written (`--state-dir`), and their bytes.
+    pub snapshots_written: u64,
+    /// Bytes of the local task snapshots written.
+    pub snapshot_bytes: u64,
+}
+
+/// One task restore.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RestoreStats {
+    /// The input partition, `topic/partition`.
+    pub task: String,
+    /// Where the state came from before the changelog's tail was read: `changelog`
+    /// (nothing: the whole changelog was read), `snapshot` (a local snapshot in
+    /// `--state-dir`) or `standby` (a standby copy).
+    pub source: String,
+    /// Changelog records read.
+    pub changelog_records: u64,
+    /// Keys with state restored.
+    pub keys: u64,
+    /// Time it took (milliseconds).
+    pub ms: u64,
 }
 
 /// What checkpointing did in one run.

@@ -164,3 +164,118 @@ pub fn read_to_end(
     }
     Ok(stats)
 }
+
+/// A reader that follows several changelog partitions as they grow: the standby
+/// replicas of tasks another process owns (SPEC §5, `--standby-replicas`).
+pub struct Tail {
+    consumer: BaseConsumer<Reader>,
+    /// What is followed: `(topic, partition)` → next offset to read (`None`: from the
+    /// beginning).
+    followed: std::collections::BTreeMap<(String, i32), Option<i64>>,
+}
+
+impl std::fmt::Debug for Tail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tail")
+            .field("followed", &self.followed)
+            .finish()
+    }
+}
+
+impl Tail {
+    /// A reader following nothing yet.
+    pub fn new(settings: &KafkaSettings) -> Result<Tail, KafkaError> {
+        let mut c = settings.client_config();
+        c.set("group.id", "sessionizer-standby")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "100");
+        let consumer: BaseConsumer<Reader> = settings
+            .finish(c)
+            .create_with_context(Reader)
+            .map_err(KafkaError::client("create the standby reader"))?;
+        Ok(Tail {
+            consumer,
+            followed: std::collections::BTreeMap::new(),
+        })
+    }
+
+    /// Follows exactly these partitions from now on, each from the given position (the
+    /// next offset its reader needs; `None`: from the beginning). The positions of the
+    /// partitions already followed are those [`poll`](Self::poll) reported, so passing
+    /// them back changes nothing; a partition given with another position (a copy
+    /// started over) is read again from there.
+    pub fn follow(&mut self, wanted: &[(String, i32, Option<i64>)]) -> Result<(), KafkaError> {
+        let next: std::collections::BTreeMap<(String, i32), Option<i64>> = wanted
+            .iter()
+            .map(|(t, p, at)| ((t.clone(), *p), *at))
+            .collect();
+        if next == self.followed {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), at) in &next {
+            let offset = match at {
+                Some(o) => Offset::Offset(*o),
+                None => Offset::Beginning,
+            };
+            tpl.add_partition_offset(t, *p, offset)
+                .map_err(KafkaError::client(format!("follow {t}/{p}")))?;
+        }
+        self.consumer
+            .assign(&tpl)
+            .map_err(KafkaError::client("follow the standby changelogs"))?;
+        self.followed = next;
+        Ok(())
+    }
+
+    /// Applies up to `max` new records (`topic`, partition, offset, record), waiting at
+    /// most `wait` for the first; returns how many.
+    pub fn poll(
+        &mut self,
+        max: usize,
+        wait: Duration,
+        mut apply: impl FnMut(&str, i32, i64, Entry<'_>),
+    ) -> Result<usize, KafkaError> {
+        let mut n = 0;
+        let mut timeout = wait;
+        while n < max {
+            match self.consumer.poll(timeout) {
+                None => break,
+                Some(Err(ClientError::PartitionEOF(_))) => {}
+                Some(Err(e)) => {
+                    return Err(KafkaError::Client {
+                        what: "follow the standby changelogs".into(),
+                        source: e,
+                    });
+                }
+                Some(Ok(m)) => {
+                    let key = m.key().unwrap_or_default();
+                    let entry = match key.split_first() {
+                        Some((&STATE_PREFIX, k)) => Entry::State {
+                            key: k,
+                            value: m.payload(),
+                        },
+                        _ if key == META_KEY => match m.payload() {
+                            Some(v) => Entry::Meta(v),
+                            None => continue,
+                        },
+                        _ => continue,
+                    };
+                    if let Some(at) = self
+                        .followed
+                        .get_mut(&(m.topic().to_string(), m.partition()))
+                    {
+                        *at = Some(m.offset() + 1);
+                    }
+                    apply(m.topic(), m.partition(), m.offset(), entry);
+                    n += 1;
+                }
+            }
+            timeout = Duration::ZERO;
+        }
+        Ok(n)
+    }
+}

@@ -188,8 +188,10 @@ impl GroupConsumer {
         topics: &[String],
         group: Option<&str>,
         instance: Option<&str>,
+        client_id: &str,
     ) -> Result<GroupConsumer, KafkaError> {
         let mut c = settings.client_config();
+        c.set("client.id", client_id);
         c.set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
@@ -429,6 +431,48 @@ impl GroupConsumer {
             .collect())
     }
 
+    /// The members of the group and the partitions each holds (in the generation the
+    /// group last completed), from the group coordinator.
+    pub fn members(&self) -> Result<Vec<Member>, KafkaError> {
+        let Some(group) = &self.group else {
+            return Ok(Vec::new());
+        };
+        let list = self
+            .consumer
+            .fetch_group_list(Some(group), self.settings.timeout)
+            .map_err(KafkaError::client(format!("describe group {group}")))?;
+        let mut out = Vec::new();
+        for g in list.groups().iter().filter(|g| g.name() == group) {
+            for m in g.members() {
+                let partitions = m
+                    .assignment()
+                    .map(decode_assignment)
+                    .transpose()
+                    .map_err(|e| {
+                        KafkaError::Invalid(format!(
+                            "the assignment of member {} of group {group} does not decode: {e}",
+                            m.client_id()
+                        ))
+                    })?
+                    .unwrap_or_default();
+                out.push(Member {
+                    client_id: m.client_id().to_string(),
+                    partitions: partitions
+                        .into_iter()
+                        .filter_map(|(t, p)| {
+                            let topic = self.topics.iter().position(|x| *x == t)?;
+                            Some(TopicPartition {
+                                topic: topic as u32,
+                                partition: p,
+                            })
+                        })
+                        .collect(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// Leaves the group cleanly: rebalances from here on complete inside librdkafka.
     pub fn close(self) {
         self.consumer.unsubscribe();
@@ -458,5 +502,79 @@ impl Drop for GroupConsumer {
                 let _ = self.consumer.incremental_unassign(&tpl);
             }
         }
+    }
+}
+
+/// A member of the consumer group, as the coordinator describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its `client.id` (sessionizer makes it unique per process).
+    pub client_id: String,
+    /// The input partitions it holds.
+    pub partitions: Vec<TopicPartition>,
+}
+
+/// Decodes a consumer protocol assignment (versions 0 to 3 share the layout):
+/// `version:i16, [topic:string, [partition:i32]], user_data:bytes`.
+pub fn decode_assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, String> {
+    struct R<'a>(&'a [u8]);
+    impl R<'_> {
+        fn take(&mut self, n: usize) -> Result<&[u8], String> {
+            if self.0.len() < n {
+                return Err("truncated".into());
+            }
+            let (a, b) = self.0.split_at(n);
+            self.0 = b;
+            Ok(a)
+        }
+        fn i16(&mut self) -> Result<i16, String> {
+            let b = self.take(2)?;
+            Ok(i16::from_be_bytes([b[0], b[1]]))
+        }
+        fn i32(&mut self) -> Result<i32, String> {
+            let b = self.take(4)?;
+            Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        }
+    }
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut r = R(bytes);
+    let _version = r.i16()?;
+    let topics = r.i32()?;
+    let mut out = Vec::new();
+    for _ in 0..topics.max(0) {
+        let len = r.i16()?;
+        let name = String::from_utf8(r.take(len.max(0) as usize)?.to_vec())
+            .map_err(|_| "topic name is not UTF-8".to_string())?;
+        let n = r.i32()?;
+        for _ in 0..n.max(0) {
+            out.push((name.clone(), r.i32()?));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_assignment;
+
+    #[test]
+    fn an_assignment_decodes_topics_and_partitions() {
+        // version 1, two topics: "ab" [0, 3], "c" [2], user data of 2 bytes.
+        let mut b = vec![0, 1, 0, 0, 0, 2];
+        b.extend_from_slice(&[0, 2, b'a', b'b', 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3]);
+        b.extend_from_slice(&[0, 1, b'c', 0, 0, 0, 1, 0, 0, 0, 2]);
+        b.extend_from_slice(&[0, 0, 0, 2, 9, 9]);
+        assert_eq!(
+            decode_assignment(&b).expect("decodes"),
+            vec![
+                ("ab".to_string(), 0),
+                ("ab".to_string(), 3),
+                ("c".to_string(), 2)
+            ]
+        );
+        assert!(decode_assignment(&b[..9]).is_err());
+        assert_eq!(decode_assignment(&[]).expect("empty"), vec![]);
     }
 }

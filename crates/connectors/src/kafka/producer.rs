@@ -23,14 +23,23 @@ use std::time::Duration;
 pub struct DeliveryContext {
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
+    /// The offsets of delivered records sent with a tracking tag, by tag.
+    tracked: Mutex<std::collections::HashMap<usize, i64>>,
 }
 
 impl ClientContext for DeliveryContext {}
 
 impl ProducerContext for DeliveryContext {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, tag: usize) {
+        if let (Ok(m), true) = (result, tag != 0) {
+            use rdkafka::message::Message;
+            self.tracked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(tag, m.offset());
+        }
         if let Err((e, _)) = result {
             self.failed.fetch_add(1, Ordering::Relaxed);
             let mut first = self
@@ -148,8 +157,22 @@ impl TxnProducer {
         value: Option<&[u8]>,
         retract: bool,
     ) -> Result<(), CommitError> {
+        self.send_tracked(topic, partition, key, value, retract, 0)
+    }
+
+    /// [`send`](Self::send), remembering the record's offset under `tag` (non-zero)
+    /// once it is delivered: see [`take_tracked`](Self::take_tracked).
+    pub fn send_tracked(
+        &mut self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        retract: bool,
+        tag: usize,
+    ) -> Result<(), CommitError> {
         self.begin()?;
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic);
+        let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, tag);
         if let Some(p) = partition {
             record = record.partition(p);
         }
@@ -175,6 +198,19 @@ impl TxnProducer {
                 Err((e, _)) => return Err(classify(e)),
             }
         }
+    }
+
+    /// The offsets of the tracked records delivered since the last call, by tag. After a
+    /// successful [`commit`](Self::commit) every tracked record of it is here.
+    pub fn take_tracked(&self) -> std::collections::HashMap<usize, i64> {
+        std::mem::take(
+            &mut *self
+                .producer
+                .context()
+                .tracked
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// Serves delivery reports; call now and then while sending.
@@ -356,7 +392,8 @@ impl LineProducer {
     /// JSON) is sent without a key.
     pub fn send(&mut self, line: &[u8]) -> Result<(), KafkaError> {
         let key = top_level_text(line, &self.key_field);
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&self.topic).payload(line);
+        let mut record: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&self.topic, 0).payload(line);
         if let Some(k) = key {
             record = record.key(k);
         }

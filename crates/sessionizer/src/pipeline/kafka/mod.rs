@@ -15,145 +15,39 @@
 //!   run starts from `--kafka-start` every time, as a file run starts at the top.
 //! * **Files in, Kafka out** is the file driver with a Kafka sink (see [`super`]).
 
-use super::parse::{self, Kind, ParseSettings, Parsed};
+mod output;
+mod restore;
+mod snapshot;
+mod standby;
+mod task;
+
+use super::parse::{self, ParseSettings, Parsed};
 use super::shard::Shard;
 use super::{Observer, RunError};
-use crate::config::{KafkaConfig, KafkaStart, OnInvalid, PipelineConfig};
-use crate::stats::{KafkaStats, RunStats};
-use serde::{Deserialize, Serialize};
-use sessionizer_checkpoint::{Counters, WatermarkState};
+use crate::config::{KafkaConfig, KafkaStart, PipelineConfig};
+use crate::stats::{KafkaStats, RestoreStats, RunStats};
+use output::Out;
+use sessionizer_checkpoint::Counters;
 use sessionizer_connectors::encode::SourceName;
-use sessionizer_connectors::input::LineSpan;
 use sessionizer_connectors::kafka::admin::Admin;
-use sessionizer_connectors::kafka::changelog::{self, Entry};
+use sessionizer_connectors::kafka::changelog;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, Rebalance, StartAt};
-use sessionizer_connectors::kafka::partitioner::partition_for;
 use sessionizer_connectors::kafka::producer::{CommitError, TxnProducer};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
-use sessionizer_connectors::{Batch, OutputTarget, RecordWriter, SessionEncoder};
+use sessionizer_connectors::{Batch, OutputTarget, SessionEncoder};
 use sessionizer_core::decode::Decoder;
 use sessionizer_core::{EventTime, Watermark};
-use sessionizer_window::{EmitMode, codec, session_id};
-use std::collections::{BTreeMap, HashMap};
+use sessionizer_window::{EmitMode, codec};
+use snapshot::Snapshots;
+use standby::Standbys;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use task::{Task, stage};
 
 /// Bytes of records staged per task before its batch is processed.
 const TASK_BATCH_BYTES: usize = 2 << 20;
 /// Records polled in one round before the staged batches are processed.
 const ROUND_RECORDS: usize = 50_000;
-
-/// The version of the progress record's layout.
-const META_VERSION: u32 = 1;
-
-/// A task's progress, the `m` record of its changelog partition (JSON).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TaskMeta {
-    /// Layout version of this record.
-    version: u32,
-    /// The checkpoint format version of the state records (the value codec).
-    state_format: u16,
-    /// The next input offset to read.
-    next_offset: i64,
-    /// The sequence number of the task's next record (orders values of equal time).
-    next_seq: u64,
-    /// Where event time stands in this partition.
-    watermark: WatermarkState,
-    /// The task's accounting, cumulative over every process that held it.
-    counters: Counters,
-    /// The end of the input was reached without `--keep-open`: every session was emitted.
-    flushed: bool,
-    /// The options that shape the state; a restore with others is refused.
-    options: Vec<(String, String)>,
-}
-
-/// Where one kind of output goes.
-enum Out {
-    /// A Kafka topic with this many partitions.
-    Topic { name: String, partitions: usize },
-    /// A file, stdout or stderr.
-    Writer(RecordWriter),
-}
-
-impl Out {
-    fn new(
-        topic: &Option<String>,
-        target: &OutputTarget,
-        admin: &Admin,
-        role: &'static str,
-    ) -> Result<Out, RunError> {
-        Ok(match topic {
-            Some(name) => Out::Topic {
-                partitions: admin.require(name, role)?,
-                name: name.clone(),
-            },
-            None => Out::Writer(RecordWriter::new(target.clone())),
-        })
-    }
-}
-
-/// One input partition: its operator, watermark, offsets and counters.
-struct Task {
-    tp: TopicPartition,
-    /// `topic/partition`, for positions in side outputs.
-    names: [SourceName; 1],
-    shard: Shard,
-    decoder: Decoder,
-    parsed: Parsed,
-    /// Records staged since the last processing: values as lines, line number = offset.
-    batch: Batch,
-    /// The staged records' keys (`(start, len)` in `keys`, `len == u32::MAX`: none).
-    key_spans: Vec<(u32, u32)>,
-    keys: Vec<u8>,
-    /// The next offset to read (after the last record processed).
-    next_offset: i64,
-    next_seq: u64,
-    /// `--stop-at-end`: the offset at which this partition is done.
-    end: Option<i64>,
-    /// Counters from before this process held the task.
-    carried: Counters,
-    /// The task's cumulative counters at its last commit by this process (`carried`
-    /// before the first).
-    committed: Counters,
-    /// This process's counters for the task (the shard keeps its verdict counts).
-    run: RunStats,
-    /// Processed records not yet committed.
-    dirty: bool,
-    flushed: bool,
-    last_input: Instant,
-    watermark_at_last_input: Watermark,
-}
-
-impl Task {
-    fn counters(&self) -> Counters {
-        let mut total = self.run.clone();
-        super::add_shard_counts(&mut total, std::slice::from_ref(&self.shard));
-        total.add_counters(&self.carried);
-        total.counters()
-    }
-
-    fn done(&self) -> bool {
-        self.end.is_some_and(|e| self.next_offset >= e)
-    }
-
-    fn meta(&self, options: &[(String, String)]) -> TaskMeta {
-        TaskMeta {
-            version: META_VERSION,
-            state_format: sessionizer_checkpoint::FORMAT_VERSION,
-            next_offset: self.next_offset,
-            next_seq: self.next_seq,
-            watermark: WatermarkState {
-                max_event_time_ms: self.shard.max_event_time().map(|t| t.millis()),
-                watermark_ms: self.shard.op.watermark().millis(),
-                largest_gap_ms: self.shard.largest_gap().millis(),
-                new_key_floor_ms: Some(self.shard.op.new_key_floor()),
-            },
-            counters: self.counters(),
-            flushed: self.flushed,
-            options: options.to_vec(),
-        }
-    }
-}
 
 /// What a restore found, for the logs and the stats.
 #[derive(Debug, Clone, Copy, Default)]
@@ -200,6 +94,18 @@ struct KafkaJob<'c> {
     aborts: u64,
     assigned: u64,
     revoked: u64,
+    /// Every restore of the run.
+    restores: Vec<RestoreStats>,
+    /// `--stop-at-end`: the end offset of every input partition at the start.
+    ends: BTreeMap<TopicPartition, i64>,
+    /// When the group's progress was last checked (`--stop-at-end` in a group).
+    last_group_check: Option<Instant>,
+    /// Assignments received from the group.
+    assigned_events: u64,
+    /// `--state-dir`: local task snapshots.
+    snapshots: Option<Snapshots>,
+    /// `--standby-replicas`: copies of other processes' tasks.
+    standbys: Option<Standbys>,
     /// Scratch.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
@@ -248,18 +154,41 @@ impl<'c> KafkaJob<'c> {
         let any_topic = [&sessions, &dead, &late]
             .iter()
             .any(|o| matches!(o, Out::Topic { .. }));
+        let snapshots = match &kafka.state_dir {
+            Some(dir) if durable => Some(Snapshots::open(dir, kafka.snapshot_interval)?),
+            _ => None,
+        };
+        // The process's name: given, kept in the state directory across restarts, or
+        // made up for this run.
+        let instance = match (&kafka.instance_id, &snapshots) {
+            (Some(id), _) => id.clone(),
+            (None, Some(s)) => persisted_instance(s.path())?,
+            (None, None) => random_instance(),
+        };
         let producer = if any_topic {
-            let id = transactional_id(group, kafka.instance_id.as_deref());
+            let id = format!("{}-{instance}", group.unwrap_or("sessionizer"));
             Some(TxnProducer::new(&settings, &id, kafka.transaction_timeout)?)
         } else {
             None
         };
+        let client_id = format!("sessionizer-{instance}");
         let consumer = GroupConsumer::new(
             &settings,
             &kafka.topics,
             if durable { group } else { None },
             kafka.instance_id.as_deref(),
+            &client_id,
         )?;
+        let standbys = if durable && kafka.standby_replicas > 0 {
+            Some(Standbys::new(
+                &settings,
+                kafka.standby_replicas,
+                &client_id,
+                &changelogs,
+            )?)
+        } else {
+            None
+        };
         let encoder = SessionEncoder::new(&cfg.aggregate_names(), cfg.emit == EmitMode::OnUpdate);
         let mut job = KafkaJob {
             cfg,
@@ -284,6 +213,12 @@ impl<'c> KafkaJob<'c> {
             aborts: 0,
             assigned: 0,
             revoked: 0,
+            restores: Vec::new(),
+            ends: BTreeMap::new(),
+            last_group_check: None,
+            assigned_events: 0,
+            snapshots,
+            standbys,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
         };
@@ -294,19 +229,29 @@ impl<'c> KafkaJob<'c> {
                 w.open()?;
             }
         }
+        let mut all = Vec::new();
+        for (ti, &n) in partitions.iter().enumerate() {
+            for p in 0..n as i32 {
+                all.push(TopicPartition {
+                    topic: ti as u32,
+                    partition: p,
+                });
+            }
+        }
+        if kafka.stop_at_end {
+            // "The end" is where every partition stood when this run started, whoever
+            // comes to process it.
+            for &tp in &all {
+                let (_, high) = job
+                    .admin
+                    .watermarks(&kafka.topics[tp.topic as usize], tp.partition)?;
+                job.ends.insert(tp, high);
+            }
+        }
         if durable {
             job.consumer.subscribe()?;
         } else {
             // No group: every partition of every topic, from --kafka-start.
-            let mut all = Vec::new();
-            for (ti, &n) in partitions.iter().enumerate() {
-                for p in 0..n as i32 {
-                    all.push(TopicPartition {
-                        topic: ti as u32,
-                        partition: p,
-                    });
-                }
-            }
             job.gain(&all)?;
         }
         Ok(job)
@@ -323,11 +268,15 @@ impl<'c> KafkaJob<'c> {
             for event in self.consumer.take_rebalances() {
                 self.process_staged()?;
                 self.rebalance(event)?;
+                if let Some(s) = &mut self.standbys {
+                    s.stale();
+                }
             }
-            if self.kafka.stop_at_end
-                && !self.tasks.is_empty()
-                && self.tasks.values().all(Task::done)
-            {
+            if let Some(s) = &mut self.standbys {
+                s.refresh(&self.consumer, &self.tasks)?;
+                s.poll()?;
+            }
+            if self.kafka.stop_at_end && self.tasks.values().all(Task::done) && self.all_done()? {
                 break;
             }
             // Poll a round: wait for the first record, then take what is ready.
@@ -390,6 +339,8 @@ impl<'c> KafkaJob<'c> {
             }
         }
         self.commit()?;
+        let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+        self.write_snapshots(&all);
         for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
             if let Out::Writer(w) = w {
                 w.finish()?;
@@ -398,6 +349,42 @@ impl<'c> KafkaJob<'c> {
         let stats = self.stats();
         self.consumer.close();
         Ok(stats)
+    }
+
+    /// `--stop-at-end` with this process's tasks done: whether every other partition of
+    /// the input is done too (its committed offset reached its end). A process stays
+    /// in the group until then, to take over the partitions of a member that dies.
+    /// Asked of the group coordinator at most once a second.
+    fn all_done(&mut self) -> Result<bool, RunError> {
+        if !self.durable {
+            return Ok(!self.tasks.is_empty());
+        }
+        // Not before the group gave this process its share (it may hold partitions
+        // that need restoring, or whose changelog is damaged).
+        if self.assigned_events == 0 {
+            return Ok(false);
+        }
+        if self
+            .last_group_check
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return Ok(false);
+        }
+        self.last_group_check = Some(Instant::now());
+        let others: Vec<TopicPartition> = self
+            .ends
+            .keys()
+            .filter(|tp| !self.tasks.contains_key(tp))
+            .copied()
+            .collect();
+        if others.is_empty() {
+            return Ok(true);
+        }
+        let committed = self.consumer.committed(&others)?;
+        Ok(others
+            .iter()
+            .zip(committed)
+            .all(|(tp, c)| c.is_some_and(|c| c >= self.ends[tp])))
     }
 
     fn keep_open(&self) -> bool {
@@ -459,7 +446,7 @@ impl<'c> KafkaJob<'c> {
             // pins its start now so that the offset is known.
             starts.push((tp, StartAt::Offset(task.next_offset.max(low))));
             if self.kafka.stop_at_end {
-                task.end = Some(high);
+                task.end = Some(self.ends.get(&tp).copied().unwrap_or(high));
             }
             if task.flushed && task.end.is_none_or(|e| task.next_offset < e) {
                 return Err(RunError::Resume {
@@ -499,6 +486,7 @@ impl<'c> KafkaJob<'c> {
             next_offset: 0,
             next_seq: 0,
             end: None,
+            changelog_end: None,
             carried: Counters::default(),
             committed: Counters::default(),
             run: RunStats::default(),
@@ -507,97 +495,6 @@ impl<'c> KafkaJob<'c> {
             last_input: Instant::now(),
             watermark_at_last_input: Watermark::MIN,
         }
-    }
-
-    /// Reads the task's changelog partition to its end and puts its state back; returns
-    /// the offset the task goes on from, `None` when the changelog has no progress
-    /// record (a task never committed).
-    fn restore(
-        &mut self,
-        task: &mut Task,
-        committed: Option<i64>,
-    ) -> Result<Option<i64>, RunError> {
-        let began = Instant::now();
-        let topic = &self.changelogs[task.tp.topic as usize];
-        let mut states: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        let mut meta: Option<TaskMeta> = None;
-        let read =
-            changelog::read_to_end(&self.settings, topic, task.tp.partition, None, |entry| {
-                match entry {
-                    Entry::State {
-                        key,
-                        value: Some(v),
-                    } => {
-                        states.insert(key.to_vec(), v.to_vec());
-                    }
-                    Entry::State { key, value: None } => {
-                        states.remove(key);
-                    }
-                    Entry::Meta(bytes) => {
-                        let m: TaskMeta = serde_json::from_slice(bytes)
-                            .map_err(|e| format!("unreadable progress record: {e}"))?;
-                        if m.version != META_VERSION {
-                            return Err(format!(
-                                "progress record version {} (this build reads {META_VERSION})",
-                                m.version
-                            ));
-                        }
-                        meta = Some(m);
-                    }
-                }
-                Ok(())
-            })?;
-        let name = task.names[0].name.clone();
-        let Some(meta) = meta else {
-            if let Some(o) = committed {
-                return Err(RunError::Kafka(KafkaError::Invalid(format!(
-                    "the group has committed offset {o} for {name} but its changelog {topic}/{} holds no state: the changelog was deleted or truncated, and starting empty would emit wrong sessions. Restore the changelog, or start over with a new --kafka-group",
-                    task.tp.partition
-                ))));
-            }
-            if !states.is_empty() {
-                return Err(RunError::Kafka(KafkaError::Invalid(format!(
-                    "the changelog {topic}/{} holds state but no progress record; it is damaged. Start over with a new --kafka-group",
-                    task.tp.partition
-                ))));
-            }
-            return Ok(None);
-        };
-        if let Some(o) = committed
-            && o != meta.next_offset
-        {
-            return Err(RunError::Kafka(KafkaError::Invalid(format!(
-                "the group's committed offset of {name} is {o} but its changelog says {}: the two are written in one transaction, so the offsets were changed by hand or the changelog is from another job. Use a new --kafka-group",
-                meta.next_offset
-            ))));
-        }
-        let differences = option_differences(&meta.options, &self.options);
-        if !differences.is_empty() {
-            return Err(RunError::OptionsChanged {
-                dir: format!("changelog {topic}"),
-                differences,
-            });
-        }
-        task.shard.restore_progress(&meta.watermark);
-        for (key, value) in &states {
-            task.shard
-                .restore_key(key, value, meta.state_format)
-                .map_err(|reason| RunError::RestoreState {
-                    dir: format!("changelog {topic}/{}", task.tp.partition),
-                    key: String::from_utf8_lossy(key).into_owned(),
-                    reason,
-                })?;
-        }
-        task.next_seq = meta.next_seq;
-        task.carried = meta.counters.clone();
-        task.committed = meta.counters.clone();
-        task.flushed = meta.flushed;
-        task.watermark_at_last_input = task.shard.op.watermark();
-        self.restored.records += read.records;
-        self.restored.bytes += read.bytes;
-        self.restored.keys += states.len() as u64;
-        self.restored.micros += began.elapsed().as_micros() as u64;
-        Ok(Some(meta.next_offset))
     }
 
     /// Drops a task, keeping this process's committed share of its accounting.
@@ -611,6 +508,7 @@ impl<'c> KafkaJob<'c> {
     fn rebalance(&mut self, event: Rebalance) -> Result<(), RunError> {
         match event {
             Rebalance::Assign(parts) => {
+                self.assigned_events += 1;
                 self.assigned += parts.len() as u64;
                 let began = Instant::now();
                 let before = self.restored;
@@ -626,8 +524,10 @@ impl<'c> KafkaJob<'c> {
                 Ok(())
             }
             Rebalance::Revoke(parts) => {
-                // Commit what the leaving tasks did, then let them go.
+                // Commit what the leaving tasks did, keep a local snapshot of them
+                // (they may come back), then let them go.
                 self.commit()?;
+                self.write_snapshots(&parts);
                 self.revoked += parts.len() as u64;
                 for tp in &parts {
                     self.release(tp);
@@ -734,85 +634,6 @@ impl<'c> KafkaJob<'c> {
         Ok(())
     }
 
-    /// Sends a task's outputs of its last step: sessions and retractions, late events,
-    /// and (`with_batch`) the dead letters of the batch just decoded.
-    fn send_outputs(&mut self, id: TopicPartition, with_batch: Option<()>) -> Result<(), RunError> {
-        let KafkaJob {
-            tasks,
-            producer,
-            sessions,
-            dead,
-            late,
-            key_buf,
-            ..
-        } = self;
-        let task = tasks.get_mut(&id).expect("task exists");
-        // Dead letters first: they come from decoding, before any session of the batch.
-        if with_batch.is_some()
-            && self.cfg.on_invalid == OnInvalid::DeadLetter
-            && task.parsed.invalid > 0
-        {
-            let invalid_lines = task
-                .parsed
-                .recs
-                .iter()
-                .filter(|r| r.kind == Kind::Invalid)
-                .map(|r| r.line as usize);
-            let records = task
-                .parsed
-                .dead
-                .split(|&b| b == b'\n')
-                .filter(|r| !r.is_empty());
-            match dead {
-                Out::Writer(w) => w.append(&task.parsed.dead, task.parsed.invalid)?,
-                Out::Topic { name, .. } => {
-                    let p = producer.as_mut().expect("a topic output has a producer");
-                    for (line, record) in invalid_lines.zip(records) {
-                        let key = message_key(task, line);
-                        p.send(name, None, key, Some(record), false)
-                            .map_err(commit_error)?;
-                    }
-                }
-            }
-        }
-        let out = &task.shard.out;
-        match sessions {
-            Out::Writer(w) => w.append(&out.encoder.buf, out.tags.len() as u64)?,
-            Out::Topic { name, partitions } => {
-                let p = producer.as_mut().expect("a topic output has a producer");
-                for tag in &out.tags {
-                    let key = out.key(tag);
-                    let record = &out.encoder.buf[tag.bytes.0..tag.bytes.0 + tag.bytes.1];
-                    let record = record.strip_suffix(b"\n").unwrap_or(record);
-                    let partition = partition_for(key, *partitions);
-                    key_buf.clear();
-                    write_hex(session_id(key, tag.start), key_buf);
-                    let value = (!tag.retract).then_some(record);
-                    p.send(name, Some(partition), Some(key_buf), value, tag.retract)
-                        .map_err(commit_error)?;
-                }
-            }
-        }
-        if !task.shard.late_steps.is_empty() {
-            match late {
-                Out::Writer(w) => w.append(&task.shard.late, task.shard.late_steps.len() as u64)?,
-                Out::Topic { name, .. } => {
-                    let p = producer.as_mut().expect("a topic output has a producer");
-                    let first = task.next_seq - task.batch.lines.len() as u64;
-                    for &(step, from, len) in &task.shard.late_steps {
-                        let record = &task.shard.late[from..from + len];
-                        let record = record.strip_suffix(b"\n").unwrap_or(record);
-                        let line = step.checked_sub(first).map(|l| l as usize);
-                        let key = line.and_then(|l| message_key(task, l));
-                        p.send(name, None, key, Some(record), false)
-                            .map_err(commit_error)?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Moves the watermark of every task whose partition has been quiet for `limit`
     /// on with the wall clock (SPEC §2).
     fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
@@ -904,12 +725,15 @@ impl<'c> KafkaJob<'c> {
                     }
                     let meta =
                         serde_json::to_vec(&task.meta(options)).expect("progress record encodes");
-                    p.send(
+                    // Its offset tells a local snapshot how much of the changelog
+                    // it covers.
+                    p.send_tracked(
                         topic,
                         partition,
                         Some(changelog::META_KEY),
                         Some(&meta),
                         false,
+                        meta_tag(task.tp),
                     )
                     .map_err(commit_error)?;
                     task.dirty = false;
@@ -921,8 +745,16 @@ impl<'c> KafkaJob<'c> {
                 match p.commit(group.as_ref().map(|g| (&offsets, g))) {
                     Ok(()) => {
                         self.commits += 1;
+                        let tracked = p.take_tracked();
                         for task in self.tasks.values_mut() {
                             task.committed = task.counters();
+                            if let Some(&o) = tracked.get(&meta_tag(task.tp)) {
+                                task.changelog_end = Some(o + 1);
+                            }
+                        }
+                        if self.snapshots.as_ref().is_some_and(Snapshots::due) {
+                            let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+                            self.write_snapshots(&all);
                         }
                     }
                     Err(CommitError::Aborted(why)) => {
@@ -968,6 +800,11 @@ impl<'c> KafkaJob<'c> {
                 .map(|t| t.names[0].name.clone())
                 .collect(),
             job: job.counters(),
+            job_by_partition: self
+                .tasks
+                .values()
+                .map(|t| (t.names[0].name.clone(), t.committed.clone()))
+                .collect(),
             commits: self.commits,
             aborts: self.aborts,
             assigned: self.assigned,
@@ -976,17 +813,20 @@ impl<'c> KafkaJob<'c> {
             restored_bytes: self.restored.bytes,
             restored_keys: self.restored.keys,
             restore_ms: self.restored.micros / 1000,
+            restores: self.restores.clone(),
+            standby_partitions: self
+                .standbys
+                .as_ref()
+                .map(|s| self.names_of(&s.copied()))
+                .unwrap_or_default(),
+            standby_records: self.standbys.as_ref().map_or(0, |s| s.applied),
+            snapshots_written: self.snapshots.as_ref().map_or(0, |s| s.written),
+            snapshot_bytes: self.snapshots.as_ref().map_or(0, |s| s.bytes),
         });
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
         stats
     }
-}
-
-/// The Kafka key of the record on line `line` of a task's batch.
-fn message_key(task: &Task, line: usize) -> Option<&[u8]> {
-    let &(from, len) = task.key_spans.get(line)?;
-    (len != u32::MAX).then(|| &task.keys[from as usize..(from + len) as usize])
 }
 
 fn write_hex(id: u64, out: &mut Vec<u8>) {
@@ -1009,47 +849,47 @@ fn option_differences(then: &[(String, String)], now: &[(String, String)]) -> Ve
     manifest.option_differences(now)
 }
 
-/// Appends one record to a task's batch; returns the bytes staged.
-fn stage(task: &mut Task, offset: i64, key: Option<&[u8]>, value: Option<&[u8]>) -> usize {
-    let value = value.unwrap_or_default();
-    let start = task.batch.data.len();
-    task.batch.data.extend_from_slice(value);
-    task.batch.lines.push(LineSpan {
-        start: start as u32,
-        end: task.batch.data.len() as u32,
-        input: 0,
-        line_no: offset as u64,
-    });
-    match key {
-        Some(k) => {
-            task.key_spans
-                .push((task.keys.len() as u32, k.len() as u32));
-            task.keys.extend_from_slice(k);
-        }
-        None => task.key_spans.push((0, u32::MAX)),
-    }
-    value.len()
-}
-
 /// `<group>-<topic>-changelog`.
 fn changelog_topic(group: &str, topic: &str) -> String {
     format!("{group}-{topic}-changelog")
 }
 
-/// `<group>-<instance>`; a random instance when none is given.
-fn transactional_id(group: Option<&str>, instance: Option<&str>) -> String {
-    let instance = match instance {
-        Some(i) => i.to_string(),
-        None => {
-            let seed = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos());
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(seed);
-            h.write_u32(std::process::id());
-            format!("{:016x}", h.finish())
+/// The delivery tag of a task's progress record (non-zero).
+fn meta_tag(tp: TopicPartition) -> usize {
+    ((tp.topic as usize) << 32 | tp.partition as usize) + 1
+}
+
+/// A made-up instance name for a process that has none.
+fn random_instance() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(seed);
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// The instance name kept in the state directory (made up and stored on first use), so
+/// that a restarted process fences its predecessor's transaction at once.
+fn persisted_instance(dir: &std::path::Path) -> Result<String, RunError> {
+    let path = dir.join("instance-id");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(RunError::Resume {
+                dir: dir.display().to_string(),
+                message: format!("cannot read {}: {e}", path.display()),
+            });
         }
-    };
-    format!("{}-{instance}", group.unwrap_or("sessionizer"))
+    }
+    let id = random_instance();
+    std::fs::write(&path, format!("{id}\n")).map_err(|e| RunError::Resume {
+        dir: dir.display().to_string(),
+        message: format!("cannot write {}: {e}", path.display()),
+    })?;
+    Ok(id)
 }

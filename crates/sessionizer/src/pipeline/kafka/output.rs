@@ -1,0 +1,123 @@
+//! Where a task's records go: Kafka topics (in the open transaction) or JSON-lines
+//! writers, and how a record becomes a Kafka message (SPEC §3).
+
+use super::super::RunError;
+use super::super::parse::Kind;
+use super::task::message_key;
+use super::{KafkaJob, commit_error, write_hex};
+use crate::config::OnInvalid;
+use sessionizer_connectors::kafka::TopicPartition;
+use sessionizer_connectors::kafka::admin::Admin;
+use sessionizer_connectors::kafka::partitioner::partition_for;
+use sessionizer_connectors::{OutputTarget, RecordWriter};
+use sessionizer_window::session_id;
+
+/// Where one kind of output goes.
+pub(super) enum Out {
+    /// A Kafka topic with this many partitions.
+    Topic { name: String, partitions: usize },
+    /// A file, stdout or stderr.
+    Writer(RecordWriter),
+}
+
+impl Out {
+    pub(super) fn new(
+        topic: &Option<String>,
+        target: &OutputTarget,
+        admin: &Admin,
+        role: &'static str,
+    ) -> Result<Out, RunError> {
+        Ok(match topic {
+            Some(name) => Out::Topic {
+                partitions: admin.require(name, role)?,
+                name: name.clone(),
+            },
+            None => Out::Writer(RecordWriter::new(target.clone())),
+        })
+    }
+}
+
+impl KafkaJob<'_> {
+    /// Sends a task's outputs of its last step: sessions and retractions, late events,
+    /// and (`with_batch`) the dead letters of the batch just decoded.
+    pub(super) fn send_outputs(
+        &mut self,
+        id: TopicPartition,
+        with_batch: Option<()>,
+    ) -> Result<(), RunError> {
+        let KafkaJob {
+            tasks,
+            producer,
+            sessions,
+            dead,
+            late,
+            key_buf,
+            ..
+        } = self;
+        let task = tasks.get_mut(&id).expect("task exists");
+        // Dead letters first: they come from decoding, before any session of the batch.
+        if with_batch.is_some()
+            && self.cfg.on_invalid == OnInvalid::DeadLetter
+            && task.parsed.invalid > 0
+        {
+            let invalid_lines = task
+                .parsed
+                .recs
+                .iter()
+                .filter(|r| r.kind == Kind::Invalid)
+                .map(|r| r.line as usize);
+            let records = task
+                .parsed
+                .dead
+                .split(|&b| b == b'\n')
+                .filter(|r| !r.is_empty());
+            match dead {
+                Out::Writer(w) => w.append(&task.parsed.dead, task.parsed.invalid)?,
+                Out::Topic { name, .. } => {
+                    let p = producer.as_mut().expect("a topic output has a producer");
+                    for (line, record) in invalid_lines.zip(records) {
+                        let key = message_key(task, line);
+                        p.send(name, None, key, Some(record), false)
+                            .map_err(commit_error)?;
+                    }
+                }
+            }
+        }
+        let out = &task.shard.out;
+        match sessions {
+            Out::Writer(w) => w.append(&out.encoder.buf, out.tags.len() as u64)?,
+            Out::Topic { name, partitions } => {
+                let p = producer.as_mut().expect("a topic output has a producer");
+                for tag in &out.tags {
+                    let key = out.key(tag);
+                    let record = &out.encoder.buf[tag.bytes.0..tag.bytes.0 + tag.bytes.1];
+                    let record = record.strip_suffix(b"\n").unwrap_or(record);
+                    let partition = partition_for(key, *partitions);
+                    key_buf.clear();
+                    write_hex(session_id(key, tag.start), key_buf);
+                    let value = (!tag.retract).then_some(record);
+                    p.send(name, Some(partition), Some(key_buf), value, tag.retract)
+                        .map_err(commit_error)?;
+                }
+            }
+        }
+        if !task.shard.late_steps.is_empty() {
+            match late {
+                Out::Writer(w) => w.append(&task.shard.late, task.shard.late_steps.len() as u64)?,
+                Out::Topic { name, .. } => {
+                    let p = producer.as_mut().expect("a topic output has a producer");
+                    let first = task.next_seq - task.batch.lines.len() as u64;
+                    for &(step, from, len) in &task.shard.late_steps {
+                        let record = &task.shard.late[from..from + len];
+                        let record = record.strip_suffix(b"\n").unwrap_or(record);
+                        let line = step.checked_sub(first).map(|l| l as usize);
+                        let key = line.and_then(|l| message_key(task, l));
+                        p.send(name, None, key, Some(record), false)
+                            .map_err(commit_error)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! Restoring a task (SPEC §5): its state, watermark and counters are read back from its
+//! changelog partition — all of it, or only the tail after a local snapshot
+//! (`--state-dir`) or a standby copy (`--standby-replicas`) that already holds the rest.
+
+use super::super::RunError;
+use super::task::{META_VERSION, Task, TaskMeta};
+use super::{KafkaJob, option_differences};
+use crate::stats::RestoreStats;
+use sessionizer_connectors::kafka::changelog::{self, Entry, ReadStats};
+use sessionizer_connectors::kafka::{KafkaError, KafkaSettings};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// A task's state being put together, as its changelog records say it: each key's
+/// latest encoded state and the latest progress record, up to a changelog offset.
+#[derive(Debug, Default)]
+pub(super) struct Restoring {
+    pub(super) states: HashMap<Vec<u8>, Vec<u8>>,
+    pub(super) meta: Option<TaskMeta>,
+    /// The changelog offset of the next record to apply (`None`: from the beginning).
+    pub(super) offset: Option<i64>,
+    /// Where the state came from before the changelog was read: `changelog`,
+    /// `snapshot` or `standby`.
+    pub(super) source: &'static str,
+}
+
+impl Restoring {
+    /// Nothing yet: the whole changelog is to be read.
+    pub(super) fn empty() -> Restoring {
+        Restoring {
+            source: "changelog",
+            ..Restoring::default()
+        }
+    }
+
+    /// Applies one changelog record.
+    pub(super) fn apply(&mut self, entry: Entry<'_>) -> Result<(), String> {
+        match entry {
+            Entry::State {
+                key,
+                value: Some(v),
+            } => {
+                self.states.insert(key.to_vec(), v.to_vec());
+            }
+            Entry::State { key, value: None } => {
+                self.states.remove(key);
+            }
+            Entry::Meta(bytes) => self.meta = Some(parse_meta(bytes)?),
+        }
+        Ok(())
+    }
+
+    /// Reads the changelog partition from where this state stands to its end.
+    pub(super) fn catch_up(
+        &mut self,
+        settings: &KafkaSettings,
+        topic: &str,
+        partition: i32,
+    ) -> Result<ReadStats, KafkaError> {
+        let read =
+            changelog::read_to_end(settings, topic, partition, self.offset, |e| self.apply(e))?;
+        self.offset = Some(read.end_offset);
+        Ok(read)
+    }
+}
+
+/// Reads a progress record.
+pub(super) fn parse_meta(bytes: &[u8]) -> Result<TaskMeta, String> {
+    let m: TaskMeta =
+        serde_json::from_slice(bytes).map_err(|e| format!("unreadable progress record: {e}"))?;
+    if m.version != META_VERSION {
+        return Err(format!(
+            "progress record version {} (this build reads {META_VERSION})",
+            m.version
+        ));
+    }
+    Ok(m)
+}
+
+impl KafkaJob<'_> {
+    /// Puts a task's state back: from a standby copy or a local snapshot when one fits,
+    /// then the changelog's tail (or all of it). Returns the offset the task goes on
+    /// from, `None` when the changelog has no progress record (a task never committed).
+    pub(super) fn restore(
+        &mut self,
+        task: &mut Task,
+        committed: Option<i64>,
+    ) -> Result<Option<i64>, RunError> {
+        let began = Instant::now();
+        let topic = self.changelogs[task.tp.topic as usize].clone();
+        let partition = task.tp.partition;
+        let (low, high) = self.admin.watermarks(&topic, partition)?;
+        let seeded = self
+            .standbys
+            .as_mut()
+            .and_then(|s| s.take(task.tp))
+            .or_else(|| self.load_snapshot(&topic, partition));
+        // A seed fits when the changelog still holds every record after it; one from a
+        // changelog that was deleted and created again, or cut by retention, does not.
+        let mut state = match seeded {
+            // A copy that has seen nothing yet is an empty start.
+            Some(s) if s.offset.is_none() => Restoring::empty(),
+            Some(s) if s.offset.is_some_and(|o| low <= o && o <= high) => s,
+            Some(s) => {
+                tracing::warn!(
+                    task = %task.names[0].name,
+                    source = s.source,
+                    offset = ?s.offset,
+                    changelog_low = low,
+                    changelog_high = high,
+                    "the local copy does not fit the changelog; restoring from the changelog alone"
+                );
+                Restoring::empty()
+            }
+            None => Restoring::empty(),
+        };
+        let read = state.catch_up(&self.settings, &topic, partition)?;
+        let name = task.names[0].name.clone();
+        task.changelog_end = state.offset;
+        let Some(meta) = state.meta else {
+            if let Some(o) = committed {
+                return Err(RunError::Kafka(KafkaError::Invalid(format!(
+                    "the group has committed offset {o} for {name} but its changelog {topic}/{partition} holds no state: the changelog was deleted or truncated, and starting empty would emit wrong sessions. Restore the changelog, or start over with a new --kafka-group"
+                ))));
+            }
+            if !state.states.is_empty() {
+                return Err(RunError::Kafka(KafkaError::Invalid(format!(
+                    "the changelog {topic}/{partition} holds state but no progress record; it is damaged. Start over with a new --kafka-group"
+                ))));
+            }
+            return Ok(None);
+        };
+        if let Some(o) = committed
+            && o != meta.next_offset
+        {
+            return Err(RunError::Kafka(KafkaError::Invalid(format!(
+                "the group's committed offset of {name} is {o} but its changelog says {}: the two are written in one transaction, so the offsets were changed by hand or the changelog is from another job. Use a new --kafka-group",
+                meta.next_offset
+            ))));
+        }
+        let differences = option_differences(&meta.options, &self.options);
+        if !differences.is_empty() {
+            return Err(RunError::OptionsChanged {
+                dir: format!("changelog {topic}"),
+                differences,
+            });
+        }
+        task.shard.restore_progress(&meta.watermark);
+        for (key, value) in &state.states {
+            task.shard
+                .restore_key(key, value, meta.state_format)
+                .map_err(|reason| RunError::RestoreState {
+                    dir: format!("changelog {topic}/{partition}"),
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    reason,
+                })?;
+        }
+        task.next_seq = meta.next_seq;
+        task.carried = meta.counters.clone();
+        task.committed = meta.counters.clone();
+        task.flushed = meta.flushed;
+        task.watermark_at_last_input = task.shard.op.watermark();
+        let micros = began.elapsed().as_micros() as u64;
+        self.restored.records += read.records;
+        self.restored.bytes += read.bytes;
+        self.restored.keys += state.states.len() as u64;
+        self.restored.micros += micros;
+        self.restores.push(RestoreStats {
+            task: name.clone(),
+            source: state.source.to_string(),
+            changelog_records: read.records,
+            keys: state.states.len() as u64,
+            ms: micros / 1000,
+        });
+        tracing::info!(
+            task = %name,
+            from = state.source,
+            changelog_records = read.records,
+            changelog_bytes = read.bytes,
+            keys = state.states.len(),
+            ms = micros / 1000,
+            "task restored"
+        );
+        Ok(Some(meta.next_offset))
+    }
+}

@@ -1,0 +1,139 @@
+//! One input partition as a task: its operator, watermark, offsets and counters, and
+//! its progress record in the changelog.
+
+use super::super::parse::Parsed;
+use super::super::shard::Shard;
+use crate::stats::RunStats;
+use serde::{Deserialize, Serialize};
+use sessionizer_checkpoint::{Counters, WatermarkState};
+use sessionizer_connectors::Batch;
+use sessionizer_connectors::encode::SourceName;
+use sessionizer_connectors::input::LineSpan;
+use sessionizer_connectors::kafka::TopicPartition;
+use sessionizer_core::Watermark;
+use sessionizer_core::decode::Decoder;
+use std::time::Instant;
+
+/// The version of the progress record's layout.
+pub(super) const META_VERSION: u32 = 1;
+
+/// A task's progress, the `m` record of its changelog partition (JSON).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TaskMeta {
+    /// Layout version of this record.
+    pub(super) version: u32,
+    /// The checkpoint format version of the state records (the value codec).
+    pub(super) state_format: u16,
+    /// The next input offset to read.
+    pub(super) next_offset: i64,
+    /// The sequence number of the task's next record (orders values of equal time).
+    pub(super) next_seq: u64,
+    /// Where event time stands in this partition.
+    pub(super) watermark: WatermarkState,
+    /// The task's accounting, cumulative over every process that held it.
+    pub(super) counters: Counters,
+    /// The end of the input was reached without `--keep-open`: every session was emitted.
+    pub(super) flushed: bool,
+    /// The options that shape the state; a restore with others is refused.
+    pub(super) options: Vec<(String, String)>,
+}
+
+/// One input partition: its operator, watermark, offsets and counters.
+pub(super) struct Task {
+    pub(super) tp: TopicPartition,
+    /// `topic/partition`, for positions in side outputs.
+    pub(super) names: [SourceName; 1],
+    pub(super) shard: Shard,
+    pub(super) decoder: Decoder,
+    pub(super) parsed: Parsed,
+    /// Records staged since the last processing: values as lines, line number = offset.
+    pub(super) batch: Batch,
+    /// The staged records' keys (`(start, len)` in `keys`, `len == u32::MAX`: none).
+    pub(super) key_spans: Vec<(u32, u32)>,
+    pub(super) keys: Vec<u8>,
+    /// The next offset to read (after the last record processed).
+    pub(super) next_offset: i64,
+    pub(super) next_seq: u64,
+    /// `--stop-at-end`: the offset at which this partition is done.
+    pub(super) end: Option<i64>,
+    /// The changelog offset after the task's last committed record (what a local
+    /// snapshot of the committed state covers); `None` before the first.
+    pub(super) changelog_end: Option<i64>,
+    /// Counters from before this process held the task.
+    pub(super) carried: Counters,
+    /// The task's cumulative counters at its last commit by this process (`carried`
+    /// before the first).
+    pub(super) committed: Counters,
+    /// This process's counters for the task (the shard keeps its verdict counts).
+    pub(super) run: RunStats,
+    /// Processed records not yet committed.
+    pub(super) dirty: bool,
+    pub(super) flushed: bool,
+    pub(super) last_input: Instant,
+    pub(super) watermark_at_last_input: Watermark,
+}
+
+impl Task {
+    pub(super) fn counters(&self) -> Counters {
+        let mut total = self.run.clone();
+        super::super::add_shard_counts(&mut total, std::slice::from_ref(&self.shard));
+        total.add_counters(&self.carried);
+        total.counters()
+    }
+
+    pub(super) fn done(&self) -> bool {
+        self.end.is_some_and(|e| self.next_offset >= e)
+    }
+
+    pub(super) fn meta(&self, options: &[(String, String)]) -> TaskMeta {
+        TaskMeta {
+            version: META_VERSION,
+            state_format: sessionizer_checkpoint::FORMAT_VERSION,
+            next_offset: self.next_offset,
+            next_seq: self.next_seq,
+            watermark: WatermarkState {
+                max_event_time_ms: self.shard.max_event_time().map(|t| t.millis()),
+                watermark_ms: self.shard.op.watermark().millis(),
+                largest_gap_ms: self.shard.largest_gap().millis(),
+                new_key_floor_ms: Some(self.shard.op.new_key_floor()),
+            },
+            counters: self.counters(),
+            flushed: self.flushed,
+            options: options.to_vec(),
+        }
+    }
+}
+
+/// Appends one record to a task's batch; returns the bytes staged.
+pub(super) fn stage(
+    task: &mut Task,
+    offset: i64,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> usize {
+    let value = value.unwrap_or_default();
+    let start = task.batch.data.len();
+    task.batch.data.extend_from_slice(value);
+    task.batch.lines.push(LineSpan {
+        start: start as u32,
+        end: task.batch.data.len() as u32,
+        input: 0,
+        line_no: offset as u64,
+    });
+    match key {
+        Some(k) => {
+            task.key_spans
+                .push((task.keys.len() as u32, k.len() as u32));
+            task.keys.extend_from_slice(k);
+        }
+        None => task.key_spans.push((0, u32::MAX)),
+    }
+    value.len()
+}
+
+/// The Kafka key of the record on line `line` of a task's batch.
+pub(super) fn message_key(task: &Task, line: usize) -> Option<&[u8]> {
+    let &(from, len) = task.key_spans.get(line)?;
+    (len != u32::MAX).then(|| &task.keys[from as usize..(from + len) as usize])
+}
