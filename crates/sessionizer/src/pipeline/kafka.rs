@@ -15,11 +15,12 @@
 //!   run starts from `--kafka-start` every time, as a file run starts at the top.
 //! * **Files in, Kafka out** is the file driver with a Kafka sink (see [`super`]).
 
+use super::RunError;
 use super::parse::{self, Kind, ParseSettings, Parsed};
 use super::shard::Shard;
-use super::{Observer, RunError};
 use crate::config::{KafkaConfig, KafkaStart, OnInvalid, PipelineConfig};
 use crate::stats::{KafkaStats, RunStats};
+use crate::telemetry::{CheckpointKind, CheckpointReport, RestoreReport, TaskReport, Telemetry};
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{Counters, WatermarkState};
 use sessionizer_connectors::encode::SourceName;
@@ -168,9 +169,9 @@ struct Restored {
 pub(crate) fn run(
     cfg: &PipelineConfig,
     kafka: &KafkaConfig,
-    observer: &dyn Observer,
+    telemetry: &Telemetry,
 ) -> Result<RunStats, RunError> {
-    KafkaJob::open(cfg, kafka)?.run(observer)
+    KafkaJob::open(cfg, kafka, telemetry)?.run()
 }
 
 struct KafkaJob<'c> {
@@ -203,10 +204,15 @@ struct KafkaJob<'c> {
     /// Scratch.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
+    telemetry: Telemetry,
 }
 
 impl<'c> KafkaJob<'c> {
-    fn open(cfg: &'c PipelineConfig, kafka: &'c KafkaConfig) -> Result<KafkaJob<'c>, RunError> {
+    fn open(
+        cfg: &'c PipelineConfig,
+        kafka: &'c KafkaConfig,
+        telemetry: &Telemetry,
+    ) -> Result<KafkaJob<'c>, RunError> {
         let settings = KafkaSettings {
             brokers: kafka.brokers.clone(),
             properties: kafka.properties.clone(),
@@ -286,6 +292,7 @@ impl<'c> KafkaJob<'c> {
             revoked: 0,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
+            telemetry: telemetry.clone(),
         };
         for w in [&mut job.sessions, &mut job.dead, &mut job.late] {
             if let Out::Writer(w) = w
@@ -312,7 +319,7 @@ impl<'c> KafkaJob<'c> {
         Ok(job)
     }
 
-    fn run(mut self, observer: &dyn Observer) -> Result<RunStats, RunError> {
+    fn run(mut self) -> Result<RunStats, RunError> {
         let idle = self
             .cfg
             .idle_timeout
@@ -324,6 +331,14 @@ impl<'c> KafkaJob<'c> {
                 self.process_staged()?;
                 self.rebalance(event)?;
             }
+            self.telemetry.running();
+            self.telemetry.answer_queries(|key| {
+                let key = key.as_bytes();
+                self.tasks
+                    .values()
+                    .filter_map(|t| super::lookup::describe(&t.shard, key, &t.names[0].name))
+                    .collect()
+            });
             if self.kafka.stop_at_end
                 && !self.tasks.is_empty()
                 && self.tasks.values().all(Task::done)
@@ -357,19 +372,7 @@ impl<'c> KafkaJob<'c> {
             if let Some(limit) = idle {
                 self.advance_idle(limit)?;
             }
-            let open: usize = self
-                .tasks
-                .values()
-                .map(|t| t.shard.op.open_sessions())
-                .sum();
-            let read: u64 = self.tasks.values().map(|t| t.run.records_read).sum();
-            let w = self
-                .tasks
-                .values()
-                .map(|t| t.shard.op.watermark())
-                .min()
-                .unwrap_or(Watermark::MIN);
-            observer.progress(read, open, w);
+            self.report();
             if self.last_commit.elapsed() >= interval {
                 self.commit()?;
             }
@@ -395,6 +398,7 @@ impl<'c> KafkaJob<'c> {
                 w.finish()?;
             }
         }
+        self.report();
         let stats = self.stats();
         self.consumer.close();
         Ok(stats)
@@ -402,6 +406,30 @@ impl<'c> KafkaJob<'c> {
 
     fn keep_open(&self) -> bool {
         self.kafka.keep_open
+    }
+
+    /// Where every task stands, for telemetry (and the progress line).
+    fn report(&self) {
+        let reports: Vec<TaskReport<'_>> = self
+            .tasks
+            .values()
+            .map(|t| TaskReport {
+                task: &t.names[0].name,
+                counts: super::task_counts(&t.run, std::slice::from_ref(&t.shard)),
+                watermark: t.shard.op.watermark(),
+                open_sessions: t.shard.op.open_sessions() as u64,
+                keys: t.shard.op.keys() as u64,
+            })
+            .collect();
+        self.telemetry.batch(&reports);
+    }
+
+    /// `topic/partition` of each of `parts`.
+    fn partition_names(&self, parts: &[TopicPartition]) -> Vec<String> {
+        parts
+            .iter()
+            .map(|tp| format!("{}/{}", self.kafka.topics[tp.topic as usize], tp.partition))
+            .collect()
     }
 
     fn commit_interval(&self) -> Duration {
@@ -518,6 +546,7 @@ impl<'c> KafkaJob<'c> {
         committed: Option<i64>,
     ) -> Result<Option<i64>, RunError> {
         let began = Instant::now();
+        self.telemetry.restoring();
         let topic = &self.changelogs[task.tp.topic as usize];
         let mut states: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         let mut meta: Option<TaskMeta> = None;
@@ -597,18 +626,37 @@ impl<'c> KafkaJob<'c> {
         self.restored.bytes += read.bytes;
         self.restored.keys += states.len() as u64;
         self.restored.micros += began.elapsed().as_micros() as u64;
+        self.telemetry.restored(
+            &RestoreReport {
+                source: topic,
+                task: &name,
+                epoch: None,
+                records: read.records,
+                bytes: read.bytes,
+                keys: states.len() as u64,
+                took: began.elapsed(),
+            },
+            0,
+        );
         Ok(Some(meta.next_offset))
     }
 
     /// Drops a task, keeping this process's committed share of its accounting.
     fn release(&mut self, tp: &TopicPartition) {
         if let Some(task) = self.tasks.remove(tp) {
+            self.telemetry.task_removed(&task.names[0].name);
             self.released.add_counters(&task.committed);
             self.released.sub_counters(&task.carried);
         }
     }
 
     fn rebalance(&mut self, event: Rebalance) -> Result<(), RunError> {
+        let (kind, parts) = match &event {
+            Rebalance::Assign(p) => ("assign", p),
+            Rebalance::Revoke(p) => ("revoke", p),
+            Rebalance::Lost(p) => ("lost", p),
+        };
+        self.telemetry.rebalance(kind, &self.partition_names(parts));
         match event {
             Rebalance::Assign(parts) => {
                 self.assigned += parts.len() as u64;
@@ -631,6 +679,8 @@ impl<'c> KafkaJob<'c> {
                 if let Some(p) = &mut self.producer {
                     p.abort().map_err(commit_error)?;
                 }
+                self.telemetry
+                    .transaction_aborted(&"partitions lost in a rebalance");
                 self.aborts += 1;
                 self.revoked += parts.len() as u64;
                 for tp in &parts {
@@ -736,6 +786,8 @@ impl<'c> KafkaJob<'c> {
             ..
         } = self;
         let task = tasks.get_mut(&id).expect("task exists");
+        self.telemetry
+            .sessions_completed(task.shard.out.completed, Instant::now());
         // Dead letters first: they come from decoding, before any session of the batch.
         if with_batch.is_some()
             && self.cfg.on_invalid == OnInvalid::DeadLetter
@@ -840,6 +892,8 @@ impl<'c> KafkaJob<'c> {
     /// flushed (and a transaction holding side outputs to topics committed).
     fn commit(&mut self) -> Result<(), RunError> {
         self.last_commit = Instant::now();
+        // The changelog records of the transaction, for telemetry.
+        let (mut bytes, mut keys) = (0u64, 0u64);
         let KafkaJob {
             tasks,
             producer,
@@ -867,6 +921,8 @@ impl<'c> KafkaJob<'c> {
                             codec::encode_sessions(s, value_buf);
                             &value_buf[..]
                         });
+                        keys += 1;
+                        bytes += (key_buf.len() + value.map_or(0, <[u8]>::len)) as u64;
                         if let Err(e) = p.send(topic, partition, Some(key_buf), value, false) {
                             failed = Some(e);
                         }
@@ -876,6 +932,7 @@ impl<'c> KafkaJob<'c> {
                     }
                     let meta =
                         serde_json::to_vec(&task.meta(options)).expect("progress record encodes");
+                    bytes += meta.len() as u64;
                     p.send(
                         topic,
                         partition,
@@ -892,13 +949,20 @@ impl<'c> KafkaJob<'c> {
                 let group = consumer.group_metadata();
                 match p.commit(group.as_ref().map(|g| (&offsets, g))) {
                     Ok(()) => {
+                        self.telemetry.checkpoint(&CheckpointReport {
+                            kind: CheckpointKind::Transaction,
+                            epoch: None,
+                            bytes,
+                            keys,
+                            took: self.last_commit.elapsed(),
+                        });
                         self.commits += 1;
                         for task in self.tasks.values_mut() {
                             task.committed = task.counters();
                         }
                     }
                     Err(CommitError::Aborted(why)) => {
-                        tracing::warn!(reason = %why, "transaction aborted; rewinding the tasks to their last commit");
+                        self.telemetry.transaction_aborted(&why);
                         self.aborts += 1;
                         return self.rewind();
                     }
@@ -920,6 +984,7 @@ impl<'c> KafkaJob<'c> {
                 w.finish()?;
             }
         }
+        self.telemetry.outputs_written();
         Ok(())
     }
 
