@@ -393,6 +393,42 @@ fn sessions_kept_for_lateness_are_complete_and_follow_their_revisions() {
     assert_eq!(a_records, [as_record(&first), as_record(&second)]);
 }
 
+/// The README's `/sessions` example is a real answer: keep the two in step.
+#[test]
+fn the_readme_sessions_example_is_a_real_answer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let block = readme
+        .split("<!-- sessions-example -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```json").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("README has the /sessions example");
+    let want = json(block);
+    let visits = std::fs::read_to_string(root.join("examples/data/visits.jsonl")).expect("data");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut job = Live::start(&[
+        "--gap",
+        "10m",
+        "--watermark-delay",
+        "2m",
+        "--allowed-lateness",
+        "5m",
+        "--dedup",
+        "--collect",
+        "page",
+        "--output",
+        s(&tmp.path().join("out.jsonl")),
+    ]);
+    let first_five: Vec<&str> = visits.lines().take(5).collect();
+    job.send(&first_five);
+    job.metrics_when("five records counted", |m| m.read() == 5);
+    let (status, body) = job.get("/sessions?key=v1");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body), want, "{body}");
+    job.finish();
+}
+
 fn generate(path: &Path, events: u64) {
     let out = bin()
         .args(["generate", "--events", &events.to_string(), "--seed", "5"])
