@@ -192,7 +192,10 @@ pub enum QueryError {
     #[error("the job is not running: it is {}", .0.as_str())]
     NotRunning(Phase),
     /// The pipeline did not come between two batches in time.
-    #[error("the job did not answer within {0:?}: it is busy with a batch or a checkpoint")]
+    #[error(
+        "the job did not answer within {} s: it is busy with a batch or a checkpoint; ask again",
+        .0.as_secs_f64()
+    )]
     TimedOut(Duration),
 }
 
