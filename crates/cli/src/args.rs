@@ -196,6 +196,13 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub progress: Option<ProgressArg>,
 
+    /// Serve Prometheus metrics (/metrics), the sessions in progress of a key
+    /// (/sessions?key=K) and health checks (/health, /health/ready) over HTTP on ADDR:
+    /// HOST:PORT, or PORT / :PORT for 127.0.0.1:PORT. Port 0 picks a free one; the
+    /// address is printed on stderr.
+    #[arg(long, value_name = "ADDR")]
+    pub http_addr: Option<String>,
+
     #[command(flatten)]
     pub kafka: crate::kafka::KafkaArgs,
 }

@@ -75,6 +75,7 @@ pub struct FileConfig {
     pub late_output: Option<String>,
     pub stats_file: Option<PathBuf>,
     pub progress: Option<ProgressArg>,
+    pub http_addr: Option<String>,
     pub workers: Option<usize>,
     pub idle_timeout: Option<String>,
     pub state_dir: Option<PathBuf>,
@@ -162,6 +163,8 @@ pub struct RunConfig {
     pub checkpoint: Option<CheckpointConfig>,
     pub stats_file: Option<PathBuf>,
     pub progress: ProgressArg,
+    /// Where the HTTP endpoint listens (`--http-addr`).
+    pub http_addr: Option<std::net::SocketAddr>,
 }
 
 /// Reads the `--config` file, if any.
@@ -297,6 +300,17 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         None => beside(&output, "late"),
     };
     let stats_file = args.stats_file.or(file.stats_file);
+    let http_addr = args
+        .http_addr
+        .or(file.http_addr.take())
+        .map(|a| {
+            crate::http::parse_addr(&a).map_err(|reason| ConfigError::Invalid {
+                option: "--http-addr",
+                value: a.clone(),
+                reason,
+            })
+        })
+        .transpose()?;
     check_distinct_files(
         &inputs,
         args.config.as_deref(),
@@ -503,6 +517,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         checkpoint,
         stats_file,
         progress: args.progress.or(file.progress).unwrap_or(ProgressArg::Auto),
+        http_addr,
     })
 }
 

@@ -6,10 +6,11 @@
 use anyhow::Context;
 use clap::Parser;
 use sessionizer::pipeline::{self, RunError};
+use sessionizer::telemetry::Telemetry;
 use sessionizer_cli::args::{Cli, Command, ProgressArg};
 use sessionizer_cli::config;
 use sessionizer_cli::progress::Progress;
-use std::io::{ErrorKind, Seek, Write};
+use std::io::{ErrorKind, IsTerminal, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -20,9 +21,12 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Logs (`RUST_LOG=sessionizer=info`) are events with fields on stderr; colours only
+    // on a terminal, so that a log file or collector gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     match cli.command {
@@ -148,7 +152,23 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
         }
     };
     let progress = Progress::new(cfg.progress == ProgressArg::Auto);
-    let result = pipeline::run_with(&cfg.pipeline, cfg.checkpoint.as_ref(), &progress);
+    let telemetry = Telemetry::new(progress.clone());
+    if let Some(addr) = cfg.http_addr {
+        match sessionizer_cli::http::serve(addr, telemetry.clone()) {
+            // One line that scripts (and tests) can read the chosen port from.
+            Ok(server) => eprintln!("sessionizer: http listening on {}", server.addr()),
+            Err(e) => {
+                eprintln!(
+                    "sessionizer: cannot serve HTTP on {addr} (--http-addr): {e}; choose another address or port (port 0 picks a free one)"
+                );
+                if let Some(f) = stats_file {
+                    f.abandon();
+                }
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let result = pipeline::run_with(&cfg.pipeline, cfg.checkpoint.as_ref(), &telemetry);
     progress.finish();
     let stats = match result {
         Ok(stats) => {

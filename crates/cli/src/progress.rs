@@ -7,8 +7,8 @@ use sessionizer::stats::human;
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
-/// A progress line, or nothing when stderr is not a terminal.
-#[derive(Debug)]
+/// A progress line, or nothing when stderr is not a terminal. Clones share the line.
+#[derive(Debug, Clone)]
 pub struct Progress {
     bar: Option<ProgressBar>,
     started: Instant,
@@ -58,5 +58,13 @@ impl Progress {
 impl Observer for Progress {
     fn progress(&self, records_read: u64, open_sessions: usize, watermark: Watermark) {
         self.update(records_read, open_sessions, watermark);
+    }
+
+    fn warn(&self, message: &str) {
+        let print = || eprintln!("sessionizer: warning: {message}");
+        match &self.bar {
+            Some(bar) => bar.suspend(print),
+            None => print(),
+        }
     }
 }

@@ -858,7 +858,10 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
         |l| l.contains("standby copies followed") && !l.contains("partitions=[]"),
         "b followed a's changelogs",
     );
-    b_log.wait_for(|l| l.contains("standby copies updated"), "b's copies got records");
+    b_log.wait_for(
+        |l| l.contains("standby copies updated"),
+        "b's copies got records",
+    );
     std::thread::sleep(Duration::from_millis(500));
     assert!(
         a.try_wait().expect("wait").is_none(),
@@ -869,7 +872,10 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
     let status = b.wait().expect("wait b");
     let log = b_log.rest();
     assert!(status.success(), "process b failed: {log}");
-    eprintln!("b's log:\n{log}\nb's stats: {}", std::fs::read_to_string(&stats).unwrap_or_default());
+    eprintln!(
+        "b's log:\n{log}\nb's stats: {}",
+        std::fs::read_to_string(&stats).unwrap_or_default()
+    );
     let records = assert_matches_file_runs(&t, dir.path(), 4);
     assert_eq!(records as usize, produced);
     let st = stats_of(&stats);

@@ -71,6 +71,8 @@
 //! * [`pipeline::run`] — reads JSON lines, decodes, judges each event against the
 //!   watermark, runs the session window and writes sessions, late events and dead
 //!   letters, keeping the accounting of SPEC §2 in [`stats::RunStats`].
+//! * [`telemetry::Telemetry`] — the one emit point of a running job's events: logs
+//!   (`tracing`), Prometheus metrics, the progress line, and questions about a key.
 //!
 //! The building blocks are re-exported: [`core`] (time types, JSON scanning, decoding),
 //! [`window`] (the keyed-state + timers core and the session operator) and
@@ -85,6 +87,7 @@ pub mod source;
 pub mod stateful;
 pub mod stats;
 pub mod stream;
+pub mod telemetry;
 pub mod time;
 pub mod windowed;
 

@@ -94,7 +94,8 @@ fn the_library_window_and_the_cli_pipeline_emit_the_same_records() {
         kafka: None,
         idle_timeout: None,
     };
-    let stats = sessionizer::pipeline::run(&cfg, &sessionizer::pipeline::Quiet).expect("CLI run");
+    let stats = sessionizer::pipeline::run(&cfg, &sessionizer::telemetry::Telemetry::default())
+        .expect("CLI run");
     assert!(
         stats.retractions > 0 && stats.late > 0,
         "the input exercises lateness: {stats:?}"

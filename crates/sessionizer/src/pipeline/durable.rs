@@ -26,6 +26,7 @@ use super::RunError;
 use super::shard::Shard;
 use crate::config::{CheckpointConfig, PipelineConfig};
 use crate::stats::{CheckpointStats, RunStats};
+use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::{
     CheckpointWriter, Committed, Counters, EncodedState, InputPosition, LoadedState, Manifest,
     OutputCommit, StateDir, StateEntries, WatermarkState,
@@ -34,7 +35,7 @@ use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
 use sessionizer_connectors::{InputSource, OutputTarget};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The roles of the file outputs, in the order the job holds them.
 pub(crate) const ROLES: [&str; 3] = ["sessions", "dead-letter", "late"];
@@ -75,6 +76,7 @@ pub(crate) struct Durable {
     /// Input bytes consumed when this run started (a resumed run starts mid-input).
     start_offsets: u64,
     pub stats: CheckpointStats,
+    telemetry: Telemetry,
 }
 
 fn dir_name(cfg: &CheckpointConfig) -> String {
@@ -83,12 +85,12 @@ fn dir_name(cfg: &CheckpointConfig) -> String {
 
 impl Durable {
     /// Opens the state directory, finds the checkpoint to resume from (reporting damaged
-    /// newer ones through `warn`) and checks that this run may continue it.
+    /// newer ones to `telemetry`) and checks that this run may continue it.
     pub fn open(
         pipeline: &PipelineConfig,
         cfg: &CheckpointConfig,
         shards: usize,
-        warn: &dyn Fn(&str),
+        telemetry: &Telemetry,
     ) -> Result<(Durable, Start), RunError> {
         let dir_label = dir_name(cfg);
         let mut inputs = Vec::with_capacity(pipeline.inputs.len());
@@ -122,9 +124,7 @@ impl Durable {
         let recovery = dir.recover()?;
         let read_us = reading.elapsed().as_micros() as u64;
         for (epoch, damage) in &recovery.skipped {
-            warn(&format!(
-                "checkpoint {epoch} in {dir_label} is damaged ({damage}); using an older one"
-            ));
+            telemetry.damaged_checkpoint(&dir_label, *epoch, damage);
         }
         let options = pipeline.state_options();
         let start = match recovery.found {
@@ -171,6 +171,7 @@ impl Durable {
                 parts: (0..shards).map(|_| StateEntries::default()).collect(),
                 start_offsets,
                 stats,
+                telemetry: telemetry.clone(),
             },
             start,
         ))
@@ -285,6 +286,7 @@ impl Durable {
         })?;
         self.last_at = Instant::now();
         self.records_at_last = stats.records_read;
+        self.telemetry.checkpoint_paused(paused.elapsed());
         let pause = paused.elapsed().as_micros() as u64;
         self.stats.pause_us_total += pause;
         self.stats.pause_us_max = self.stats.pause_us_max.max(pause);
@@ -294,11 +296,24 @@ impl Durable {
         Ok(())
     }
 
+    /// Takes in the checkpoint being written if it is done, without waiting: it is
+    /// reported as soon as it is durable.
+    pub fn poll(&mut self) -> Result<(), RunError> {
+        match self.background.done(false)? {
+            Some(done) => self.collect(done),
+            None => Ok(()),
+        }
+    }
+
     /// Waits for the checkpoint being written, if any, and takes back its buffers.
     fn wait(&mut self) -> Result<(), RunError> {
-        let Some(done) = self.background.wait()? else {
-            return Ok(());
-        };
+        match self.background.done(true)? {
+            Some(done) => self.collect(done),
+            None => Ok(()),
+        }
+    }
+
+    fn collect(&mut self, done: Done) -> Result<(), RunError> {
         self.parts = done.parts;
         self.next_is_base = done.next_is_base;
         let committed = done.result?;
@@ -311,6 +326,18 @@ impl Durable {
         st.last_keys = committed.puts + committed.tombstones;
         st.write_us_total += done.took_us;
         st.write_us_max = st.write_us_max.max(done.took_us);
+        let base = committed.kind == sessionizer_checkpoint::FileKind::Base;
+        self.telemetry.checkpoint(&CheckpointReport {
+            kind: if base {
+                CheckpointKind::Base
+            } else {
+                CheckpointKind::Delta
+            },
+            epoch: Some(committed.epoch),
+            bytes: committed.state_bytes + committed.manifest_bytes,
+            keys: committed.puts + committed.tombstones,
+            took: Duration::from_micros(done.took_us),
+        });
         Ok(())
     }
 
@@ -405,13 +432,23 @@ impl Background {
         Ok(())
     }
 
-    /// The report of the checkpoint in flight, `None` when there is none.
-    fn wait(&mut self) -> Result<Option<Done>, RunError> {
+    /// The report of the checkpoint in flight, `None` when there is none — or, unless
+    /// `block`, when it is not written yet.
+    fn done(&mut self, block: bool) -> Result<Option<Done>, RunError> {
         if !self.in_flight {
             return Ok(None);
         }
+        let done = if block {
+            self.done.recv().map_err(|_| Self::gone())?
+        } else {
+            match self.done.try_recv() {
+                Ok(done) => done,
+                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(None),
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(Self::gone()),
+            }
+        };
         self.in_flight = false;
-        self.done.recv().map(Some).map_err(|_| Self::gone())
+        Ok(Some(done))
     }
 
     fn gone() -> RunError {

@@ -17,15 +17,21 @@
 //!
 //! With a state directory ([`run_with`]), [`durable`] checkpoints the job between
 //! batches and resumes it from the newest valid checkpoint.
+//!
+//! Both drivers (this one for files and stdin, [`kafka`] for Kafka inputs) report what
+//! they do at batch boundaries to one [`Telemetry`] — logs, metrics, the progress line —
+//! and answer its questions about a key between batches.
 
 mod durable;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod lookup;
 mod parse;
 mod shard;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
 use crate::stats::RunStats;
+use crate::telemetry::{KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry};
 use durable::{Durable, Start};
 use parse::Parsed;
 use sessionizer_checkpoint::CheckpointError;
@@ -135,16 +141,16 @@ pub enum RunError {
     },
 }
 
-/// What a running pipeline reports while it works (a progress line, metrics).
+/// What a user of a running pipeline sees of it: a progress line, warnings. Given to
+/// [`Telemetry::new`], which calls it; logs and metrics go through the telemetry itself.
 pub trait Observer {
     /// Called after every batch of input (about every 4 MiB).
     fn progress(&self, _records_read: u64, _open_sessions: usize, _watermark: Watermark) {}
 
     /// Something the user should know that does not stop the run (a damaged checkpoint
-    /// skipped for an older one). Written to stderr unless overridden.
-    fn warn(&self, message: &str) {
-        eprintln!("sessionizer: warning: {message}");
-    }
+    /// skipped for an older one). The library prints nothing: the event is also logged
+    /// through `tracing`, and the command line writes this text to stderr.
+    fn warn(&self, _message: &str) {}
 }
 
 /// An observer that ignores everything.
@@ -156,14 +162,18 @@ impl Observer for Quiet {}
 /// Bytes of input per batch.
 const BATCH_BYTES: usize = 4 << 20;
 
+/// How often a pipeline waiting on a quiet live input wakes up to answer questions
+/// about keys (when an HTTP endpoint may ask them).
+const QUERY_TICK: Duration = Duration::from_millis(50);
+
 /// With a live input, how long records may wait in an output's buffer while input keeps
 /// coming (SPEC §6: visible within about 100 ms). When no input is ready they are
 /// written at once.
 const LIVE_FLUSH_EVERY: Duration = Duration::from_millis(100);
 
-/// Runs the job to the end of its inputs.
-pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, RunError> {
-    run_with(cfg, None, observer)
+/// Runs the job to the end of its inputs, reporting to `telemetry`.
+pub fn run(cfg: &PipelineConfig, telemetry: &Telemetry) -> Result<RunStats, RunError> {
+    run_with(cfg, None, telemetry)
 }
 
 /// Runs the job to the end of its inputs; with `checkpoint`, durably: resuming from the
@@ -171,13 +181,27 @@ pub fn run(cfg: &PipelineConfig, observer: &dyn Observer) -> Result<RunStats, Ru
 pub fn run_with(
     cfg: &PipelineConfig,
     checkpoint: Option<&CheckpointConfig>,
-    observer: &dyn Observer,
+    telemetry: &Telemetry,
+) -> Result<RunStats, RunError> {
+    let result = run_driver(cfg, checkpoint, telemetry);
+    match &result {
+        Ok(stats) => telemetry.ended(Ok(stats)),
+        Err(RunError::OutputClosed { stats, .. }) => telemetry.ended(Ok(stats)),
+        Err(e) => telemetry.ended(Err(e)),
+    }
+    result
+}
+
+fn run_driver(
+    cfg: &PipelineConfig,
+    checkpoint: Option<&CheckpointConfig>,
+    telemetry: &Telemetry,
 ) -> Result<RunStats, RunError> {
     if let Some(kafka) = &cfg.kafka
         && kafka.is_source()
     {
         #[cfg(feature = "kafka")]
-        return kafka::run(cfg, kafka, observer);
+        return kafka::run(cfg, kafka, telemetry);
         #[cfg(not(feature = "kafka"))]
         return Err(RunError::Unsupported(without_kafka(kafka)));
     }
@@ -196,7 +220,7 @@ pub fn run_with(
     } else {
         None
     };
-    Job::new(cfg, workers, pool).run(checkpoint, observer)
+    Job::new(cfg, workers, pool).run(checkpoint, telemetry)
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -298,6 +322,26 @@ impl ReadAhead {
         drop(self.empty);
         self.thread.join().map_err(|_| RunError::ReaderFailed)
     }
+}
+
+/// A task's counts for [`Telemetry::batch`]: the run's (`run`: records read, invalid,
+/// blank lines, bytes) with its shards' (verdicts, emitted records).
+pub(crate) fn task_counts(run: &RunStats, shards: &[Shard]) -> TaskCounts {
+    let mut c = TaskCounts {
+        invalid: run.invalid,
+        blank_lines: run.blank_lines,
+        bytes_read: run.bytes_read,
+        ..TaskCounts::default()
+    };
+    for s in shards {
+        let counts = s.op.counts();
+        c.in_sessions += s.in_sessions;
+        c.duplicates += s.duplicates;
+        c.late += s.late_count;
+        c.sessions_emitted += counts.sessions_emitted;
+        c.retractions += counts.retractions;
+    }
+    c
 }
 
 /// Adds the shards' own counts (verdicts, emitted records) to the run's.
@@ -426,9 +470,9 @@ impl<'c> Job<'c> {
     fn run(
         mut self,
         checkpoint: Option<&CheckpointConfig>,
-        observer: &dyn Observer,
+        telemetry: &Telemetry,
     ) -> Result<RunStats, RunError> {
-        match self.drive(checkpoint, observer) {
+        match self.drive(checkpoint, telemetry) {
             Err(RunError::Output(e)) if e.source.kind() == std::io::ErrorKind::BrokenPipe => {
                 let mut stats = self.stats_so_far();
                 stats.output_closed = Some(e.name.clone());
@@ -455,16 +499,44 @@ impl<'c> Job<'c> {
         stats
     }
 
+    /// The one task of a file or stdin input, for telemetry.
+    fn report(&self) -> TaskReport<'static> {
+        TaskReport {
+            task: "0",
+            counts: task_counts(&self.stats, &self.shards),
+            watermark: self.shards[0].op.watermark(),
+            open_sessions: self
+                .shards
+                .iter()
+                .map(|s| s.op.open_sessions() as u64)
+                .sum(),
+            keys: self.shards.iter().map(|s| s.op.keys() as u64).sum(),
+        }
+    }
+
+    /// A key's state, from the shard its hash names.
+    fn lookup(&self, key: &str) -> Vec<KeyView> {
+        let shard = parse::shard_of(key.as_bytes(), self.shards.len()) as usize;
+        lookup::describe(&self.shards[shard], key.as_bytes(), "0")
+            .into_iter()
+            .collect()
+    }
+
+    /// Complete session records emitted by the last step.
+    fn completed(&self) -> u64 {
+        self.shards.iter().map(|s| s.out.completed).sum()
+    }
+
     fn drive(
         &mut self,
         checkpoint: Option<&CheckpointConfig>,
-        observer: &dyn Observer,
+        telemetry: &Telemetry,
     ) -> Result<RunStats, RunError> {
         self.inputs.check_readable()?;
         let start = match checkpoint {
             Some(c) => {
-                let warn = |m: &str| observer.warn(m);
-                let (durable, start) = Durable::open(self.cfg, c, self.shards.len(), &warn)?;
+                telemetry.restoring();
+                let (durable, start) = Durable::open(self.cfg, c, self.shards.len(), telemetry)?;
                 self.durable = Some(durable);
                 for s in &mut self.shards {
                     s.track_changes();
@@ -501,14 +573,30 @@ impl<'c> Job<'c> {
         let flushed_before = start.restore.as_ref().is_some_and(|(m, _)| m.flushed);
         if let Some((manifest, state)) = &start.restore {
             let began = Instant::now();
-            self.restore(manifest, state, checkpoint)?;
+            let (keys, reported) = self.restore(manifest, state, checkpoint, telemetry)?;
             if let Some(d) = &mut self.durable {
                 d.stats.restore_us += began.elapsed().as_micros() as u64;
+                let files = std::iter::once(&manifest.base).chain(&manifest.deltas);
+                let dir =
+                    checkpoint.map_or_else(String::new, |c| c.state_dir.display().to_string());
+                telemetry.restored(
+                    &RestoreReport {
+                        source: &dir,
+                        task: "0",
+                        epoch: Some(manifest.epoch),
+                        records: files.clone().map(|f| f.puts + f.tombstones).sum(),
+                        bytes: files.map(|f| f.bytes).sum(),
+                        keys,
+                        took: Duration::from_micros(d.stats.restore_us),
+                    },
+                    reported,
+                );
             }
         }
         let inputs = Inputs::starting_at(self.cfg.inputs.clone(), start.position);
         let mut last_end = start.position;
         let mut reader = ReadAhead::start(inputs)?;
+        telemetry.running();
         let mut finished_lines = Vec::new();
         // With a live input (stdin) and --idle-timeout, a quiet input lets the watermark
         // move on with the wall clock (SPEC §2).
@@ -525,17 +613,24 @@ impl<'c> Job<'c> {
         // File inputs keep writing in large blocks.
         let live = self.cfg.inputs.contains(&InputSource::Stdin);
         let mut flushed_at = Instant::now();
+        // A quiet live input still lets questions about keys be answered.
+        let wait = match (idle.map(idle_tick), telemetry.serves_queries()) {
+            (Some(tick), true) => Some(tick.min(QUERY_TICK)),
+            (tick, serving) => tick.or(serving.then_some(QUERY_TICK)),
+        };
         loop {
+            telemetry.answer_queries(|key| self.lookup(key));
             let ready = if live { reader.ready()? } else { None };
             if live && (ready.is_none() || flushed_at.elapsed() >= LIVE_FLUSH_EVERY) {
                 for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
                     w.finish()?;
                 }
+                telemetry.outputs_written();
                 flushed_at = Instant::now();
             }
             let next = match ready {
                 Some(next) => next,
-                None => reader.next_within(idle.map(idle_tick))?,
+                None => reader.next_within(wait)?,
             };
             let batch = match next {
                 Next::End => break,
@@ -547,16 +642,23 @@ impl<'c> Job<'c> {
                             let w = Watermark::at(EventTime(
                                 watermark_at_last_input.millis().saturating_add(ms),
                             ));
-                            self.advance_idle(w, first_step)?;
+                            self.advance_idle(w, first_step, telemetry)?;
                         }
                     }
                     continue;
                 }
                 Next::Batch(batch) => batch,
             };
+            // The watermark moves past sessions' close times while the batch is
+            // processed: from now on, for the emission delay.
+            let taken = Instant::now();
             self.decode(&batch)?;
             self.sessionize(&batch, first_step);
             self.merge()?;
+            telemetry.sessions_completed(self.completed(), taken);
+            if !live {
+                telemetry.outputs_written();
+            }
             first_step += batch.lines.len() as u64;
             last_end = batch.end;
             if let Some(d) = &mut self.durable {
@@ -566,8 +668,10 @@ impl<'c> Job<'c> {
             reader.recycle(batch);
             last_input = Instant::now();
             watermark_at_last_input = self.shards[0].op.watermark();
-            let open = self.shards.iter().map(|s| s.op.open_sessions()).sum();
-            observer.progress(self.stats.records_read, open, self.shards[0].op.watermark());
+            telemetry.batch(&[self.report()]);
+            if let Some(d) = &mut self.durable {
+                d.poll()?;
+            }
             if self
                 .durable
                 .as_ref()
@@ -581,6 +685,7 @@ impl<'c> Job<'c> {
         if !keep_open {
             // End of a bounded input: the watermark becomes +infinity, every session is
             // emitted.
+            let ended = Instant::now();
             for s in &mut self.shards {
                 s.clear_outputs();
             }
@@ -589,6 +694,7 @@ impl<'c> Job<'c> {
                 None => self.shards[0].finish(),
             }
             self.merge()?;
+            telemetry.sessions_completed(self.completed(), ended);
         }
         if let Some(d) = &mut self.durable {
             d.consumed(last_end, &[]);
@@ -597,6 +703,8 @@ impl<'c> Job<'c> {
         self.sessions.finish()?;
         self.dead.finish()?;
         self.late.finish()?;
+        telemetry.outputs_written();
+        telemetry.batch(&[self.report()]);
 
         let stats = self.stats_so_far();
         debug_assert!(stats.adds_up(), "accounting does not add up: {stats:?}");
@@ -604,13 +712,15 @@ impl<'c> Job<'c> {
     }
 
     /// Puts a checkpoint's state back: every key into the shard its hash gives with this
-    /// run's number of workers, and the watermark into every shard.
+    /// run's number of workers, and the watermark into every shard. Returns the keys
+    /// restored, and how many of them were reported to `telemetry` as progress.
     fn restore(
         &mut self,
         manifest: &sessionizer_checkpoint::Manifest,
         state: &sessionizer_checkpoint::LoadedState,
         checkpoint: Option<&CheckpointConfig>,
-    ) -> Result<(), RunError> {
+        telemetry: &Telemetry,
+    ) -> Result<(u64, u64), RunError> {
         let dir = checkpoint.map_or_else(String::new, |c| c.state_dir.display().to_string());
         // The largest gap first: restored timers of final sessions depend on it.
         for s in &mut self.shards {
@@ -618,8 +728,16 @@ impl<'c> Job<'c> {
         }
         let shards = self.shards.len();
         let format = state.format_version();
+        // Progress of a long restore, for the metrics.
+        const PROGRESS_EVERY: u64 = 1 << 16;
+        let (mut keys, mut reported) = (0u64, 0u64);
         let restored = state.for_each_live(|key, value| {
             let shard = parse::shard_of(key, shards) as usize;
+            keys += 1;
+            if keys % PROGRESS_EVERY == 0 {
+                telemetry.restore_progress(keys - reported);
+                reported = keys;
+            }
             self.shards[shard]
                 .restore_key(key, value, format)
                 .map_err(|reason| (key.to_vec(), reason))
@@ -640,7 +758,7 @@ impl<'c> Job<'c> {
                 });
             }
         }
-        Ok(())
+        Ok((keys, reported))
     }
 
     /// Flushes the outputs and takes a checkpoint (its writing goes on in the
@@ -673,10 +791,16 @@ impl<'c> Job<'c> {
 
     /// Moves every shard's watermark to `w` while a live input is quiet, and writes out
     /// what became due.
-    fn advance_idle(&mut self, w: Watermark, step: u64) -> Result<(), RunError> {
+    fn advance_idle(
+        &mut self,
+        w: Watermark,
+        step: u64,
+        telemetry: &Telemetry,
+    ) -> Result<(), RunError> {
         if w <= self.shards[0].op.watermark() {
             return Ok(());
         }
+        let moved = Instant::now();
         for s in &mut self.shards {
             s.clear_outputs();
         }
@@ -690,6 +814,9 @@ impl<'c> Job<'c> {
         for w in [&mut self.sessions, &mut self.late] {
             w.finish()?;
         }
+        telemetry.sessions_completed(self.completed(), moved);
+        telemetry.outputs_written();
+        telemetry.batch(&[self.report()]);
         Ok(())
     }
 

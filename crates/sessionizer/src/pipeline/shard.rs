@@ -51,6 +51,8 @@ pub(crate) struct Tagged {
     pub encoder: SessionEncoder,
     pub tags: Vec<Tag>,
     pub keys: Vec<u8>,
+    /// Complete session records among them (for the emission delay).
+    pub completed: u64,
     tagging: bool,
     step: u64,
 }
@@ -83,6 +85,7 @@ impl Tagged {
         self.encoder.records = 0;
         self.tags.clear();
         self.keys.clear();
+        self.completed = 0;
     }
 }
 
@@ -90,6 +93,7 @@ impl Emit for Tagged {
     fn session(&mut self, s: &SessionView<'_>) {
         let from = self.encoder.buf.len();
         self.encoder.session(s);
+        self.completed += u64::from(s.complete);
         let class = if s.complete { 1 } else { 0 };
         self.tag(
             class,
@@ -144,6 +148,7 @@ impl Shard {
                 encoder,
                 tags: Vec::new(),
                 keys: Vec::new(),
+                completed: 0,
                 tagging,
                 step: 0,
             },

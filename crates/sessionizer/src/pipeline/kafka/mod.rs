@@ -21,11 +21,12 @@ mod snapshot;
 mod standby;
 mod task;
 
+use super::RunError;
 use super::parse::{self, ParseSettings, Parsed};
 use super::shard::Shard;
-use super::{Observer, RunError};
 use crate::config::{KafkaConfig, KafkaStart, PipelineConfig};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
+use crate::telemetry::{CheckpointKind, CheckpointReport, TaskReport, Telemetry};
 use output::Out;
 use sessionizer_checkpoint::Counters;
 use sessionizer_connectors::encode::SourceName;
@@ -62,9 +63,9 @@ struct Restored {
 pub(crate) fn run(
     cfg: &PipelineConfig,
     kafka: &KafkaConfig,
-    observer: &dyn Observer,
+    telemetry: &Telemetry,
 ) -> Result<RunStats, RunError> {
-    KafkaJob::open(cfg, kafka)?.run(observer)
+    KafkaJob::open(cfg, kafka, telemetry)?.run()
 }
 
 struct KafkaJob<'c> {
@@ -102,6 +103,8 @@ struct KafkaJob<'c> {
     last_group_check: Option<Instant>,
     /// Assignments received from the group.
     assigned_events: u64,
+    /// Metrics, logs, `/sessions` questions.
+    telemetry: Telemetry,
     /// `--state-dir`: local task snapshots.
     snapshots: Option<Snapshots>,
     /// `--standby-replicas`: copies of other processes' tasks.
@@ -112,7 +115,11 @@ struct KafkaJob<'c> {
 }
 
 impl<'c> KafkaJob<'c> {
-    fn open(cfg: &'c PipelineConfig, kafka: &'c KafkaConfig) -> Result<KafkaJob<'c>, RunError> {
+    fn open(
+        cfg: &'c PipelineConfig,
+        kafka: &'c KafkaConfig,
+        telemetry: &Telemetry,
+    ) -> Result<KafkaJob<'c>, RunError> {
         let settings = KafkaSettings {
             brokers: kafka.brokers.clone(),
             properties: kafka.properties.clone(),
@@ -217,6 +224,7 @@ impl<'c> KafkaJob<'c> {
             ends: BTreeMap::new(),
             last_group_check: None,
             assigned_events: 0,
+            telemetry: telemetry.clone(),
             snapshots,
             standbys,
             key_buf: Vec::new(),
@@ -257,7 +265,7 @@ impl<'c> KafkaJob<'c> {
         Ok(job)
     }
 
-    fn run(mut self, observer: &dyn Observer) -> Result<RunStats, RunError> {
+    fn run(mut self) -> Result<RunStats, RunError> {
         let idle = self
             .cfg
             .idle_timeout
@@ -279,6 +287,14 @@ impl<'c> KafkaJob<'c> {
             if self.kafka.stop_at_end && self.tasks.values().all(Task::done) && self.all_done()? {
                 break;
             }
+            self.telemetry.running();
+            self.telemetry.answer_queries(|key| {
+                let key = key.as_bytes();
+                self.tasks
+                    .values()
+                    .filter_map(|t| super::lookup::describe(&t.shard, key, &t.names[0].name))
+                    .collect()
+            });
             // Poll a round: wait for the first record, then take what is ready.
             let mut round = 0;
             let mut wait = Duration::from_millis(100);
@@ -306,19 +322,7 @@ impl<'c> KafkaJob<'c> {
             if let Some(limit) = idle {
                 self.advance_idle(limit)?;
             }
-            let open: usize = self
-                .tasks
-                .values()
-                .map(|t| t.shard.op.open_sessions())
-                .sum();
-            let read: u64 = self.tasks.values().map(|t| t.run.records_read).sum();
-            let w = self
-                .tasks
-                .values()
-                .map(|t| t.shard.op.watermark())
-                .min()
-                .unwrap_or(Watermark::MIN);
-            observer.progress(read, open, w);
+            self.report();
             if self.last_commit.elapsed() >= interval {
                 self.commit()?;
             }
@@ -346,9 +350,26 @@ impl<'c> KafkaJob<'c> {
                 w.finish()?;
             }
         }
+        self.report();
         let stats = self.stats();
         self.consumer.close();
         Ok(stats)
+    }
+
+    /// Where every task stands, for telemetry (and the progress line).
+    fn report(&self) {
+        let reports: Vec<TaskReport<'_>> = self
+            .tasks
+            .values()
+            .map(|t| TaskReport {
+                task: &t.names[0].name,
+                counts: super::task_counts(&t.run, std::slice::from_ref(&t.shard)),
+                watermark: t.shard.op.watermark(),
+                open_sessions: t.shard.op.open_sessions() as u64,
+                keys: t.shard.op.keys() as u64,
+            })
+            .collect();
+        self.telemetry.batch(&reports);
     }
 
     /// `--stop-at-end` with this process's tasks done: whether every other partition of
@@ -500,12 +521,19 @@ impl<'c> KafkaJob<'c> {
     /// Drops a task, keeping this process's committed share of its accounting.
     fn release(&mut self, tp: &TopicPartition) {
         if let Some(task) = self.tasks.remove(tp) {
+            self.telemetry.task_removed(&task.names[0].name);
             self.released.add_counters(&task.committed);
             self.released.sub_counters(&task.carried);
         }
     }
 
     fn rebalance(&mut self, event: Rebalance) -> Result<(), RunError> {
+        let (kind, parts) = match &event {
+            Rebalance::Assign(p) => ("assign", p),
+            Rebalance::Revoke(p) => ("revoke", p),
+            Rebalance::Lost(p) => ("lost", p),
+        };
+        self.telemetry.rebalance(kind, &self.names_of(parts));
         match event {
             Rebalance::Assign(parts) => {
                 self.assigned_events += 1;
@@ -542,6 +570,8 @@ impl<'c> KafkaJob<'c> {
                 if let Some(p) = &mut self.producer {
                     p.abort().map_err(commit_error)?;
                 }
+                self.telemetry
+                    .transaction_aborted(&"partitions lost in a rebalance");
                 self.aborts += 1;
                 self.revoked += parts.len() as u64;
                 for tp in &parts {
@@ -700,6 +730,8 @@ impl<'c> KafkaJob<'c> {
             durable,
             ..
         } = self;
+        // The changelog records of the transaction, for telemetry.
+        let (mut bytes, mut keys) = (0u64, 0u64);
         if let Some(p) = producer.as_mut() {
             if *durable {
                 for task in tasks.values_mut().filter(|t| t.dirty) {
@@ -716,6 +748,8 @@ impl<'c> KafkaJob<'c> {
                             codec::encode_sessions(s, value_buf);
                             &value_buf[..]
                         });
+                        keys += 1;
+                        bytes += (key_buf.len() + value.map_or(0, <[u8]>::len)) as u64;
                         if let Err(e) = p.send(topic, partition, Some(key_buf), value, false) {
                             failed = Some(e);
                         }
@@ -725,6 +759,7 @@ impl<'c> KafkaJob<'c> {
                     }
                     let meta =
                         serde_json::to_vec(&task.meta(options)).expect("progress record encodes");
+                    bytes += meta.len() as u64;
                     // Its offset tells a local snapshot how much of the changelog
                     // it covers.
                     p.send_tracked(
@@ -745,6 +780,13 @@ impl<'c> KafkaJob<'c> {
                 match p.commit(group.as_ref().map(|g| (&offsets, g))) {
                     Ok(()) => {
                         self.commits += 1;
+                        self.telemetry.checkpoint(&CheckpointReport {
+                            kind: CheckpointKind::Transaction,
+                            epoch: None,
+                            bytes,
+                            keys,
+                            took: self.last_commit.elapsed(),
+                        });
                         let tracked = p.take_tracked();
                         for task in self.tasks.values_mut() {
                             task.committed = task.counters();
@@ -758,7 +800,7 @@ impl<'c> KafkaJob<'c> {
                         }
                     }
                     Err(CommitError::Aborted(why)) => {
-                        tracing::warn!(reason = %why, "transaction aborted; rewinding the tasks to their last commit");
+                        self.telemetry.transaction_aborted(&why);
                         self.aborts += 1;
                         return self.rewind();
                     }
@@ -780,6 +822,7 @@ impl<'c> KafkaJob<'c> {
                 w.finish()?;
             }
         }
+        self.telemetry.outputs_written();
         Ok(())
     }
 

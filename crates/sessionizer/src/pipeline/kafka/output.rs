@@ -55,6 +55,8 @@ impl KafkaJob<'_> {
             ..
         } = self;
         let task = tasks.get_mut(&id).expect("task exists");
+        self.telemetry
+            .sessions_completed(task.shard.out.completed, std::time::Instant::now());
         // Dead letters first: they come from decoding, before any session of the batch.
         if with_batch.is_some()
             && self.cfg.on_invalid == OnInvalid::DeadLetter

@@ -6,6 +6,7 @@ use super::super::RunError;
 use super::task::{META_VERSION, Task, TaskMeta};
 use super::{KafkaJob, option_differences};
 use crate::stats::RestoreStats;
+use crate::telemetry::RestoreReport;
 use sessionizer_connectors::kafka::changelog::{self, Entry, ReadStats};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings};
 use std::collections::HashMap;
@@ -87,6 +88,7 @@ impl KafkaJob<'_> {
         committed: Option<i64>,
     ) -> Result<Option<i64>, RunError> {
         let began = Instant::now();
+        self.telemetry.restoring();
         let topic = self.changelogs[task.tp.topic as usize].clone();
         let partition = task.tp.partition;
         let (low, high) = self.admin.watermarks(&topic, partition)?;
@@ -172,14 +174,17 @@ impl KafkaJob<'_> {
             keys: state.states.len() as u64,
             ms: micros / 1000,
         });
-        tracing::info!(
-            task = %name,
-            from = state.source,
-            changelog_records = read.records,
-            changelog_bytes = read.bytes,
-            keys = state.states.len(),
-            ms = micros / 1000,
-            "task restored"
+        self.telemetry.restored(
+            &RestoreReport {
+                source: &format!("{topic} (from {})", state.source),
+                task: &name,
+                epoch: None,
+                records: read.records,
+                bytes: read.bytes,
+                keys: state.states.len() as u64,
+                took: began.elapsed(),
+            },
+            0,
         );
         Ok(Some(meta.next_offset))
     }

@@ -1,0 +1,324 @@
+//! The HTTP endpoint of `sessionizer run --http-addr ADDR` (SPEC §6): a small hyper
+//! server on a single-threaded tokio runtime of its own thread, beside the pipeline.
+//!
+//! | endpoint | answer |
+//! | --- | --- |
+//! | `GET /metrics` | Prometheus text format: [`Telemetry::encode_metrics`] |
+//! | `GET /sessions?key=K` | the key's sessions in progress as JSON, asked of the pipeline between two batches; 404 with `{"key":K,"sessions":[]}` when it holds none |
+//! | `GET /health`, `/health/live` | liveness: 200 while the process runs |
+//! | `GET /health/ready` | readiness: 200 once the state is restored and the input is being read, else 503 |
+//!
+//! Every JSON answer of `/health*` is `{"live":true,"ready":bool,"phase":"..."}`.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use sessionizer::telemetry::{METRICS_CONTENT_TYPE, QueryError, Telemetry};
+use std::convert::Infallible;
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+/// How long `/sessions` waits for the pipeline to come between two batches.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Reads `--http-addr`: `HOST:PORT` (an IP address or a name), or `PORT` / `:PORT` for
+/// `127.0.0.1:PORT` — the endpoint is local unless a host is named.
+pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    const EXPECTED: &str =
+        "expected HOST:PORT (such as 127.0.0.1:9464), or PORT / :PORT for 127.0.0.1:PORT";
+    let t = text.trim();
+    let port = t.strip_prefix(':').unwrap_or(t);
+    if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) {
+        return port
+            .parse::<u16>()
+            .map(|p| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), p))
+            .map_err(|_| format!("the port must be at most 65535; {EXPECTED}"));
+    }
+    if t.is_empty() || t.starts_with(':') {
+        return Err(EXPECTED.into());
+    }
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    if !t.contains(':') {
+        return Err(format!("no port given; {EXPECTED}"));
+    }
+    match t.to_socket_addrs() {
+        Ok(mut addrs) => addrs
+            .next()
+            .ok_or_else(|| format!("the host has no address; {EXPECTED}")),
+        Err(e) => Err(format!("{e}; {EXPECTED}")),
+    }
+}
+
+/// A running endpoint. It serves until the process exits.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+}
+
+impl Server {
+    /// The address it listens on (with the port chosen when 0 was asked for).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Binds `addr` now (so that a port in use is reported before the run starts) and
+/// serves `telemetry` on a thread of its own.
+pub fn serve(addr: SocketAddr, telemetry: Telemetry) -> std::io::Result<Server> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    telemetry.accept_queries();
+    std::thread::Builder::new()
+        .name("sessionizer-http".into())
+        .spawn(move || runtime.block_on(accept_loop(listener, telemetry)))?;
+    tracing::info!(addr = %local, "http endpoint listening");
+    Ok(Server { addr: local })
+}
+
+async fn accept_loop(listener: std::net::TcpListener, telemetry: Telemetry) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(error = %e, "http endpoint cannot accept connections");
+            return;
+        }
+    };
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: wait rather than spin.
+                tracing::warn!(error = %e, "http endpoint: accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let telemetry = telemetry.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| respond(req, telemetry.clone()));
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(error = %e, "http connection ended with an error");
+            }
+        });
+    }
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn reply_json(status: StatusCode, value: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut text = value.to_string();
+    text.push('\n');
+    reply(status, "application/json", text)
+}
+
+fn health(telemetry: &Telemetry) -> serde_json::Value {
+    json!({
+        "live": true,
+        "ready": telemetry.is_ready(),
+        "phase": telemetry.phase().as_str(),
+    })
+}
+
+async fn respond(
+    req: Request<Incoming>,
+    telemetry: Telemetry,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != Method::GET {
+        let mut r = reply_json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &json!({"error": "only GET is served"}),
+        );
+        r.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static("GET"));
+        return Ok(r);
+    }
+    let response = match req.uri().path() {
+        "/metrics" => reply(
+            StatusCode::OK,
+            METRICS_CONTENT_TYPE,
+            telemetry.encode_metrics(),
+        ),
+        "/health" | "/health/live" => reply_json(StatusCode::OK, &health(&telemetry)),
+        "/health/ready" => {
+            let status = if telemetry.is_ready() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            reply_json(status, &health(&telemetry))
+        }
+        "/sessions" => {
+            let key = req.uri().query().and_then(|q| {
+                form_urlencoded::parse(q.as_bytes())
+                    .find(|(name, _)| name == "key")
+                    .map(|(_, v)| v.into_owned())
+            });
+            match key {
+                None => reply_json(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": "name the key: /sessions?key=K (URL-encoded)"}),
+                ),
+                Some(key) => sessions(key, telemetry).await,
+            }
+        }
+        _ => reply_json(
+            StatusCode::NOT_FOUND,
+            &json!({
+                "error": "no such endpoint",
+                "endpoints": ["/metrics", "/sessions?key=K", "/health", "/health/ready"],
+            }),
+        ),
+    };
+    Ok(response)
+}
+
+async fn sessions(key: String, telemetry: Telemetry) -> Response<Full<Bytes>> {
+    let asked = key.clone();
+    // The pipeline answers between two batches: wait for it off the runtime's thread.
+    let answer = tokio::task::spawn_blocking(move || telemetry.query(&asked, QUERY_TIMEOUT)).await;
+    match answer {
+        Ok(Ok(a)) => {
+            let status = if a.found {
+                StatusCode::OK
+            } else {
+                StatusCode::NOT_FOUND
+            };
+            reply(status, "application/json", a.json + "\n")
+        }
+        Ok(Err(e)) => {
+            let phase = match &e {
+                QueryError::NotRunning(p) => p.as_str(),
+                QueryError::TimedOut(_) => "running",
+            };
+            reply_json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"key": key, "error": e.to_string(), "phase": phase}),
+            )
+        }
+        Err(e) => reply_json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"key": key, "error": e.to_string()}),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_addr, serve};
+    use sessionizer::telemetry::Telemetry;
+    use std::time::Duration;
+
+    fn call(addr: &str, method: &str, path: &str) -> (u16, String) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(20)))
+            .build()
+            .into();
+        let url = format!("http://{addr}{path}");
+        let mut r = match method {
+            "GET" => agent.get(url).call(),
+            _ => agent.post(url).send_empty(),
+        }
+        .expect("request");
+        let status = r.status().as_u16();
+        (status, r.body_mut().read_to_string().expect("body"))
+    }
+
+    #[test]
+    fn readiness_follows_the_run_and_questions_wait_for_the_pipeline() {
+        let telemetry = Telemetry::default();
+        let server = serve("127.0.0.1:0".parse().unwrap(), telemetry.clone()).expect("serve");
+        let addr = server.addr().to_string();
+        let get = |path: &str| call(&addr, "GET", path);
+        assert_eq!(
+            get("/health"),
+            (
+                200,
+                "{\"live\":true,\"phase\":\"starting\",\"ready\":false}\n".into()
+            )
+        );
+        assert_eq!(get("/health/ready").0, 503);
+        let (status, body) = get("/sessions?key=k");
+        assert_eq!(status, 503);
+        assert!(body.contains("\"phase\":\"starting\""), "{body}");
+        telemetry.restoring();
+        assert_eq!(get("/health/ready").0, 503);
+        assert!(get("/health").1.contains("restoring"));
+        telemetry.running();
+        assert_eq!(get("/health/ready").0, 200);
+        assert!(get("/metrics").1.contains("sessionizer_ready 1"));
+
+        // The answer comes from whoever empties the mailbox, as the pipeline does
+        // between batches.
+        let asking = {
+            let addr = addr.clone();
+            std::thread::spawn(move || call(&addr, "GET", "/sessions?key=a%2Fb"))
+        };
+        let mut asked = Vec::new();
+        while !asking.is_finished() {
+            telemetry.answer_queries(|key| {
+                asked.push(key.to_string());
+                Vec::new()
+            });
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            asking.join().unwrap(),
+            (404, "{\"key\":\"a/b\",\"sessions\":[]}\n".into())
+        );
+        assert_eq!(asked, ["a/b"]);
+
+        assert_eq!(call(&addr, "POST", "/metrics").0, 405);
+        assert_eq!(get("/sessions").0, 400);
+        telemetry.ended(Ok(&Default::default()));
+        assert_eq!(get("/health/ready").0, 503);
+        assert_eq!(get("/health").0, 200, "live while the process runs");
+    }
+
+    #[test]
+    fn a_bare_port_is_local() {
+        assert_eq!(parse_addr("9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(parse_addr(":9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(
+            parse_addr("127.0.0.1:0").unwrap().to_string(),
+            "127.0.0.1:0"
+        );
+    }
+
+    #[test]
+    fn a_named_host_is_kept() {
+        assert_eq!(parse_addr("0.0.0.0:80").unwrap().to_string(), "0.0.0.0:80");
+        assert_eq!(parse_addr("[::1]:9464").unwrap().to_string(), "[::1]:9464");
+        assert!(parse_addr("localhost:9464").unwrap().ip().is_loopback());
+    }
+
+    #[test]
+    fn bad_addresses_are_refused_with_the_expected_forms() {
+        for bad in ["", ":", "70000", ":x", "localhost", "1.2.3.4", "a b:1"] {
+            let e = parse_addr(bad).unwrap_err();
+            assert!(e.contains("HOST:PORT"), "{bad:?}: {e}");
+        }
+    }
+}
