@@ -96,6 +96,7 @@ pub struct FileConfig {
     pub kafka_config: Option<Vec<String>>,
     pub standby_replicas: Option<usize>,
     pub snapshot_interval: Option<String>,
+    pub repartition: Option<bool>,
 }
 
 impl FileConfig {
@@ -116,6 +117,7 @@ impl FileConfig {
             kafka_config: self.kafka_config.take(),
             standby_replicas: self.standby_replicas.take(),
             snapshot_interval: self.snapshot_interval.take(),
+            repartition: self.repartition.take(),
         }
     }
 }

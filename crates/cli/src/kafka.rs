@@ -77,6 +77,13 @@ pub struct KafkaArgs {
     #[arg(long, value_name = "N")]
     pub standby_replicas: Option<usize>,
 
+    /// The input topic is not partitioned by the session key: re-key its records
+    /// through the internal topic <GROUP>-repartition (created by the job, with as many
+    /// partitions as the first input topic) and sessionize from there, exactly once
+    /// across both hops.
+    #[arg(long)]
+    pub repartition: bool,
+
     /// With --state-dir and a Kafka job: how often each task's state is snapshotted to
     /// the directory (after a commit), so that a restart reads only the changelog's
     /// tail. [default: 30s]
@@ -112,6 +119,7 @@ pub struct KafkaFile {
     pub kafka_config: Option<Vec<String>>,
     pub standby_replicas: Option<usize>,
     pub snapshot_interval: Option<String>,
+    pub repartition: Option<bool>,
 }
 
 /// What the rest of the configuration needs to know to check the Kafka options.
@@ -157,6 +165,7 @@ pub fn resolve(
     let timeout = args.kafka_timeout.or(file.kafka_timeout);
     let standby_replicas = args.standby_replicas.or(file.standby_replicas);
     let snapshot_interval = args.snapshot_interval.or(file.snapshot_interval);
+    let repartition = args.repartition || file.repartition.unwrap_or(false);
     let properties = if args.kafka_config.is_empty() {
         file.kafka_config.unwrap_or_default()
     } else {
@@ -228,6 +237,7 @@ pub fn resolve(
         for (name, on) in [
             ("--standby-replicas", standby_replicas.is_some()),
             ("--snapshot-interval", snapshot_interval.is_some()),
+            ("--repartition", repartition),
         ] {
             if on {
                 return Err(ConfigError::Conflict(format!(
@@ -294,6 +304,7 @@ pub fn resolve(
         state_dir: ctx.state_dir,
         snapshot_interval,
         standby_replicas: standby_replicas.unwrap_or(0),
+        repartition,
     }))
 }
 

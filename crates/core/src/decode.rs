@@ -246,6 +246,66 @@ impl<'a> Decoded<'a> {
     }
 }
 
+/// A key's text from its raw JSON value: a string's content (unescaped into `buf` when
+/// it has escapes) or an integer's digits; anything else is invalid.
+fn read_key<'s>(
+    raw: &'s [u8],
+    field: &FieldPath,
+    buf: &'s mut Vec<u8>,
+) -> Result<&'s [u8], Invalid> {
+    match json::kind(raw) {
+        JsonKind::String => match json::string_content(raw) {
+            Some(content) => Ok(content),
+            None => {
+                buf.clear();
+                json::unescape_string(raw, buf)?;
+                Ok(buf)
+            }
+        },
+        JsonKind::Number if json::is_integer(raw) => Ok(raw),
+        JsonKind::Number => Err(Invalid::KeyKind {
+            field: field.clone(),
+            found: "a float",
+        }),
+        JsonKind::Null => Err(Invalid::NullKey(field.clone())),
+        k => Err(Invalid::KeyKind {
+            field: field.clone(),
+            found: k.describe(),
+        }),
+    }
+}
+
+/// Reads only the session key of records, as [`Decoder`] does (validating the whole
+/// line): for re-keying records without judging the rest of them.
+#[derive(Debug, Clone)]
+pub struct KeyReader {
+    field: FieldPath,
+    extractor: Extractor,
+    found: Vec<Option<Span>>,
+    buf: Vec<u8>,
+}
+
+impl KeyReader {
+    /// A reader of the key field `field`.
+    pub fn new(field: FieldPath) -> KeyReader {
+        KeyReader {
+            extractor: Extractor::new(std::slice::from_ref(&field)),
+            field,
+            found: vec![None],
+            buf: Vec::new(),
+        }
+    }
+
+    /// The key of `line`, or why the line has none.
+    pub fn key<'s>(&'s mut self, line: &'s [u8]) -> Result<&'s [u8], Invalid> {
+        self.extractor.scan(line, &mut self.found)?;
+        let Some(span) = self.found[0] else {
+            return Err(Invalid::MissingKey(self.field.clone()));
+        };
+        read_key(span.of(line), &self.field, &mut self.buf)
+    }
+}
+
 /// Decodes records per a [`DecoderConfig`]; reuse one per input stream.
 #[derive(Debug, Clone)]
 pub struct Decoder {
@@ -327,31 +387,7 @@ impl Decoder {
         let Some(key_span) = found[0] else {
             return Err(Invalid::MissingKey(self.cfg.key.clone()));
         };
-        let raw = key_span.of(line);
-        let key: &'s [u8] = match json::kind(raw) {
-            JsonKind::String => match json::string_content(raw) {
-                Some(content) => content,
-                None => {
-                    self.key_buf.clear();
-                    json::unescape_string(raw, &mut self.key_buf)?;
-                    &self.key_buf
-                }
-            },
-            JsonKind::Number if json::is_integer(raw) => raw,
-            JsonKind::Number => {
-                return Err(Invalid::KeyKind {
-                    field: self.cfg.key.clone(),
-                    found: "a float",
-                });
-            }
-            JsonKind::Null => return Err(Invalid::NullKey(self.cfg.key.clone())),
-            k => {
-                return Err(Invalid::KeyKind {
-                    field: self.cfg.key.clone(),
-                    found: k.describe(),
-                });
-            }
-        };
+        let key = read_key(key_span.of(line), &self.cfg.key, &mut self.key_buf)?;
 
         // Time.
         let Some(time_span) = found[self.time_slot] else {

@@ -129,6 +129,9 @@ pub struct KafkaConfig {
     pub snapshot_interval: std::time::Duration,
     /// `--standby-replicas`: warm copies of other processes' tasks kept per partition.
     pub standby_replicas: usize,
+    /// `--repartition`: the input is not partitioned by the session key; it is re-keyed
+    /// through the internal topic `<group>-repartition` first.
+    pub repartition: bool,
 }
 
 impl KafkaConfig {

@@ -135,6 +135,16 @@ fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// when the line has it (invalid lines get no key), with Kafka's default (murmur2)
 /// partitioner as a Java producer would; returns the number of records.
 pub fn produce_lines(topic: &str, path: &Path, key_field: &str) -> usize {
+    produce(topic, path, Some(key_field))
+}
+
+/// Produces every line of `path` keyed by its line number: records of one visit end up
+/// in different partitions (an input not partitioned by the session key).
+pub fn produce_lines_unkeyed(topic: &str, path: &Path) -> usize {
+    produce(topic, path, None)
+}
+
+fn produce(topic: &str, path: &Path, key_field: Option<&str>) -> usize {
     let producer: BaseProducer = config()
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "20")
@@ -148,14 +158,17 @@ pub fn produce_lines(topic: &str, path: &Path, key_field: &str) -> usize {
         if line.is_empty() {
             continue;
         }
-        let key = serde_json::from_slice::<serde_json::Value>(line)
-            .ok()
-            .and_then(|v| v.get(key_field).cloned())
-            .and_then(|k| match k {
-                serde_json::Value::String(s) => Some(s),
-                serde_json::Value::Number(n) => Some(n.to_string()),
-                _ => None,
-            });
+        let key = match key_field {
+            Some(key_field) => serde_json::from_slice::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v.get(key_field).cloned())
+                .and_then(|k| match k {
+                    serde_json::Value::String(s) => Some(s),
+                    serde_json::Value::Number(n) => Some(n.to_string()),
+                    _ => None,
+                }),
+            None => Some(format!("line-{n}")),
+        };
         let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).payload(line);
         if let Some(k) = &key {
             record = record.key(k.as_bytes());

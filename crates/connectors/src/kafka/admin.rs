@@ -78,28 +78,54 @@ impl Admin {
         }
     }
 
+    /// Makes sure the job's internal re-keying topic exists with `partitions`
+    /// partitions (created with the broker's default retention when missing).
+    pub fn ensure_internal(&self, topic: &str, partitions: usize) -> Result<(), KafkaError> {
+        self.ensure(
+            topic,
+            partitions,
+            &[("cleanup.policy", "delete")],
+            "internal",
+        )
+    }
+
     /// Makes sure the compacted changelog `topic` exists with `partitions` partitions:
     /// creates it when missing, refuses one with another partition count (its partitions
     /// would no longer match the input's).
     pub fn ensure_changelog(&self, topic: &str, partitions: usize) -> Result<(), KafkaError> {
+        // Compacted: the latest state of each key stays, so a restore reads each key
+        // once. Small segments let the cleaner compact soon after a segment rolls.
+        let config = [
+            ("cleanup.policy", "compact"),
+            ("segment.bytes", "67108864"),
+            ("segment.ms", "600000"),
+            ("min.cleanable.dirty.ratio", "0.2"),
+            ("message.timestamp.type", "LogAppendTime"),
+        ];
+        self.ensure(topic, partitions, &config, "changelog")
+    }
+
+    fn ensure(
+        &self,
+        topic: &str,
+        partitions: usize,
+        config: &[(&str, &str)],
+        what: &str,
+    ) -> Result<(), KafkaError> {
         if let Some(n) = self.partitions(topic)? {
             if n != partitions {
                 return Err(KafkaError::Invalid(format!(
-                    "the changelog topic {topic} has {n} partitions but its input has {partitions}: one changelog partition per input partition is required. Was the input topic repartitioned? Use a new --kafka-group"
+                    "the {what} topic {topic} has {n} partitions but needs {partitions} (one per input partition). Was the input topic repartitioned? Use a new --kafka-group"
                 )));
             }
             return Ok(());
         }
         let parts = i32::try_from(partitions)
             .map_err(|_| KafkaError::Invalid(format!("{partitions} partitions")))?;
-        // Compacted: the latest state of each key stays, so a restore reads each key once.
-        // Small segments let the cleaner compact soon after a segment rolls.
-        let new = NewTopic::new(topic, parts, TopicReplication::Fixed(-1))
-            .set("cleanup.policy", "compact")
-            .set("segment.bytes", "67108864")
-            .set("segment.ms", "600000")
-            .set("min.cleanable.dirty.ratio", "0.2")
-            .set("message.timestamp.type", "LogAppendTime");
+        let mut new = NewTopic::new(topic, parts, TopicReplication::Fixed(-1));
+        for &(k, v) in config {
+            new = new.set(k, v);
+        }
         let opts = AdminOptions::new().operation_timeout(Some(self.settings.timeout));
         let results = futures_executor::block_on(self.admin.create_topics([&new], &opts))
             .map_err(KafkaError::client(format!("create topic {topic}")))?;
@@ -109,7 +135,7 @@ impl Admin {
                 Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
                 Err((name, code)) => {
                     return Err(KafkaError::Invalid(format!(
-                        "cannot create the changelog topic {name}: {code}"
+                        "cannot create the {what} topic {name}: {code}"
                     )));
                 }
             }
@@ -123,7 +149,7 @@ impl Admin {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
         Err(KafkaError::Invalid(format!(
-            "the changelog topic {topic} was created but did not appear within {:?}",
+            "the {what} topic {topic} was created but did not appear within {:?}",
             self.settings.timeout
         )))
     }

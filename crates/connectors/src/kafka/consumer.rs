@@ -141,6 +141,16 @@ impl Record<'_> {
     pub fn value(&self) -> Option<&[u8]> {
         self.msg.payload()
     }
+
+    /// The value of header `name`, if the record has it.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        use rdkafka::message::Headers;
+        self.msg
+            .headers()?
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value)
+    }
 }
 
 /// What one poll gave.

@@ -85,6 +85,8 @@ impl std::fmt::Debug for TxnProducer {
 
 /// A header that marks a tombstone as a retraction (SPEC §3).
 pub const RETRACT_HEADER: &str = "retract";
+/// The header of a re-keyed record that names where it was read first.
+pub const SOURCE_HEADER: &str = "source";
 
 impl TxnProducer {
     /// Creates the producer with `transactional_id` and registers it with the broker's
@@ -171,6 +173,33 @@ impl TxnProducer {
         retract: bool,
         tag: usize,
     ) -> Result<(), CommitError> {
+        self.send_full(topic, partition, key, value, retract, None, tag)
+    }
+
+    /// [`send`](Self::send) with a `source` header (a re-keyed record's origin,
+    /// `topic/partition@offset`).
+    pub fn send_with_source(
+        &mut self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        source: &str,
+    ) -> Result<(), CommitError> {
+        self.send_full(topic, partition, key, value, false, Some(source), 0)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send_full(
+        &mut self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        retract: bool,
+        source: Option<&str>,
+        tag: usize,
+    ) -> Result<(), CommitError> {
         self.begin()?;
         let mut record: BaseRecord<'_, [u8], [u8], usize> = BaseRecord::with_opaque_to(topic, tag);
         if let Some(p) = partition {
@@ -186,6 +215,12 @@ impl TxnProducer {
             record = record.headers(OwnedHeaders::new().insert(Header {
                 key: RETRACT_HEADER,
                 value: Some("true"),
+            }));
+        }
+        if let Some(source) = source {
+            record = record.headers(OwnedHeaders::new().insert(Header {
+                key: SOURCE_HEADER,
+                value: Some(source),
             }));
         }
         loop {

@@ -16,6 +16,7 @@
 //! * **Files in, Kafka out** is the file driver with a Kafka sink (see [`super`]).
 
 mod output;
+mod repartition;
 mod restore;
 mod snapshot;
 mod standby;
@@ -28,12 +29,13 @@ use crate::config::{KafkaConfig, KafkaStart, PipelineConfig};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, TaskReport, Telemetry};
 use output::Out;
+use repartition::Rekey;
 use sessionizer_checkpoint::Counters;
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::changelog;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, Rebalance, StartAt};
-use sessionizer_connectors::kafka::producer::{CommitError, TxnProducer};
+use sessionizer_connectors::kafka::producer::{CommitError, SOURCE_HEADER, TxnProducer};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
 use sessionizer_connectors::{Batch, OutputTarget, SessionEncoder};
 use sessionizer_core::decode::Decoder;
@@ -103,6 +105,10 @@ struct KafkaJob<'c> {
     last_group_check: Option<Instant>,
     /// Assignments received from the group.
     assigned_events: u64,
+    /// The topics read: the inputs, then the internal re-keying topic if any.
+    topics: Vec<String>,
+    /// `--repartition`: the re-keying of the inputs.
+    rekey: Option<Rekey>,
     /// Metrics, logs, `/sessions` questions.
     telemetry: Telemetry,
     /// `--state-dir`: local task snapshots.
@@ -150,9 +156,37 @@ impl<'c> KafkaJob<'c> {
             "--dead-letter-topic",
         )?;
         let late = Out::new(&kafka.late_topic, &cfg.late_output, &admin, "--late-topic")?;
+        // The topics the consumer reads: the inputs, and with --repartition the internal
+        // topic they are re-keyed into, whose partitions are then the tasks.
+        let mut topics = kafka.topics.clone();
+        let mut rekey = None;
+        if kafka.repartition {
+            let (Some(g), true) = (group, durable) else {
+                return Err(RunError::Kafka(KafkaError::Invalid(
+                    "--repartition needs --kafka-output-topic and --kafka-group".into(),
+                )));
+            };
+            let internal = format!("{g}-repartition");
+            let n = partitions[0];
+            admin.ensure_internal(&internal, n)?;
+            rekey = Some(Rekey::new(
+                internal.clone(),
+                n,
+                topics.len(),
+                cfg.key.clone(),
+            ));
+            topics.push(internal);
+            partitions.push(n);
+        }
+        // One changelog per topic whose partitions are tasks (an input topic that is
+        // re-keyed has none: its entry stays empty).
         let mut changelogs = Vec::new();
         if let (true, Some(g)) = (durable, group) {
-            for (t, &n) in kafka.topics.iter().zip(&partitions) {
+            for (i, (t, &n)) in topics.iter().zip(&partitions).enumerate() {
+                if rekey.is_some() && i + 1 < topics.len() {
+                    changelogs.push(String::new());
+                    continue;
+                }
                 let name = changelog_topic(g, t);
                 admin.ensure_changelog(&name, n)?;
                 changelogs.push(name);
@@ -181,7 +215,7 @@ impl<'c> KafkaJob<'c> {
         let client_id = format!("sessionizer-{instance}");
         let consumer = GroupConsumer::new(
             &settings,
-            &kafka.topics,
+            &topics,
             if durable { group } else { None },
             kafka.instance_id.as_deref(),
             &client_id,
@@ -224,6 +258,8 @@ impl<'c> KafkaJob<'c> {
             ends: BTreeMap::new(),
             last_group_check: None,
             assigned_events: 0,
+            topics,
+            rekey,
             telemetry: telemetry.clone(),
             snapshots,
             standbys,
@@ -248,11 +284,15 @@ impl<'c> KafkaJob<'c> {
         }
         if kafka.stop_at_end {
             // "The end" is where every partition stood when this run started, whoever
-            // comes to process it.
+            // comes to process it. The internal topic's end is known only once every
+            // input was re-keyed to its end (see all_done).
             for &tp in &all {
+                if job.rekey.as_ref().is_some_and(|r| !r.is_input(tp)) {
+                    continue;
+                }
                 let (_, high) = job
                     .admin
-                    .watermarks(&kafka.topics[tp.topic as usize], tp.partition)?;
+                    .watermarks(&job.topics[tp.topic as usize], tp.partition)?;
                 job.ends.insert(tp, high);
             }
         }
@@ -284,7 +324,7 @@ impl<'c> KafkaJob<'c> {
                 s.refresh(&self.consumer, &self.tasks)?;
                 s.poll()?;
             }
-            if self.kafka.stop_at_end && self.tasks.values().all(Task::done) && self.all_done()? {
+            if self.kafka.stop_at_end && self.ready_to_stop()? {
                 break;
             }
             self.telemetry.running();
@@ -297,14 +337,27 @@ impl<'c> KafkaJob<'c> {
             });
             // Poll a round: wait for the first record, then take what is ready.
             let mut round = 0;
+            let mut ended = false;
             let mut wait = Duration::from_millis(100);
             loop {
                 match self.consumer.poll(wait)? {
                     Polled::Nothing => break,
-                    Polled::End => {}
+                    Polled::End => ended = true,
                     Polled::Record(r) => {
-                        if let Some(task) = self.tasks.get_mut(&r.from) {
-                            staged += stage(task, r.offset(), r.key(), r.value());
+                        if let Some(rekey) = self.rekey.as_mut().filter(|k| k.is_input(r.from)) {
+                            if rekey.positions.contains_key(&r.from) {
+                                let p = self.producer.as_mut().expect("re-keying has a producer");
+                                rekey.forward(p, &self.topics, &r).map_err(commit_error)?;
+                                round += 1;
+                            }
+                        } else if let Some(task) = self.tasks.get_mut(&r.from) {
+                            staged += stage(
+                                task,
+                                r.offset(),
+                                r.key(),
+                                r.value(),
+                                r.header(SOURCE_HEADER),
+                            );
                             round += 1;
                         }
                     }
@@ -318,6 +371,9 @@ impl<'c> KafkaJob<'c> {
                 }
             }
             self.process_staged()?;
+            if ended {
+                self.catch_up_positions()?;
+            }
             staged = 0;
             if let Some(limit) = idle {
                 self.advance_idle(limit)?;
@@ -372,17 +428,24 @@ impl<'c> KafkaJob<'c> {
         self.telemetry.batch(&reports);
     }
 
-    /// `--stop-at-end` with this process's tasks done: whether every other partition of
-    /// the input is done too (its committed offset reached its end). A process stays
-    /// in the group until then, to take over the partitions of a member that dies.
-    /// Asked of the group coordinator at most once a second.
-    fn all_done(&mut self) -> Result<bool, RunError> {
+    /// `--stop-at-end`: whether this process may end — its tasks are done and so is
+    /// every other partition of the input (its committed offset reached its end). A
+    /// process stays in the group until then, to take over the partitions of a member
+    /// that dies. With `--repartition` the inputs come first: once every input
+    /// partition was re-keyed to its end and committed, the internal topic's end is
+    /// read, and the tasks run up to it. Asked of the group coordinator at most once a
+    /// second.
+    fn ready_to_stop(&mut self) -> Result<bool, RunError> {
         if !self.durable {
-            return Ok(!self.tasks.is_empty());
+            return Ok(!self.tasks.is_empty() && self.tasks.values().all(Task::done));
         }
         // Not before the group gave this process its share (it may hold partitions
         // that need restoring, or whose changelog is damaged).
         if self.assigned_events == 0 {
+            return Ok(false);
+        }
+        let inputs_pending = self.rekey.as_ref().is_some_and(|r| !r.inputs_done);
+        if !inputs_pending && !self.tasks.values().all(Task::done) {
             return Ok(false);
         }
         if self
@@ -392,20 +455,92 @@ impl<'c> KafkaJob<'c> {
             return Ok(false);
         }
         self.last_group_check = Some(Instant::now());
+        if inputs_pending {
+            let rekey = self.rekey.as_ref().expect("re-keying");
+            let mine_done = rekey
+                .positions
+                .iter()
+                .all(|(tp, &at)| self.ends.get(tp).is_some_and(|&e| at >= e));
+            let others: Vec<TopicPartition> = self
+                .ends
+                .keys()
+                .filter(|tp| rekey.is_input(**tp) && !rekey.positions.contains_key(tp))
+                .copied()
+                .collect();
+            if !mine_done || !self.committed_reached_end(&others)? {
+                return Ok(false);
+            }
+            // What this process forwarded must be committed before the end of the
+            // internal topic is taken.
+            self.commit()?;
+            // The internal topic is the last one read.
+            let t = self.topics.len() as u32 - 1;
+            let n = self.admin.require(&self.topics[t as usize], "internal")?;
+            let internal = (0..n as i32).map(|p| TopicPartition {
+                topic: t,
+                partition: p,
+            });
+            for tp in internal {
+                let (_, high) = self
+                    .admin
+                    .watermarks(&self.topics[tp.topic as usize], tp.partition)?;
+                self.ends.insert(tp, high);
+                if let Some(task) = self.tasks.get_mut(&tp) {
+                    task.end = Some(high);
+                }
+            }
+            if let Some(r) = &mut self.rekey {
+                r.inputs_done = true;
+            }
+            self.last_group_check = None;
+            return Ok(false);
+        }
         let others: Vec<TopicPartition> = self
             .ends
             .keys()
             .filter(|tp| !self.tasks.contains_key(tp))
+            .filter(|tp| !self.rekey.as_ref().is_some_and(|r| r.is_input(**tp)))
             .copied()
             .collect();
-        if others.is_empty() {
+        self.committed_reached_end(&others)
+    }
+
+    /// Whether the group's committed offset of each of `parts` reached its end.
+    fn committed_reached_end(&self, parts: &[TopicPartition]) -> Result<bool, RunError> {
+        if parts.is_empty() {
             return Ok(true);
         }
-        let committed = self.consumer.committed(&others)?;
-        Ok(others
+        let committed = self.consumer.committed(parts)?;
+        Ok(parts
             .iter()
             .zip(committed)
             .all(|(tp, c)| c.is_some_and(|c| c >= self.ends[tp])))
+    }
+
+    /// Moves each task's (and re-keyed input's) next offset up to the consumer's
+    /// position: past transaction markers and aborted records, which are never handed
+    /// out, so that a partition written with transactions can reach its end offset.
+    /// Called after the staged records were processed.
+    fn catch_up_positions(&mut self) -> Result<(), RunError> {
+        let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+        if let Some(r) = &self.rekey {
+            parts.extend(r.positions.keys());
+        }
+        let positions = self.consumer.positions(&parts)?;
+        for (tp, at) in parts.iter().zip(positions) {
+            let Some(at) = at else { continue };
+            if let Some(task) = self.tasks.get_mut(tp) {
+                if task.batch.lines.is_empty() && at > task.next_offset {
+                    task.next_offset = at;
+                }
+            } else if let Some(r) = &mut self.rekey
+                && let Some(p) = r.positions.get_mut(tp)
+                && at > *p
+            {
+                *p = at;
+            }
+        }
+        Ok(())
     }
 
     fn keep_open(&self) -> bool {
@@ -439,6 +574,25 @@ impl<'c> KafkaJob<'c> {
         };
         let mut starts = Vec::with_capacity(parts.len());
         for (&tp, committed) in parts.iter().zip(committed) {
+            if let Some(rekey) = self.rekey.as_mut().filter(|r| r.is_input(tp)) {
+                // An input partition that is re-keyed: only its position.
+                let start = match (committed, self.kafka.start) {
+                    (Some(o), _) => StartAt::Offset(o),
+                    (None, KafkaStart::Earliest) => StartAt::Earliest,
+                    (None, KafkaStart::Latest) => StartAt::Latest,
+                };
+                let (low, high) = self
+                    .admin
+                    .watermarks(&self.topics[tp.topic as usize], tp.partition)?;
+                let at = match start {
+                    StartAt::Offset(o) => o.max(low),
+                    StartAt::Earliest => low,
+                    StartAt::Latest => high,
+                };
+                rekey.positions.insert(tp, at);
+                starts.push((tp, StartAt::Offset(at)));
+                continue;
+            }
             let mut task = self.new_task(tp);
             let restored_meta = if self.durable {
                 self.restore(&mut task, committed)?
@@ -456,7 +610,7 @@ impl<'c> KafkaJob<'c> {
                     KafkaStart::Latest => StartAt::Latest,
                 },
             };
-            let topic = &self.kafka.topics[tp.topic as usize];
+            let topic = &self.topics[tp.topic as usize];
             let (low, high) = self.admin.watermarks(topic, tp.partition)?;
             task.next_offset = match start {
                 StartAt::Offset(o) => o,
@@ -484,7 +638,7 @@ impl<'c> KafkaJob<'c> {
     }
 
     fn new_task(&self, tp: TopicPartition) -> Task {
-        let topic = &self.kafka.topics[tp.topic as usize];
+        let topic = &self.topics[tp.topic as usize];
         let mut shard = Shard::new(
             0,
             self.cfg.window_config(),
@@ -497,7 +651,8 @@ impl<'c> KafkaJob<'c> {
         }
         Task {
             tp,
-            names: [SourceName::partition(topic, tp.partition)],
+            names: vec![SourceName::partition(topic, tp.partition)],
+            last_offset: -1,
             shard,
             decoder: Decoder::new(self.cfg.decoder_config()),
             parsed: Parsed::default(),
@@ -520,6 +675,9 @@ impl<'c> KafkaJob<'c> {
 
     /// Drops a task, keeping this process's committed share of its accounting.
     fn release(&mut self, tp: &TopicPartition) {
+        if let Some(r) = &mut self.rekey {
+            r.positions.remove(tp);
+        }
         if let Some(task) = self.tasks.remove(tp) {
             self.telemetry.task_removed(&task.names[0].name);
             self.released.add_counters(&task.committed);
@@ -586,7 +744,10 @@ impl<'c> KafkaJob<'c> {
     /// Puts every task back to its last commit (after an aborted transaction): drops
     /// them and restores them again from their changelogs.
     fn rewind(&mut self) -> Result<(), RunError> {
-        let parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+        let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+        if let Some(r) = &self.rekey {
+            parts.extend(r.positions.keys());
+        }
         if parts.is_empty() {
             return Ok(());
         }
@@ -646,8 +807,7 @@ impl<'c> KafkaJob<'c> {
                 &task.names,
             );
             task.next_seq += n as u64;
-            let last = task.batch.lines[n - 1].line_no as i64;
-            task.next_offset = last + 1;
+            task.next_offset = task.last_offset + 1;
             task.dirty = true;
             task.last_input = Instant::now();
             task.watermark_at_last_input = task.shard.op.watermark();
@@ -703,7 +863,7 @@ impl<'c> KafkaJob<'c> {
     fn names_of(&self, parts: &[TopicPartition]) -> Vec<String> {
         parts
             .iter()
-            .map(|tp| format!("{}/{}", self.kafka.topics[tp.topic as usize], tp.partition))
+            .map(|tp| format!("{}/{}", self.topics[tp.topic as usize], tp.partition))
             .collect()
     }
 
@@ -728,6 +888,7 @@ impl<'c> KafkaJob<'c> {
             value_buf,
             consumer,
             durable,
+            rekey,
             ..
         } = self;
         // The changelog records of the transaction, for telemetry.
@@ -773,8 +934,11 @@ impl<'c> KafkaJob<'c> {
                     .map_err(commit_error)?;
                     task.dirty = false;
                 }
-                let next: Vec<(TopicPartition, i64)> =
+                let mut next: Vec<(TopicPartition, i64)> =
                     tasks.values().map(|t| (t.tp, t.next_offset)).collect();
+                if let Some(r) = rekey.as_ref() {
+                    next.extend(r.positions.iter().map(|(&tp, &o)| (tp, o)));
+                }
                 let offsets = consumer.offsets(&next)?;
                 let group = consumer.group_metadata();
                 match p.commit(group.as_ref().map(|g| (&offsets, g))) {

@@ -42,8 +42,12 @@ pub(super) struct TaskMeta {
 /// One input partition: its operator, watermark, offsets and counters.
 pub(super) struct Task {
     pub(super) tp: TopicPartition,
-    /// `topic/partition`, for positions in side outputs.
-    pub(super) names: [SourceName; 1],
+    /// `topic/partition` of the task first, then those of the partitions its records
+    /// came from when they were re-keyed (`--repartition`): positions in side outputs
+    /// name where a record was read first.
+    pub(super) names: Vec<SourceName>,
+    /// The offset of the last record staged (the task's own partition).
+    pub(super) last_offset: i64,
     pub(super) shard: Shard,
     pub(super) decoder: Decoder,
     pub(super) parsed: Parsed,
@@ -111,16 +115,36 @@ pub(super) fn stage(
     offset: i64,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
+    origin: Option<&[u8]>,
 ) -> usize {
     let value = value.unwrap_or_default();
     let start = task.batch.data.len();
     task.batch.data.extend_from_slice(value);
+    // A re-keyed record is named by where it was read first.
+    let (input, line_no) = origin
+        .and_then(|o| std::str::from_utf8(o).ok())
+        .and_then(|o| o.rsplit_once('@'))
+        .and_then(|(name, at)| Some((name, at.parse::<u64>().ok()?)))
+        .and_then(|(name, at)| {
+            let (topic, partition) = name.rsplit_once('/')?;
+            let source = SourceName::partition(topic, partition.parse().ok()?);
+            let i = match task.names.iter().position(|n| *n == source) {
+                Some(i) => i,
+                None => {
+                    task.names.push(source);
+                    task.names.len() - 1
+                }
+            };
+            Some((i as u32, at))
+        })
+        .unwrap_or((0, offset as u64));
     task.batch.lines.push(LineSpan {
         start: start as u32,
         end: task.batch.data.len() as u32,
-        input: 0,
-        line_no: offset as u64,
+        input,
+        line_no,
     });
+    task.last_offset = offset;
     match key {
         Some(k) => {
             task.key_spans
