@@ -31,8 +31,31 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct InspectArgs {
     /// The state directory of a job (`run --state-dir`).
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "kafka_group")]
+    pub state_dir: Option<PathBuf>,
+
+    /// A Kafka job instead: its bootstrap servers (needs --kafka-group and
+    /// --kafka-topic; the tasks are read from the job's changelog topic).
+    #[arg(
+        long,
+        value_name = "HOSTS",
+        requires = "kafka_group",
+        conflicts_with = "state_dir"
+    )]
+    pub kafka_brokers: Option<String>,
+
+    /// The Kafka job's group (`run --kafka-group`).
+    #[arg(long, value_name = "GROUP", requires_all = ["kafka_brokers", "kafka_topic"])]
+    pub kafka_group: Option<String>,
+
+    /// The Kafka job's input topic (`run --kafka-topic`; for a --repartition job, the
+    /// internal topic <GROUP>-repartition).
+    #[arg(long, value_name = "TOPIC")]
+    pub kafka_topic: Option<String>,
+
+    /// Only this partition of the Kafka job. [default: every partition]
+    #[arg(long, value_name = "P", requires = "kafka_group")]
+    pub partition: Option<i32>,
 
     /// Also show this key's sessions.
     #[arg(long, value_name = "K", conflicts_with = "keys")]

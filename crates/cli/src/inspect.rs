@@ -15,7 +15,14 @@ use std::io::Write;
 /// Writes the report for `args` to `out`: the checkpoints and the newest valid one's
 /// positions, watermark and counts; the keys' sessions only with `--keys` or `--key`.
 pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
-    let path = &args.state_dir;
+    if let (Some(brokers), Some(group), Some(topic)) =
+        (&args.kafka_brokers, &args.kafka_group, &args.kafka_topic)
+    {
+        return inspect_kafka(args, brokers, group, topic, out);
+    }
+    let Some(path) = &args.state_dir else {
+        anyhow::bail!("give --state-dir DIR, or --kafka-brokers, --kafka-group and --kafka-topic");
+    };
     match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => anyhow::bail!(
@@ -61,7 +68,7 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
         out.write_all(&text)?;
         return Ok(());
     }
-    writeln!(out, "state directory {}", args.state_dir.display())?;
+    writeln!(out, "state directory {}", path.display())?;
     if checkpoints.is_empty() {
         writeln!(out, "no checkpoints")?;
         return Ok(());
@@ -288,5 +295,177 @@ fn session_line(s: &Value) -> String {
         s["event_count"],
         s["next_revision"],
         if aggregates.is_empty() { "" } else { "; " },
+    )
+}
+
+/// `sessionizer inspect --kafka-brokers B --kafka-group G --kafka-topic T`: every task of a
+/// Kafka job as its changelog holds it — progress (next offset, watermark, counters) and
+/// the number of keys; sessions with `--keys` or `--key`.
+#[cfg(feature = "kafka")]
+fn inspect_kafka(
+    args: &InspectArgs,
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    use sessionizer_connectors::kafka::KafkaSettings;
+    use sessionizer_connectors::kafka::admin::Admin;
+    use sessionizer_connectors::kafka::changelog::{Entry, read_to_end};
+    use sessionizer_connectors::kafka::partitioner::partition_for;
+    let settings = KafkaSettings {
+        brokers: brokers.to_string(),
+        properties: Vec::new(),
+        timeout: std::time::Duration::from_secs(30),
+    };
+    let changelog = format!("{group}-{topic}-changelog");
+    let admin = Admin::new(&settings)?;
+    let Some(n) = admin.partitions(&changelog)? else {
+        anyhow::bail!(
+            "job {group} has no changelog topic {changelog}: no task of it has committed yet, or the group or topic is another"
+        );
+    };
+    let parts: Vec<i32> = match (args.partition, &args.key) {
+        (Some(p), _) if p < 0 || p as usize >= n => {
+            anyhow::bail!("partition {p}: {changelog} has partitions 0..{}", n - 1)
+        }
+        (Some(p), _) => vec![p],
+        // A key lives in the partition its session key gives.
+        (None, Some(k)) => vec![partition_for(k.as_bytes(), n)],
+        (None, None) => (0..n as i32).collect(),
+    };
+    let listing = args.keys || args.key.is_some();
+    let mut tasks = Vec::new();
+    for p in parts {
+        let mut meta: Option<Value> = None;
+        let mut states: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = Default::default();
+        let read = read_to_end(&settings, &changelog, p, None, |e| {
+            match e {
+                Entry::State {
+                    key,
+                    value: Some(v),
+                } => {
+                    states.insert(key.to_vec(), v.to_vec());
+                }
+                Entry::State { key, value: None } => {
+                    states.remove(key);
+                }
+                Entry::Meta(m) => {
+                    meta = Some(serde_json::from_slice(m).map_err(|e| e.to_string())?);
+                }
+            }
+            Ok(())
+        })?;
+        let format =
+            meta.as_ref()
+                .and_then(|m| m["state_format"].as_u64())
+                .unwrap_or(u64::from(sessionizer_checkpoint::FORMAT_VERSION)) as u16;
+        let mut sessions = Vec::new();
+        if listing {
+            for (key, value) in &states {
+                if args
+                    .key
+                    .as_deref()
+                    .is_some_and(|k| k.as_bytes() != key.as_slice())
+                {
+                    continue;
+                }
+                let (floor, list) = describe_sessions(key, value, format).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{changelog}/{p}: key {:?}: {e}",
+                        String::from_utf8_lossy(key)
+                    )
+                })?;
+                sessions.push(
+                    json!({"key": String::from_utf8_lossy(key), "floor": floor, "sessions": list}),
+                );
+            }
+        }
+        tasks.push(json!({
+            "task": format!("{topic}/{p}"),
+            "changelog": format!("{changelog}/{p}"),
+            "changelog_records": read.records,
+            "changelog_end_offset": read.end_offset,
+            "keys_with_state": states.len(),
+            "progress": meta,
+            "sessions": if listing { Value::Array(sessions) } else { Value::Null },
+        }));
+    }
+    if args.json {
+        let mut text =
+            serde_json::to_vec_pretty(&json!({"group": group, "topic": topic, "tasks": tasks}))?;
+        text.push(b'\n');
+        out.write_all(&text)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "Kafka job {group}, input {topic}, changelog {changelog}"
+    )?;
+    for t in &tasks {
+        let m = &t["progress"];
+        writeln!(
+            out,
+            "task {}: {} keys with state ({} changelog records read)",
+            t["task"].as_str().unwrap_or("?"),
+            t["keys_with_state"],
+            t["changelog_records"]
+        )?;
+        if m.is_null() {
+            writeln!(out, "  no progress committed yet")?;
+            continue;
+        }
+        let w = m["watermark"]["watermark_ms"].as_i64().unwrap_or(i64::MIN);
+        writeln!(
+            out,
+            "  next input offset {}, watermark {}, {} records read ({} in sessions, {} duplicates, {} late, {} invalid), {} sessions emitted{}",
+            m["next_offset"],
+            Watermark::at(EventTime(w)),
+            m["counters"]["records_read"],
+            m["counters"]["in_sessions"],
+            m["counters"]["duplicates"],
+            m["counters"]["late"],
+            m["counters"]["invalid"],
+            m["counters"]["sessions_emitted"],
+            if m["flushed"] == true {
+                ", ended (every session emitted)"
+            } else {
+                ""
+            },
+        )?;
+        if let Some(list) = t["sessions"].as_array() {
+            for k in list {
+                writeln!(
+                    out,
+                    "  {} (floor {})",
+                    k["key"],
+                    k["floor"].as_str().unwrap_or("-")
+                )?;
+                for s in k["sessions"].as_array().into_iter().flatten() {
+                    writeln!(out, "    {}", session_line(s))?;
+                }
+            }
+        }
+    }
+    if !listing {
+        writeln!(
+            out,
+            "list the sessions of every key with --keys, or of one with --key K"
+        )?;
+    }
+    Ok(())
+}
+
+/// `inspect --kafka-*` in a build without Kafka.
+#[cfg(not(feature = "kafka"))]
+fn inspect_kafka(
+    _: &InspectArgs,
+    _: &str,
+    _: &str,
+    _: &str,
+    _: &mut impl Write,
+) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "this sessionizer was built without Kafka support; build it with `cargo build --release --features kafka`"
     )
 }

@@ -1075,3 +1075,73 @@ fn a_randomly_keyed_input_with_repartition_gives_the_sessions_of_a_keyed_one() {
     }
     assert_eq!(n as u64, st_random["invalid"].as_u64().expect("invalid"));
 }
+
+#[test]
+fn inspect_shows_a_kafka_jobs_tasks_and_a_keys_sessions_from_its_changelog() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 5_000, 31);
+    let t = Topics::new(2);
+    let produced = produce_lines(&t.input, &data, "visit_id");
+    let mut args = t.args();
+    args.extend(["--stop-at-end", "--keep-open"].map(String::from));
+    run_ok(&as_strs(&args));
+    let base = [
+        "inspect",
+        "--kafka-brokers",
+        broker(),
+        "--kafka-group",
+        &t.group,
+        "--kafka-topic",
+        &t.input,
+    ];
+    let mut a = base.to_vec();
+    a.push("--json");
+    let report: serde_json::Value =
+        serde_json::from_slice(&run_ok(&a).stdout).expect("inspect --json");
+    let tasks = report["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks.len(), 2);
+    let mut read = 0;
+    let mut keys = 0;
+    for task in tasks {
+        read += task["progress"]["counters"]["records_read"]
+            .as_u64()
+            .expect("counters");
+        keys += task["keys_with_state"].as_u64().expect("keys");
+        assert!(task["sessions"].is_null(), "no sessions without --keys");
+    }
+    assert_eq!(
+        read as usize, produced,
+        "the tasks' accounting covers the input"
+    );
+    assert!(keys > 0, "--keep-open kept sessions in the changelog");
+    // One key: the partition its session key gives, with its open sessions.
+    let key = std::fs::read_to_string(&data)
+        .expect("data")
+        .lines()
+        .rev()
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).ok()?;
+            v["visit_id"].as_str().map(str::to_string)
+        })
+        .expect("a visit");
+    let mut a = base.to_vec();
+    a.extend(["--key", &key, "--json"]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&run_ok(&a).stdout).expect("inspect --key");
+    let tasks = report["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks.len(), 1, "only the key's partition is read");
+    let sessions = tasks[0]["sessions"].as_array().expect("sessions");
+    assert_eq!(sessions.len(), 1, "{report}");
+    assert_eq!(sessions[0]["key"], key.as_str());
+    let list = sessions[0]["sessions"].as_array().expect("list");
+    assert!(
+        list.iter()
+            .any(|s| s["final"] == false && s["event_count"].as_u64() > Some(0)),
+        "the visit's last session is still open: {report}"
+    );
+    // The text form says the same.
+    let text = String::from_utf8(run_ok(&base).stdout).expect("utf8");
+    assert!(text.contains(&format!("task {}/0", t.input)), "{text}");
+    assert!(text.contains("next input offset"), "{text}");
+}
