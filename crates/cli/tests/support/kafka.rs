@@ -203,9 +203,23 @@ pub struct Read {
 }
 
 /// Every record of `topic` visible to a `read_committed` reader, per partition in
-/// offset order.
+/// offset order, once no transaction on it is open any more: a process killed in the
+/// middle of a transaction leaves it open until the broker aborts it (after the
+/// transaction timeout), and until then a `read_committed` reader stops before it —
+/// also before the later, committed records of other processes.
 pub fn read_committed(topic: &str) -> Vec<Vec<Read>> {
-    read_all(topic, "read_committed")
+    let began = Instant::now();
+    loop {
+        let (records, settled) = read_all_settled(topic, "read_committed");
+        if settled {
+            return records;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(90),
+            "a transaction on {topic} stayed open for 90 s"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 /// Every record of `topic`, aborted ones included, per partition in offset order.
@@ -214,6 +228,12 @@ pub fn read_uncommitted(topic: &str) -> Vec<Vec<Read>> {
 }
 
 fn read_all(topic: &str, isolation: &str) -> Vec<Vec<Read>> {
+    read_all_settled(topic, isolation).0
+}
+
+/// The records, and whether every partition was read to its high watermark (no
+/// transaction open).
+fn read_all_settled(topic: &str, isolation: &str) -> (Vec<Vec<Read>>, bool) {
     let consumer: BaseConsumer = config()
         .set("group.id", "sessionizer-tests")
         .set("enable.auto.commit", "false")
@@ -261,7 +281,26 @@ fn read_all(topic: &str, isolation: &str) -> Vec<Vec<Read>> {
             }
         }
     }
-    out
+    // At its end a read_committed reader stands at the last stable offset; below the
+    // high watermark, a transaction is still open.
+    let positions = consumer.position().expect("positions");
+    let mut settled = true;
+    for p in 0..partitions as i32 {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .expect("watermarks");
+        let at = positions
+            .find_partition(topic, p)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(o) => Some(o),
+                _ => None,
+            })
+            .unwrap_or(0);
+        if at < high {
+            settled = false;
+        }
+    }
+    (out, settled)
 }
 
 /// A record's value as text.

@@ -87,6 +87,30 @@ pub fn read_to_end(
     from: Option<i64>,
     mut apply: impl FnMut(Entry<'_>) -> Result<(), String>,
 ) -> Result<ReadStats, KafkaError> {
+    let mut stats = read_many(settings, topic, &[(partition, from)], |_, e| apply(e))?;
+    Ok(stats.remove(0))
+}
+
+/// Reads several partitions of changelog `topic` to their ends at once (as
+/// [`read_to_end`] does one): `parts` are `(partition, from)`, and `apply` gets the
+/// index in `parts` of each record's partition. One reader for all: a restore of many
+/// partitions waits for the end of the slowest, not for the sum of them.
+pub fn read_many(
+    settings: &KafkaSettings,
+    topic: &str,
+    parts: &[(i32, Option<i64>)],
+    mut apply: impl FnMut(usize, Entry<'_>) -> Result<(), String>,
+) -> Result<Vec<ReadStats>, KafkaError> {
+    let mut stats: Vec<ReadStats> = parts
+        .iter()
+        .map(|&(_, from)| ReadStats {
+            end_offset: from.unwrap_or(0),
+            ..ReadStats::default()
+        })
+        .collect();
+    if parts.is_empty() {
+        return Ok(stats);
+    }
     let mut c = settings.client_config();
     c.set("group.id", "sessionizer-restore")
         .set("enable.auto.commit", "false")
@@ -95,50 +119,65 @@ pub fn read_to_end(
         .set("auto.offset.reset", "earliest")
         .set("fetch.wait.max.ms", "10")
         .set("queued.min.messages", "500000")
+        .set("fetch.queue.backoff.ms", "5")
         .set("max.partition.fetch.bytes", "16777216");
     let consumer: BaseConsumer<Reader> = settings
         .finish(c)
         .create_with_context(Reader)
         .map_err(KafkaError::client("create the changelog reader"))?;
     let mut tpl = TopicPartitionList::new();
-    let start = match from {
-        Some(o) => Offset::Offset(o),
-        None => Offset::Beginning,
-    };
-    tpl.add_partition_offset(topic, partition, start)
-        .map_err(KafkaError::client(format!("read {topic}/{partition}")))?;
+    for &(partition, from) in parts {
+        let start = match from {
+            Some(o) => Offset::Offset(o),
+            None => Offset::Beginning,
+        };
+        tpl.add_partition_offset(topic, partition, start)
+            .map_err(KafkaError::client(format!("read {topic}/{partition}")))?;
+    }
     consumer
         .assign(&tpl)
-        .map_err(KafkaError::client(format!("read {topic}/{partition}")))?;
-    let mut stats = ReadStats {
-        end_offset: from.unwrap_or(0),
-        ..ReadStats::default()
-    };
+        .map_err(KafkaError::client(format!("read {topic}")))?;
+    let index = |partition: i32| parts.iter().position(|&(p, _)| p == partition);
+    let mut ended = vec![false; parts.len()];
     let mut last_progress = Instant::now();
-    loop {
+    while ended.iter().any(|e| !e) {
         match consumer.poll(Duration::from_millis(100)) {
             None => {
                 if last_progress.elapsed() > settings.timeout {
+                    let waiting: Vec<String> = parts
+                        .iter()
+                        .zip(&ended)
+                        .filter(|(_, e)| !**e)
+                        .map(|((p, _), _)| format!("{topic}/{p}"))
+                        .collect();
                     return Err(KafkaError::Invalid(format!(
-                        "reading the changelog {topic}/{partition} made no progress for {:?} (at offset {}); is the broker up?",
-                        settings.timeout, stats.end_offset
+                        "reading the changelog made no progress for {:?} ({} not at its end); is the broker up?",
+                        settings.timeout,
+                        waiting.join(", ")
                     )));
                 }
             }
-            Some(Err(ClientError::PartitionEOF(_))) => break,
+            Some(Err(ClientError::PartitionEOF(p))) => {
+                if let Some(i) = index(p) {
+                    ended[i] = true;
+                }
+            }
             Some(Err(e)) => {
                 return Err(KafkaError::Client {
-                    what: format!("read the changelog {topic}/{partition}"),
+                    what: format!("read the changelog {topic}"),
                     source: e,
                 });
             }
             Some(Ok(m)) => {
                 last_progress = Instant::now();
+                let partition = m.partition();
+                let Some(i) = index(partition) else { continue };
                 let key = m.key().unwrap_or_default();
                 let value = m.payload();
-                stats.records += 1;
-                stats.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
-                stats.end_offset = m.offset() + 1;
+                let st = &mut stats[i];
+                st.records += 1;
+                st.bytes += (key.len() + value.map_or(0, <[u8]>::len)) as u64;
+                st.end_offset = m.offset() + 1;
                 let entry = match key.split_first() {
                     Some((&STATE_PREFIX, k)) => Entry::State { key: k, value },
                     _ if key == META_KEY => match value {
@@ -153,7 +192,7 @@ pub fn read_to_end(
                         )));
                     }
                 };
-                apply(entry).map_err(|reason| {
+                apply(i, entry).map_err(|reason| {
                     KafkaError::Invalid(format!(
                         "the changelog {topic}/{partition} is damaged at offset {}: {reason}",
                         m.offset()
@@ -191,6 +230,7 @@ impl Tail {
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "false")
             .set("auto.offset.reset", "earliest")
+            .set("fetch.queue.backoff.ms", "5")
             .set("fetch.wait.max.ms", "100");
         let consumer: BaseConsumer<Reader> = settings
             .finish(c)

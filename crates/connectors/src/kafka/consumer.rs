@@ -211,7 +211,13 @@ impl GroupConsumer {
             // Fetch in large blocks: a record is a few hundred bytes.
             .set("fetch.min.bytes", "1")
             .set("fetch.wait.max.ms", "50")
-            .set("queued.min.messages", "200000")
+            // Prefetch: up to 16 MiB per partition (the default 64 MiB per partition
+            // makes a 4-partition job hold 256 MiB of records it has not asked for).
+            .set("queued.min.messages", "100000")
+            .set("queued.max.messages.kbytes", "16384")
+            // When the prefetch queue is full, fetch again soon after it drains (the
+            // default waits a whole second, which starves a fast consumer).
+            .set("fetch.queue.backoff.ms", "5")
             .set("max.partition.fetch.bytes", "4194304")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000");
@@ -356,6 +362,19 @@ impl GroupConsumer {
     /// offsets for them is pending (KIP-447), so the answer is stable: a crashed
     /// owner's open transaction is first aborted (after its timeout) or committed.
     pub fn committed(&self, parts: &[TopicPartition]) -> Result<Vec<Option<i64>>, KafkaError> {
+        Ok(self
+            .committed_with_metadata(parts)?
+            .into_iter()
+            .map(|c| c.map(|(o, _)| o))
+            .collect())
+    }
+
+    /// [`committed`](Self::committed), with the metadata string committed beside each
+    /// offset.
+    pub fn committed_with_metadata(
+        &self,
+        parts: &[TopicPartition],
+    ) -> Result<Vec<Option<(i64, String)>>, KafkaError> {
         let with: Vec<_> = parts.iter().map(|&tp| (tp, None)).collect();
         let tpl = self.tpl(&with)?;
         let got = self
@@ -368,7 +387,7 @@ impl GroupConsumer {
                 let topic = &self.topics[tp.topic as usize];
                 got.find_partition(topic, tp.partition)
                     .and_then(|e: TopicPartitionListElem<'_>| match e.offset() {
-                        Offset::Offset(o) => Some(o),
+                        Offset::Offset(o) => Some((o, e.metadata().to_string())),
                         _ => None,
                     })
             })
@@ -381,16 +400,23 @@ impl GroupConsumer {
         self.consumer.group_metadata()
     }
 
-    /// Builds the offsets list of a commit: `(partition, next offset to read)`.
+    /// Builds the offsets list of a commit: `(partition, next offset to read, metadata)`.
     pub fn offsets(
         &self,
-        next: &[(TopicPartition, i64)],
+        next: &[(TopicPartition, i64, &str)],
     ) -> Result<TopicPartitionList, KafkaError> {
-        let with: Vec<_> = next
-            .iter()
-            .map(|&(tp, o)| (tp, Some(StartAt::Offset(o))))
-            .collect();
-        self.tpl(&with)
+        let mut tpl = TopicPartitionList::new();
+        for &(tp, offset, metadata) in next {
+            let topic = &self.topics[tp.topic as usize];
+            let mut e = tpl.add_partition(topic, tp.partition);
+            e.set_offset(Offset::Offset(offset))
+                .map_err(KafkaError::client(format!(
+                    "commit {topic}/{}",
+                    tp.partition
+                )))?;
+            e.set_metadata(metadata);
+        }
+        Ok(tpl)
     }
 
     /// The next record, an end-of-partition notice, or nothing within `timeout`.

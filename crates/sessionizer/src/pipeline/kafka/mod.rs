@@ -61,6 +61,10 @@ struct Restored {
     micros: u64,
 }
 
+/// The offset metadata of a task that emitted every session at the end of a
+/// `--stop-at-end` run.
+const FLUSHED: &str = "flushed";
+
 /// Runs a job whose input is Kafka topics.
 pub(crate) fn run(
     cfg: &PipelineConfig,
@@ -312,93 +316,97 @@ impl<'c> KafkaJob<'c> {
             .map(|d| Duration::from_millis(u64::try_from(d.millis()).unwrap_or(0)));
         let interval = self.commit_interval();
         let mut staged = 0usize;
-        loop {
-            for event in self.consumer.take_rebalances() {
-                self.process_staged()?;
-                self.rebalance(event)?;
-                if let Some(s) = &mut self.standbys {
-                    s.stale();
-                }
-            }
-            if let Some(s) = &mut self.standbys {
-                s.refresh(&self.consumer, &self.tasks)?;
-                s.poll()?;
-            }
-            if self.kafka.stop_at_end && self.ready_to_stop()? {
-                break;
-            }
-            self.telemetry.running();
-            self.telemetry.answer_queries(|key| {
-                let key = key.as_bytes();
-                self.tasks
-                    .values()
-                    .filter_map(|t| super::lookup::describe(&t.shard, key, &t.names[0].name))
-                    .collect()
-            });
-            // Poll a round: wait for the first record, then take what is ready.
-            let mut round = 0;
-            let mut ended = false;
-            let mut wait = Duration::from_millis(100);
+        'job: loop {
             loop {
-                match self.consumer.poll(wait)? {
-                    Polled::Nothing => break,
-                    Polled::End => ended = true,
-                    Polled::Record(r) => {
-                        if let Some(rekey) = self.rekey.as_mut().filter(|k| k.is_input(r.from)) {
-                            if rekey.positions.contains_key(&r.from) {
-                                let p = self.producer.as_mut().expect("re-keying has a producer");
-                                rekey.forward(p, &self.topics, &r).map_err(commit_error)?;
-                                round += 1;
-                            }
-                        } else if let Some(task) = self.tasks.get_mut(&r.from) {
-                            staged += stage(
-                                task,
-                                r.offset(),
-                                r.key(),
-                                r.value(),
-                                r.header(SOURCE_HEADER),
-                            );
-                            round += 1;
-                        }
+                for event in self.consumer.take_rebalances() {
+                    self.process_staged()?;
+                    self.rebalance(event)?;
+                    if let Some(s) = &mut self.standbys {
+                        s.stale();
                     }
                 }
-                wait = Duration::ZERO;
-                if round >= ROUND_RECORDS
-                    || staged >= TASK_BATCH_BYTES * self.tasks.len().max(1)
-                    || self.consumer.rebalance_pending()
-                {
-                    break;
+                if let Some(s) = &mut self.standbys {
+                    s.refresh(&self.consumer, &self.tasks)?;
+                    s.poll()?;
+                }
+                if self.kafka.stop_at_end {
+                    // A task that reached its end emits every session right away, as a
+                    // file input does at its end; the process then waits for the rest
+                    // of the group before it leaves.
+                    self.flush_done_tasks()?;
+                    if self.ready_to_stop()? {
+                        break;
+                    }
+                }
+                self.telemetry.running();
+                self.telemetry.answer_queries(|key| {
+                    let key = key.as_bytes();
+                    self.tasks
+                        .values()
+                        .filter_map(|t| super::lookup::describe(&t.shard, key, &t.names[0].name))
+                        .collect()
+                });
+                // Poll a round: wait for the first record, then take what is ready.
+                let mut round = 0;
+                let mut ended = false;
+                let mut wait = Duration::from_millis(100);
+                loop {
+                    match self.consumer.poll(wait)? {
+                        Polled::Nothing => break,
+                        Polled::End => ended = true,
+                        Polled::Record(r) => {
+                            if let Some(rekey) = self.rekey.as_mut().filter(|k| k.is_input(r.from))
+                            {
+                                if rekey.positions.contains_key(&r.from) {
+                                    let p =
+                                        self.producer.as_mut().expect("re-keying has a producer");
+                                    rekey.forward(p, &self.topics, &r).map_err(commit_error)?;
+                                    round += 1;
+                                }
+                            } else if let Some(task) = self.tasks.get_mut(&r.from) {
+                                staged += stage(
+                                    task,
+                                    r.offset(),
+                                    r.key(),
+                                    r.value(),
+                                    r.header(SOURCE_HEADER),
+                                );
+                                round += 1;
+                            }
+                        }
+                    }
+                    wait = Duration::ZERO;
+                    if round >= ROUND_RECORDS
+                        || staged >= TASK_BATCH_BYTES * self.tasks.len().max(1)
+                        || self.consumer.rebalance_pending()
+                    {
+                        break;
+                    }
+                }
+                self.process_staged()?;
+                if ended {
+                    self.catch_up_positions()?;
+                }
+                staged = 0;
+                if let Some(limit) = idle {
+                    self.advance_idle(limit)?;
+                }
+                self.report();
+                if self.last_commit.elapsed() >= interval {
+                    self.commit()?;
                 }
             }
-            self.process_staged()?;
-            if ended {
-                self.catch_up_positions()?;
+            // Every partition reached its end offset: end as a file input does.
+            self.flush_done_tasks()?;
+            let aborts = self.aborts;
+            self.commit()?;
+            if self.aborts == aborts {
+                break 'job;
             }
-            staged = 0;
-            if let Some(limit) = idle {
-                self.advance_idle(limit)?;
-            }
-            self.report();
-            if self.last_commit.elapsed() >= interval {
-                self.commit()?;
-            }
+            // The last commit was aborted (a rebalance moved the group on while it was
+            // made): the tasks were put back to their previous commit. Read on and end
+            // again.
         }
-        // Every partition reached its end offset: end as a file input does.
-        if !self.keep_open() {
-            for task in self.tasks.values_mut() {
-                if !task.flushed {
-                    task.shard.clear_outputs();
-                    task.shard.finish();
-                    task.flushed = true;
-                    task.dirty = true;
-                }
-            }
-            let ids: Vec<TopicPartition> = self.tasks.keys().copied().collect();
-            for id in ids {
-                self.send_outputs(id, None)?;
-            }
-        }
-        self.commit()?;
         let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
         self.write_snapshots(&all);
         for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
@@ -410,6 +418,32 @@ impl<'c> KafkaJob<'c> {
         let stats = self.stats();
         self.consumer.close();
         Ok(stats)
+    }
+
+    /// `--stop-at-end` without `--keep-open`: the tasks that reached their end emit
+    /// every session (the watermark becomes +infinity) and are committed as finished.
+    fn flush_done_tasks(&mut self) -> Result<(), RunError> {
+        if self.keep_open() {
+            return Ok(());
+        }
+        let done: Vec<TopicPartition> = self
+            .tasks
+            .iter()
+            .filter(|(_, t)| t.done() && !t.flushed)
+            .map(|(&id, _)| id)
+            .collect();
+        if done.is_empty() {
+            return Ok(());
+        }
+        for id in &done {
+            let task = self.tasks.get_mut(id).expect("task exists");
+            task.shard.clear_outputs();
+            task.shard.finish();
+            task.flushed = true;
+            task.dirty = true;
+            self.send_outputs(*id, None)?;
+        }
+        self.commit()
     }
 
     /// Where every task stands, for telemetry (and the progress line).
@@ -445,7 +479,11 @@ impl<'c> KafkaJob<'c> {
             return Ok(false);
         }
         let inputs_pending = self.rekey.as_ref().is_some_and(|r| !r.inputs_done);
-        if !inputs_pending && !self.tasks.values().all(Task::done) {
+        let mine_finished = self
+            .tasks
+            .values()
+            .all(|t| t.done() && (t.flushed || self.keep_open()));
+        if !inputs_pending && !mine_finished {
             return Ok(false);
         }
         if self
@@ -505,16 +543,20 @@ impl<'c> KafkaJob<'c> {
         self.committed_reached_end(&others)
     }
 
-    /// Whether the group's committed offset of each of `parts` reached its end.
+    /// Whether the group's committed offset of each of `parts` reached its end — and,
+    /// for a task partition of a run that emits every session at the end, whether the
+    /// task that owned it did so (the metadata it committed says [`FLUSHED`]).
     fn committed_reached_end(&self, parts: &[TopicPartition]) -> Result<bool, RunError> {
         if parts.is_empty() {
             return Ok(true);
         }
-        let committed = self.consumer.committed(parts)?;
-        Ok(parts
-            .iter()
-            .zip(committed)
-            .all(|(tp, c)| c.is_some_and(|c| c >= self.ends[tp])))
+        let committed = self.consumer.committed_with_metadata(parts)?;
+        Ok(parts.iter().zip(committed).all(|(tp, c)| {
+            let input = self.rekey.as_ref().is_some_and(|r| r.is_input(*tp));
+            c.is_some_and(|(o, meta)| {
+                o >= self.ends[tp] && (input || self.keep_open() || meta == FLUSHED)
+            })
+        }))
     }
 
     /// Moves each task's (and re-keyed input's) next offset up to the consumer's
@@ -573,6 +615,8 @@ impl<'c> KafkaJob<'c> {
             vec![None; parts.len()]
         };
         let mut starts = Vec::with_capacity(parts.len());
+        let mut fresh = Vec::new();
+        let mut fresh_committed = Vec::new();
         for (&tp, committed) in parts.iter().zip(committed) {
             if let Some(rekey) = self.rekey.as_mut().filter(|r| r.is_input(tp)) {
                 // An input partition that is re-keyed: only its position.
@@ -593,12 +637,18 @@ impl<'c> KafkaJob<'c> {
                 starts.push((tp, StartAt::Offset(at)));
                 continue;
             }
-            let mut task = self.new_task(tp);
-            let restored_meta = if self.durable {
-                self.restore(&mut task, committed)?
-            } else {
-                None
-            };
+            fresh.push(self.new_task(tp));
+            fresh_committed.push(committed);
+        }
+        let restored = if self.durable {
+            self.restore_all(&mut fresh, &fresh_committed)?
+        } else {
+            vec![None; fresh.len()]
+        };
+        for ((mut task, restored_meta), committed) in
+            fresh.into_iter().zip(restored).zip(fresh_committed)
+        {
+            let tp = task.tp;
             // A task new to the job commits its progress record with its first
             // offsets: a committed offset always has a changelog that explains it.
             task.dirty = restored_meta.is_none();
@@ -617,11 +667,26 @@ impl<'c> KafkaJob<'c> {
                 StartAt::Earliest => low,
                 StartAt::Latest => high,
             };
+            if task.next_offset < low {
+                tracing::warn!(
+                    task = %task.names[0].name,
+                    from = task.next_offset,
+                    first_available = low,
+                    "records the task has not read were deleted by the topic's retention; it goes on from the first one still there"
+                );
+            }
             // Read from where the task stands; a task that starts fresh at "latest"
             // pins its start now so that the offset is known.
             starts.push((tp, StartAt::Offset(task.next_offset.max(low))));
             if self.kafka.stop_at_end {
-                task.end = Some(self.ends.get(&tp).copied().unwrap_or(high));
+                // The internal topic of --repartition has no end before every input was
+                // re-keyed to its own (then `ends` has it).
+                let internal = self.rekey.as_ref().is_some_and(|r| !r.is_input(tp));
+                task.end = match self.ends.get(&tp) {
+                    Some(&e) => Some(e),
+                    None if internal => None,
+                    None => Some(high),
+                };
             }
             if task.flushed && task.end.is_none_or(|e| task.next_offset < e) {
                 return Err(RunError::Resume {
@@ -934,10 +999,15 @@ impl<'c> KafkaJob<'c> {
                     .map_err(commit_error)?;
                     task.dirty = false;
                 }
-                let mut next: Vec<(TopicPartition, i64)> =
-                    tasks.values().map(|t| (t.tp, t.next_offset)).collect();
+                // A task that emitted every session at the end of a --stop-at-end run
+                // says so beside its offset, so that the other processes of the group
+                // know it is finished, not only read.
+                let mut next: Vec<(TopicPartition, i64, &str)> = tasks
+                    .values()
+                    .map(|t| (t.tp, t.next_offset, if t.flushed { FLUSHED } else { "" }))
+                    .collect();
                 if let Some(r) = rekey.as_ref() {
-                    next.extend(r.positions.iter().map(|(&tp, &o)| (tp, o)));
+                    next.extend(r.positions.iter().map(|(&tp, &o)| (tp, o, "")));
                 }
                 let offsets = consumer.offsets(&next)?;
                 let group = consumer.group_metadata();

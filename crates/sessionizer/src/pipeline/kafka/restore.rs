@@ -7,8 +7,8 @@ use super::task::{META_VERSION, Task, TaskMeta};
 use super::{KafkaJob, option_differences};
 use crate::stats::RestoreStats;
 use crate::telemetry::RestoreReport;
+use sessionizer_connectors::kafka::KafkaError;
 use sessionizer_connectors::kafka::changelog::{self, Entry, ReadStats};
-use sessionizer_connectors::kafka::{KafkaError, KafkaSettings};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -50,19 +50,6 @@ impl Restoring {
         }
         Ok(())
     }
-
-    /// Reads the changelog partition from where this state stands to its end.
-    pub(super) fn catch_up(
-        &mut self,
-        settings: &KafkaSettings,
-        topic: &str,
-        partition: i32,
-    ) -> Result<ReadStats, KafkaError> {
-        let read =
-            changelog::read_to_end(settings, topic, partition, self.offset, |e| self.apply(e))?;
-        self.offset = Some(read.end_offset);
-        Ok(read)
-    }
 }
 
 /// Reads a progress record.
@@ -79,44 +66,118 @@ pub(super) fn parse_meta(bytes: &[u8]) -> Result<TaskMeta, String> {
 }
 
 impl KafkaJob<'_> {
-    /// Puts a task's state back: from a standby copy or a local snapshot when one fits,
-    /// then the changelog's tail (or all of it). Returns the offset the task goes on
-    /// from, `None` when the changelog has no progress record (a task never committed).
-    pub(super) fn restore(
+    /// Puts the state of several tasks back (a rebalance gives partitions in groups):
+    /// each from a standby copy or a local snapshot when one fits, then the changelog's
+    /// tail (or all of it), every partition read at once. Returns, per task, the offset
+    /// it goes on from, `None` when the changelog has no progress record (a task never
+    /// committed).
+    pub(super) fn restore_all(
         &mut self,
-        task: &mut Task,
-        committed: Option<i64>,
-    ) -> Result<Option<i64>, RunError> {
+        tasks: &mut [Task],
+        committed: &[Option<i64>],
+    ) -> Result<Vec<Option<i64>>, RunError> {
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
         let began = Instant::now();
         self.telemetry.restoring();
+        let mut states = Vec::with_capacity(tasks.len());
+        // Partitions with nothing to read after their start (an empty changelog, a copy
+        // that is up to date) are not read at all.
+        let mut nothing_to_read = vec![false; tasks.len()];
+        for (i, task) in tasks.iter().enumerate() {
+            let topic = self.changelogs[task.tp.topic as usize].clone();
+            let partition = task.tp.partition;
+            let (low, high) = self.admin.watermarks(&topic, partition)?;
+            let seeded = self
+                .standbys
+                .as_mut()
+                .and_then(|s| s.take(task.tp))
+                .or_else(|| self.load_snapshot(&topic, partition));
+            // A seed fits when the changelog still holds every record after it; one
+            // from a changelog that was deleted and created again, or cut by retention,
+            // does not.
+            let state = match seeded {
+                // A copy that has seen nothing yet is an empty start.
+                Some(s) if s.offset.is_none() => Restoring::empty(),
+                Some(s) if s.offset.is_some_and(|o| low <= o && o <= high) => s,
+                Some(s) => {
+                    tracing::warn!(
+                        task = %task.names[0].name,
+                        source = s.source,
+                        offset = ?s.offset,
+                        changelog_low = low,
+                        changelog_high = high,
+                        "the local copy does not fit the changelog; restoring from the changelog alone"
+                    );
+                    Restoring::empty()
+                }
+                None => Restoring::empty(),
+            };
+            nothing_to_read[i] = state.offset.unwrap_or(low) >= high;
+            if nothing_to_read[i] {
+                let mut state = state;
+                state.offset = Some(high);
+                states.push(state);
+                continue;
+            }
+            states.push(state);
+        }
+        // Every changelog partition of one topic read by one reader.
+        let mut reads = vec![ReadStats::default(); tasks.len()];
+        let mut topics: Vec<u32> = tasks.iter().map(|t| t.tp.topic).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        for t in topics {
+            let idx: Vec<usize> = (0..tasks.len())
+                .filter(|&i| tasks[i].tp.topic == t && !nothing_to_read[i])
+                .collect();
+            if idx.is_empty() {
+                continue;
+            }
+            let parts: Vec<(i32, Option<i64>)> = idx
+                .iter()
+                .map(|&i| (tasks[i].tp.partition, states[i].offset))
+                .collect();
+            let topic = &self.changelogs[t as usize];
+            let read = changelog::read_many(&self.settings, topic, &parts, |j, e| {
+                states[idx[j]].apply(e)
+            })?;
+            for (j, r) in read.into_iter().enumerate() {
+                let i = idx[j];
+                states[i].offset = Some(r.end_offset);
+                reads[i] = r;
+            }
+        }
+        for (i, n) in nothing_to_read.iter().enumerate() {
+            if *n {
+                reads[i].end_offset = states[i].offset.unwrap_or(0);
+            }
+        }
+        let took = began.elapsed();
+        let mut out = Vec::with_capacity(tasks.len());
+        for ((task, state), (read, &committed)) in tasks
+            .iter_mut()
+            .zip(states)
+            .zip(reads.iter().zip(committed))
+        {
+            out.push(self.finish_restore(task, state, *read, committed, took)?);
+        }
+        Ok(out)
+    }
+
+    /// Puts one task's restored state into its operator, after checking it against the
+    /// group's committed offset and this run's options.
+    fn finish_restore(
+        &mut self,
+        task: &mut Task,
+        state: Restoring,
+        read: ReadStats,
+        committed: Option<i64>,
+        took: std::time::Duration,
+    ) -> Result<Option<i64>, RunError> {
         let topic = self.changelogs[task.tp.topic as usize].clone();
         let partition = task.tp.partition;
-        let (low, high) = self.admin.watermarks(&topic, partition)?;
-        let seeded = self
-            .standbys
-            .as_mut()
-            .and_then(|s| s.take(task.tp))
-            .or_else(|| self.load_snapshot(&topic, partition));
-        // A seed fits when the changelog still holds every record after it; one from a
-        // changelog that was deleted and created again, or cut by retention, does not.
-        let mut state = match seeded {
-            // A copy that has seen nothing yet is an empty start.
-            Some(s) if s.offset.is_none() => Restoring::empty(),
-            Some(s) if s.offset.is_some_and(|o| low <= o && o <= high) => s,
-            Some(s) => {
-                tracing::warn!(
-                    task = %task.names[0].name,
-                    source = s.source,
-                    offset = ?s.offset,
-                    changelog_low = low,
-                    changelog_high = high,
-                    "the local copy does not fit the changelog; restoring from the changelog alone"
-                );
-                Restoring::empty()
-            }
-            None => Restoring::empty(),
-        };
-        let read = state.catch_up(&self.settings, &topic, partition)?;
         let name = task.names[0].name.clone();
         task.changelog_end = state.offset;
         let Some(meta) = state.meta else {
@@ -162,7 +223,7 @@ impl KafkaJob<'_> {
         task.committed = meta.counters.clone();
         task.flushed = meta.flushed;
         task.watermark_at_last_input = task.shard.op.watermark();
-        let micros = began.elapsed().as_micros() as u64;
+        let micros = took.as_micros() as u64;
         self.restored.records += read.records;
         self.restored.bytes += read.bytes;
         self.restored.keys += state.states.len() as u64;
@@ -182,7 +243,7 @@ impl KafkaJob<'_> {
                 records: read.records,
                 bytes: read.bytes,
                 keys: state.states.len() as u64,
-                took: began.elapsed(),
+                took,
             },
             0,
         );
