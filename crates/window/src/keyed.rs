@@ -280,6 +280,12 @@ impl<S> KeyedStore<S> {
 
     /// The next key whose timer is due at watermark `w`, its timer cleared.
     pub fn pop_due(&mut self, w: Watermark) -> Option<SlotId> {
+        self.pop_due_at(w).map(|(id, _)| id)
+    }
+
+    /// The next key whose timer is due at watermark `w` and the deadline it was set
+    /// for, its timer cleared. Keys come in deadline order.
+    pub fn pop_due_at(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
         while let Some(&Reverse((deadline, id))) = self.timers.peek() {
             if deadline > w.millis() {
                 return None;
@@ -288,10 +294,17 @@ impl<S> KeyedStore<S> {
             let slot = &mut self.slots[id as usize];
             if slot.timer == deadline {
                 slot.timer = NO_TIMER;
-                return Some(id);
+                return Some((id, deadline));
             }
         }
         None
+    }
+
+    /// A deadline at or before every pending event-time timer (`None`: none pending).
+    /// It may be that of a timer since moved or dropped, so it is a lower bound: a
+    /// [`pop_due_at`](Self::pop_due_at) up to it may find nothing.
+    pub fn next_deadline_bound(&self) -> Option<i64> {
+        self.timers.peek().map(|&Reverse((deadline, _))| deadline)
     }
 
     /// Asks for the key to be handed back by

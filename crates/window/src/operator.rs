@@ -169,8 +169,12 @@ pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     changed: Option<(SlotId, i64)>,
     open_sessions: usize,
     counts: OperatorCounts,
-    fired: Vec<SlotId>,
-    due: Vec<(i64, SlotId, i64)>,
+    /// The completed sessions of one close time being emitted, sorted by (key, start):
+    /// `(slot, start, whether it is its key's last due session)`; `group_next` is the
+    /// first not emitted yet. Non-empty between two calls of
+    /// [`advance_at_most`](SessionOperator::advance_at_most) that stopped at their limit.
+    group: Vec<(SlotId, i64, bool)>,
+    group_next: usize,
 }
 
 impl<A: SessionAggregate + fmt::Debug> fmt::Debug for SessionOperator<A> {
@@ -225,8 +229,8 @@ impl<A: SessionAggregate> SessionOperator<A> {
             changed: None,
             open_sessions: 0,
             counts: OperatorCounts::default(),
-            fired: Vec::new(),
-            due: Vec::new(),
+            group: Vec::new(),
+            group_next: 0,
         }
     }
 
@@ -365,6 +369,8 @@ impl<A: SessionAggregate> SessionOperator<A> {
         A: Accumulate<I>,
         I: ?Sized,
     {
+        // The rest of an advance stopped at its limit comes first (see advance_at_most).
+        self.drain(usize::MAX, out);
         self.observe_gap(ev.gap);
         let gap = ev.gap.millis();
         let arrival = Arrival {
@@ -500,6 +506,16 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// final, and final bounds past their retention are forgotten, raising their key's
     /// floor to their close.
     pub fn advance_to(&mut self, w: Watermark, out: &mut impl Emit<A>) {
+        self.advance_at_most(w, usize::MAX, out);
+    }
+
+    /// [`advance_to`](Self::advance_to) in parts: emits at most `max` completed
+    /// sessions and returns whether more are due. Call it again (with the same `w`, or
+    /// a later one) until it returns `false`: the records of all the calls together are
+    /// exactly those of one `advance_to(w)`, in the same order, and memory does not
+    /// grow with their number (the end of input emits every open session at once). An
+    /// event given in between first emits the rest.
+    pub fn advance_at_most(&mut self, w: Watermark, max: usize, out: &mut impl Emit<A>) -> bool {
         if w > self.watermark {
             self.watermark = w;
         }
@@ -516,62 +532,123 @@ impl<A: SessionAggregate> SessionOperator<A> {
         {
             self.emit_update(id, start, w, out);
         }
+        self.drain(max, out)
+    }
 
-        self.fired.clear();
-        while let Some(id) = self.store.pop_due(w) {
-            self.fired.push(id);
+    /// Emits up to `max` of the completed sessions due at the watermark, in `(close,
+    /// key, start)` order; returns whether more are due.
+    ///
+    /// Keys come off the timer heap in deadline order. A key's timer is never later
+    /// than the close of any of its sessions waiting to be emitted, so once no timer at
+    /// or before close `c` is left, every session closing at `c` is known: they are
+    /// emitted together, sorted by key. A key whose timer fired before its first due
+    /// close is re-armed at that close; a key is retired (sessions finalized or
+    /// forgotten, the timer re-armed or the key dropped) once its last due session is
+    /// out. So only the sessions of one close time are ever held, never all that are due.
+    fn drain(&mut self, max: usize, out: &mut impl Emit<A>) -> bool {
+        let w = self.watermark;
+        let mut emitted = 0;
+        loop {
+            while self.group_next < self.group.len() {
+                if emitted == max {
+                    return true;
+                }
+                let (id, start, last) = self.group[self.group_next];
+                self.group_next += 1;
+                self.emit(id, start, true, out);
+                emitted += 1;
+                if last {
+                    self.retire(id, w);
+                }
+            }
+            self.group.clear();
+            self.group_next = 0;
+            let Some((id, deadline)) = self.store.pop_due_at(w) else {
+                return false;
+            };
+            self.fire(id, deadline, w);
+            // Every other key due at this very deadline joins the group.
+            while self.store.next_deadline_bound() == Some(deadline) {
+                if let Some((id, at)) = self.store.pop_due_at(Watermark::at(EventTime(deadline))) {
+                    self.fire(id, at, w);
+                }
+            }
+            if self.group.len() > 1 {
+                let store = &self.store;
+                self.group
+                    .sort_unstable_by(|a, b| (store.key(a.0), a.1).cmp(&(store.key(b.0), b.1)));
+            }
         }
-        if self.fired.is_empty() {
-            return;
-        }
+    }
 
-        self.due.clear();
-        for &id in &self.fired {
-            for s in self.store.state(id).sessions() {
-                if !s.is_final() && s.is_dirty() && w.has_reached(EventTime(s.close())) {
-                    self.due.push((s.close(), id, s.start()));
+    /// A key's timer fired at `deadline` (at or before `w`): its session closing then
+    /// joins the group to emit; with nothing closing then, the key is re-armed at its
+    /// next due close, or retired when nothing of it is due to be emitted.
+    fn fire(&mut self, id: SlotId, deadline: i64, w: Watermark) {
+        // The earliest due session (close, start) and the close of the next one.
+        let mut first: Option<(i64, i64)> = None;
+        let mut second: Option<i64> = None;
+        for s in self.store.state(id).sessions() {
+            if s.is_final() || !s.is_dirty() || !w.has_reached(EventTime(s.close())) {
+                continue;
+            }
+            let c = s.close();
+            match first {
+                Some((fc, _)) if fc <= c => second = Some(second.map_or(c, |x| x.min(c))),
+                _ => {
+                    second = first.map(|(fc, _)| fc);
+                    first = Some((c, s.start()));
                 }
             }
         }
-        let store = &self.store;
-        self.due
-            .sort_unstable_by(|a, b| (a.0, store.key(a.1), a.2).cmp(&(b.0, store.key(b.1), b.2)));
-        for i in 0..self.due.len() {
-            let (_, id, start) = self.due[i];
-            self.emit(id, start, true, out);
+        match first {
+            None => self.retire(id, w),
+            // The timer was early (the session grew since it was set).
+            Some((close, _)) if close > deadline => self.store.schedule(id, EventTime(close)),
+            Some((_, start)) => {
+                // Two live sessions of one key never close at the same time (they would
+                // touch), so the next due one closes later.
+                if let Some(next) = second {
+                    self.store.schedule(id, EventTime(next));
+                }
+                self.group.push((id, start, second.is_none()));
+            }
         }
+    }
 
+    /// After its due sessions are emitted: sessions past their lateness become final,
+    /// final bounds past their retention are forgotten (raising the key's floor), and
+    /// the key is re-armed for what it waits for next, or dropped when nothing is left.
+    fn retire(&mut self, id: SlotId, w: Watermark) {
+        let lateness = self.cfg.allowed_lateness.millis();
         let retention = lateness.saturating_add(self.largest_gap);
-        for i in 0..self.fired.len() {
-            let id = self.fired[i];
-            let KeySessions { sessions, floor } = self.store.state_mut(id);
-            let mut next = i64::MAX;
-            let mut finalized = 0;
-            sessions.retain(|s| {
-                if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
-                    s.finalize();
-                    finalized += 1;
-                }
-                if s.is_final() {
-                    let forget_at = s.close().saturating_add(retention);
-                    if w.millis() >= forget_at {
-                        *floor = (*floor).max(s.close());
-                        return false;
-                    }
-                    next = next.min(forget_at);
-                } else if s.is_dirty() {
-                    next = next.min(s.close());
-                } else {
-                    next = next.min(s.close().saturating_add(lateness));
-                }
-                true
-            });
-            self.open_sessions -= finalized;
-            if sessions.is_empty() {
-                self.store.remove(id);
-            } else {
-                self.store.schedule(id, EventTime(next));
+        let KeySessions { sessions, floor } = self.store.state_mut(id);
+        let mut next = i64::MAX;
+        let mut finalized = 0;
+        sessions.retain(|s| {
+            if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
+                s.finalize();
+                finalized += 1;
             }
+            if s.is_final() {
+                let forget_at = s.close().saturating_add(retention);
+                if w.millis() >= forget_at {
+                    *floor = (*floor).max(s.close());
+                    return false;
+                }
+                next = next.min(forget_at);
+            } else if s.is_dirty() {
+                next = next.min(s.close());
+            } else {
+                next = next.min(s.close().saturating_add(lateness));
+            }
+            true
+        });
+        self.open_sessions -= finalized;
+        if sessions.is_empty() {
+            self.store.remove(id);
+        } else {
+            self.store.schedule(id, EventTime(next));
         }
     }
 
@@ -605,5 +682,54 @@ impl<A: SessionAggregate> SessionOperator<A> {
             aggregates: self.agg.view(s.acc()),
         });
         self.counts.sessions_emitted += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Keys(Vec<Vec<u8>>);
+
+    impl Emit for Keys {
+        fn session(&mut self, s: &SessionView<'_>) {
+            self.0.push(s.key.to_vec());
+        }
+        fn retraction(&mut self, _: &[u8], _: EventTime) {}
+    }
+
+    fn event(key: &[u8], t: i64) -> Event<'_> {
+        Event {
+            key,
+            time: EventTime(t),
+            gap: DurationMs(10),
+            seq: 0,
+            dedup: None,
+            values: &[],
+        }
+    }
+
+    #[test]
+    fn an_event_during_an_advance_in_parts_first_emits_the_rest() {
+        let mut op = SessionOperator::new(WindowConfig {
+            gap: DurationMs(10),
+            allowed_lateness: DurationMs(0),
+            emit: EmitMode::OnClose,
+            aggregates: vec![],
+            dedup: false,
+        });
+        let mut out = Keys::default();
+        for key in [b"e", b"c", b"a", b"d", b"b"] {
+            op.on_event(&event(key, 0), &mut out);
+        }
+        assert!(op.advance_at_most(Watermark::at(EventTime(100)), 2, &mut out));
+        assert_eq!(out.0, [b"a", b"b"], "two of five, in key order");
+        op.on_event(&event(b"f", 200), &mut out);
+        assert_eq!(out.0, [b"a", b"b", b"c", b"d", b"e"], "the rest first");
+        assert_eq!(op.open_sessions(), 1);
+        assert!(!op.advance_at_most(Watermark::MAX, 1, &mut out));
+        assert_eq!(out.0.len(), 6);
+        assert_eq!(op.keys(), 0, "every key is dropped at +infinity");
     }
 }

@@ -345,4 +345,19 @@ proptest! {
             prop_assert!(false, "engine != reference at {}\nparams: {:?}\nevents: {:?}", diff, p, events);
         }
     }
+
+    /// An advance made in parts (`advance_at_most`, a few sessions per call, as the end
+    /// of input is emitted) gives exactly the records of one `advance_to`.
+    #[test]
+    fn engine_in_parts_matches_reference(
+        events in stream(),
+        p in params_strategy(),
+        parts in prop::collection::vec(1usize..=3, 1..=4),
+    ) {
+        let reference = run_reference(&events, &p);
+        let engine = run_engine_in_parts(&events, &p, &parts);
+        if let Some(diff) = first_difference(&engine, &reference) {
+            prop_assert!(false, "engine in parts {:?} != reference at {}\nparams: {:?}\nevents: {:?}", parts, diff, p, events);
+        }
+    }
 }

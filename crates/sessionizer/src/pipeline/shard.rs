@@ -84,6 +84,27 @@ impl Tagged {
         self.tags.clear();
         self.keys.clear();
     }
+
+    /// Drops the first `n` tagged records (written out), keeping the rest.
+    pub fn drop_front(&mut self, n: usize) {
+        if n == self.tags.len() {
+            self.clear();
+            return;
+        }
+        let Some(last) = n.checked_sub(1).map(|i| self.tags[i]) else {
+            return;
+        };
+        let bytes = last.bytes.0 + last.bytes.1;
+        let keys = last.key.0 + last.key.1;
+        self.encoder.buf.drain(..bytes);
+        self.encoder.records -= n as u64;
+        self.keys.drain(..keys);
+        self.tags.drain(..n);
+        for t in &mut self.tags {
+            t.bytes.0 -= bytes;
+            t.key.0 -= keys;
+        }
+    }
 }
 
 impl Emit for Tagged {
@@ -122,6 +143,8 @@ pub(crate) struct Shard {
     pub in_sessions: u64,
     pub duplicates: u64,
     pub late_count: u64,
+    /// At the end of input, more sessions are still to be emitted.
+    pub ending: bool,
 }
 
 /// The per-event aggregate values, on the stack for up to 8 aggregates.
@@ -152,6 +175,7 @@ impl Shard {
             in_sessions: 0,
             duplicates: 0,
             late_count: 0,
+            ending: false,
         }
     }
 
@@ -232,10 +256,20 @@ impl Shard {
         self.op.advance_to(w, &mut self.out);
     }
 
-    /// The end of a bounded input: the watermark becomes +infinity.
+    /// The end of a bounded input: the watermark becomes +infinity, every session at
+    /// once (the Kafka driver's end; the file pipeline uses
+    /// [`finish_part`](Self::finish_part)).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub fn finish(&mut self) {
         self.out.step = END_STEP;
         self.op.advance_to(Watermark::MAX, &mut self.out);
+    }
+
+    /// The end of a bounded input in parts: the watermark becomes +infinity and at most
+    /// `max` sessions are emitted (added to the outputs); returns whether more are due.
+    pub fn finish_part(&mut self, max: usize) -> bool {
+        self.out.step = END_STEP;
+        self.op.advance_at_most(Watermark::MAX, max, &mut self.out)
     }
 
     pub fn clear_outputs(&mut self) {

@@ -5,7 +5,7 @@
 
 pub mod reference;
 
-pub use engine::run_engine;
+pub use engine::{run_engine, run_engine_in_parts};
 pub use reference::{RefEvent, RefLate, RefOut, RefParams, RefRun, run_reference};
 
 // ---------------------------------------------------------------------------------------
@@ -1004,6 +1004,12 @@ pub mod engine {
     /// Runs the engine over a bounded input: per event `on_event`, then the watermark
     /// strategy observes the time, then `advance_to`; at the end `advance_to(+inf)`.
     pub fn run_engine(events: &[RefEvent], p: &RefParams) -> RefRun {
+        run_engine_in_parts(events, p, &[])
+    }
+
+    /// [`run_engine`] with every advance made by `advance_at_most` calls emitting at
+    /// most `parts[i]` sessions each (cycling through `parts`; empty: `advance_to`).
+    pub fn run_engine_in_parts(events: &[RefEvent], p: &RefParams, parts: &[usize]) -> RefRun {
         let mut op = SessionOperator::new(WindowConfig {
             gap: DurationMs(p.gap),
             allowed_lateness: DurationMs(p.lateness),
@@ -1018,6 +1024,7 @@ pub mod engine {
         let mut wm = BoundedOutOfOrderness::new(DurationMs(p.delay));
         let mut sink = Sink::default();
         let mut run = RefRun::default();
+        let mut calls = 0;
         for (idx, e) in events.iter().enumerate() {
             let text = e.value.map(|v| v.to_string());
             let value: Option<&[u8]> = text.as_deref().map(str::as_bytes);
@@ -1050,10 +1057,37 @@ pub mod engine {
                 }
             }
             let w = wm.observe(EventTime(e.time));
-            op.advance_to(w, &mut sink);
+            advance(&mut op, w, &mut sink, parts, &mut calls);
         }
-        op.advance_to(Watermark::MAX, &mut sink);
+        advance(&mut op, Watermark::MAX, &mut sink, parts, &mut calls);
         run.out = sink.out;
         run
+    }
+
+    fn advance(
+        op: &mut SessionOperator,
+        w: Watermark,
+        sink: &mut Sink,
+        parts: &[usize],
+        calls: &mut usize,
+    ) {
+        if parts.is_empty() {
+            op.advance_to(w, sink);
+            return;
+        }
+        loop {
+            let max = parts[*calls % parts.len()];
+            *calls += 1;
+            let before = sink.out.len();
+            let more = op.advance_at_most(w, max, sink);
+            assert!(
+                sink.out.len() - before <= max + 1,
+                "advance_at_most({max}) emitted {} records",
+                sink.out.len() - before
+            );
+            if !more {
+                return;
+            }
+        }
     }
 }
