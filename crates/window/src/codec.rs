@@ -256,7 +256,7 @@ fn read_sessions(
     }
     Ok(KeySessions {
         sessions,
-        floor: i64::MIN,
+        ..KeySessions::default()
     })
 }
 

@@ -3,15 +3,18 @@
 //!
 //! Both the declarative session window ([`crate::SessionOperator`]) and user-defined
 //! stateful functions ([`crate::stateful::StatefulOperator`]) keep their per-key state
-//! here. Keys are byte strings (a key's text); they are stored once, inline when short.
+//! here. Keys are byte strings (a key's text), stored once: inline in the slot's 16
+//! bytes when they fit, in a side table otherwise. Slots live in fixed-size chunks, so
+//! growing the store never copies (or briefly doubles) the state of every key.
 //!
-//! Timers are min-heaps of `(deadline, slot)` with lazy invalidation: each slot remembers
-//! the deadline of its one live heap entry. Moving a timer earlier pushes a new entry;
-//! moving it later does nothing — the early entry fires, the owner finds nothing due yet
-//! and re-arms. So a heap holds about one entry per key and a watermark (or clock) step
-//! costs `O(fired · log n)`, never a scan of all keys.
+//! Event-time timers live in a hierarchical timing wheel of slot ids (`wheel.rs`) with
+//! lazy invalidation: each key's state remembers the deadline of its one live timer
+//! ([`Timed`]). Moving a timer earlier adds a new entry; moving it later does nothing —
+//! the early entry fires, the owner finds nothing due yet and re-arms. So the wheel
+//! holds about one 4-byte entry per key and a watermark step costs `O(fired)`, never a
+//! scan of all keys.
 //!
-//! Processing-time timers use the same technique on a second heap. Their per-slot
+//! Processing-time timers use the same lazy technique on a min-heap. Their per-slot
 //! deadlines live in a side vector that stays empty until the first processing-time
 //! timer is set, so the session window, which never sets one, pays nothing for them:
 //! not a byte per key, not a branch per event.
@@ -22,6 +25,7 @@
 //! those. Off (the default), it costs one predictable branch per mutable access.
 
 use crate::clock::ProcessingTime;
+use crate::wheel::Wheel;
 use hashbrown::HashTable;
 use sessionizer_core::{EventTime, Watermark};
 use smallvec::SmallVec;
@@ -35,14 +39,117 @@ pub type SlotId = u32;
 /// A key's text, inline up to 16 bytes.
 pub type KeyBytes = SmallVec<[u8; 16]>;
 
-const NO_TIMER: i64 = i64::MAX;
+/// The deadline of "no timer".
+pub const NO_TIMER: i64 = i64::MAX;
+
+/// Per-key state that keeps its key's live event-time timer: the deadline of the one
+/// wheel entry that counts ([`NO_TIMER`] when none). The store reads and writes it; the
+/// state only stores it (as compactly as it likes).
+pub trait Timed {
+    /// The live timer's deadline, [`NO_TIMER`] when none.
+    fn timer(&self) -> i64;
+    /// Sets the live timer's deadline ([`NO_TIMER`]: none).
+    fn set_timer(&mut self, deadline: i64);
+}
+
+/// Slots per chunk.
+const CHUNK_BITS: u32 = 14;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// Byte 15 of an inline key shorter than 15 bytes (its length in byte 14).
+const SHORT: u8 = 0xFF;
+/// Byte 15 of an inline key of 15 bytes.
+const FIFTEEN: u8 = 0xFE;
+/// Byte 15 of a key in the long-key table (its index in bytes 0..4).
+const LONG: u8 = 0xFD;
+
+/// A key's 16 bytes in its slot: the key itself when it fits, with its length told by
+/// the last byte (a 16-byte key ending in a byte below `0xFD`, which every UTF-8 text
+/// and every number does), else an index into [`LongKeys`].
+#[derive(Debug, Clone, Copy)]
+struct Key16([u8; 16]);
+
+impl Key16 {
+    fn new(key: &[u8], long: &mut LongKeys) -> Key16 {
+        let mut b = [0u8; 16];
+        match key.len() {
+            n @ 0..=14 => {
+                b[..n].copy_from_slice(key);
+                b[14] = n as u8;
+                b[15] = SHORT;
+            }
+            15 => {
+                b[..15].copy_from_slice(key);
+                b[15] = FIFTEEN;
+            }
+            16 if key[15] < LONG => b.copy_from_slice(key),
+            _ => {
+                b[..4].copy_from_slice(&long.insert(key).to_le_bytes());
+                b[15] = LONG;
+            }
+        }
+        Key16(b)
+    }
+
+    #[inline]
+    fn get<'a>(&'a self, long: &'a LongKeys) -> &'a [u8] {
+        match self.0[15] {
+            SHORT => &self.0[..self.0[14] as usize],
+            FIFTEEN => &self.0[..15],
+            LONG => &long.keys[self.long_index() as usize],
+            _ => &self.0,
+        }
+    }
+
+    fn long_index(&self) -> u32 {
+        u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
+    }
+
+    fn is_long(&self) -> bool {
+        self.0[15] == LONG
+    }
+}
+
+impl Default for Key16 {
+    /// The empty key.
+    fn default() -> Self {
+        let mut b = [0u8; 16];
+        b[15] = SHORT;
+        Key16(b)
+    }
+}
+
+/// Keys too long for a slot.
+#[derive(Debug, Default)]
+struct LongKeys {
+    keys: Vec<Box<[u8]>>,
+    free: Vec<u32>,
+}
+
+impl LongKeys {
+    fn insert(&mut self, key: &[u8]) -> u32 {
+        match self.free.pop() {
+            Some(i) => {
+                self.keys[i as usize] = key.into();
+                i
+            }
+            None => {
+                self.keys.push(key.into());
+                u32::try_from(self.keys.len() - 1).expect("more than 2^32 long keys")
+            }
+        }
+    }
+
+    fn remove(&mut self, i: u32) {
+        self.keys[i as usize] = Box::default();
+        self.free.push(i);
+    }
+}
 
 #[derive(Debug)]
 struct Slot<S> {
-    key: KeyBytes,
+    key: Key16,
     state: S,
-    /// Deadline of this slot's live heap entry, `NO_TIMER` when none.
-    timer: i64,
 }
 
 /// Per-key state with one event-time and one processing-time timer per key.
@@ -50,11 +157,14 @@ struct Slot<S> {
 pub struct KeyedStore<S> {
     hasher: foldhash::fast::FixedState,
     index: HashTable<SlotId>,
-    slots: Vec<Slot<S>>,
+    /// Slot `id` is `chunks[id >> CHUNK_BITS][id % CHUNK]`; every chunk but the last is
+    /// full.
+    chunks: Vec<Vec<Slot<S>>>,
+    long: LongKeys,
     free: Vec<SlotId>,
-    timers: BinaryHeap<Reverse<(i64, SlotId)>>,
+    timers: Wheel,
     /// Deadline of each slot's live processing-time heap entry (`NO_TIMER`: none),
-    /// indexed by slot; shorter than `slots` (often empty) when later slots never had
+    /// indexed by slot; shorter than the slots (often empty) when later slots never had
     /// one.
     proc_deadline: Vec<i64>,
     proc_timers: BinaryHeap<Reverse<(i64, SlotId)>>,
@@ -73,9 +183,10 @@ impl<S> Default for KeyedStore<S> {
         KeyedStore {
             hasher: foldhash::fast::FixedState::with_seed(0x5e55_10e1),
             index: HashTable::new(),
-            slots: Vec::new(),
+            chunks: Vec::new(),
+            long: LongKeys::default(),
             free: Vec::new(),
-            timers: BinaryHeap::new(),
+            timers: Wheel::default(),
             proc_deadline: Vec::new(),
             proc_timers: BinaryHeap::new(),
             tracking: false,
@@ -84,6 +195,16 @@ impl<S> Default for KeyedStore<S> {
             removed: Vec::new(),
         }
     }
+}
+
+#[inline]
+fn slot_of<S>(chunks: &[Vec<Slot<S>>], id: SlotId) -> &Slot<S> {
+    &chunks[(id >> CHUNK_BITS) as usize][(id as usize) & (CHUNK - 1)]
+}
+
+#[inline]
+fn slot_of_mut<S>(chunks: &mut [Vec<Slot<S>>], id: SlotId) -> &mut Slot<S> {
+    &mut chunks[(id >> CHUNK_BITS) as usize][(id as usize) & (CHUNK - 1)]
 }
 
 impl<S: Default> KeyedStore<S> {
@@ -98,7 +219,7 @@ impl<S: Default> KeyedStore<S> {
     /// the next incremental checkpoint does not write it again.
     pub fn restore(&mut self, key: &[u8], state: S) -> SlotId {
         let id = self.slot_unmarked(key);
-        self.slots[id as usize].state = state;
+        self.slot_mut(id).state = state;
         id
     }
 
@@ -107,31 +228,37 @@ impl<S: Default> KeyedStore<S> {
         let KeyedStore {
             hasher,
             index,
-            slots,
+            chunks,
+            long,
             free,
             ..
         } = self;
         let entry = index.entry(
             hash,
-            |&id| slots[id as usize].key.as_slice() == key,
-            |&id| hasher.hash_one(slots[id as usize].key.as_slice()),
+            |&id| slot_of(chunks, id).key.get(long) == key,
+            |&id| hasher.hash_one(slot_of(chunks, id).key.get(long)),
         );
         match entry {
             hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
             hashbrown::hash_table::Entry::Vacant(e) => {
                 let slot = Slot {
-                    key: KeyBytes::from_slice(key),
+                    key: Key16::new(key, long),
                     state: S::default(),
-                    timer: NO_TIMER,
                 };
                 let id = match free.pop() {
                     Some(id) => {
-                        slots[id as usize] = slot;
+                        *slot_of_mut(chunks, id) = slot;
                         id
                     }
                     None => {
-                        slots.push(slot);
-                        SlotId::try_from(slots.len() - 1).expect("more than 2^32 keys in one store")
+                        if chunks.last().is_none_or(|c| c.len() == CHUNK) {
+                            chunks.push(Vec::with_capacity(CHUNK));
+                        }
+                        let n = chunks.len() - 1;
+                        let last = &mut chunks[n];
+                        last.push(slot);
+                        SlotId::try_from((n << CHUNK_BITS) + last.len() - 1)
+                            .expect("more than 2^32 keys in one store")
                     }
                 };
                 e.insert(id);
@@ -142,39 +269,51 @@ impl<S: Default> KeyedStore<S> {
 }
 
 impl<S> KeyedStore<S> {
+    #[inline]
+    fn slot(&self, id: SlotId) -> &Slot<S> {
+        slot_of(&self.chunks, id)
+    }
+
+    #[inline]
+    fn slot_mut(&mut self, id: SlotId) -> &mut Slot<S> {
+        slot_of_mut(&mut self.chunks, id)
+    }
+
     /// The slot of `key` if it has state.
+    #[inline]
     pub fn find(&self, key: &[u8]) -> Option<SlotId> {
         let hash = self.hasher.hash_one(key);
         self.index
-            .find(hash, |&id| self.slots[id as usize].key.as_slice() == key)
+            .find(hash, |&id| self.slot(id).key.get(&self.long) == key)
             .copied()
     }
 
     /// The key of slot `id`.
     pub fn key(&self, id: SlotId) -> &[u8] {
-        &self.slots[id as usize].key
+        self.slot(id).key.get(&self.long)
     }
 
     /// The state of slot `id`.
+    #[inline]
     pub fn state(&self, id: SlotId) -> &S {
-        &self.slots[id as usize].state
+        &self.slot(id).state
     }
 
     /// The state of slot `id`, mutably. With change tracking on, the key counts as
     /// changed.
+    #[inline]
     pub fn state_mut(&mut self, id: SlotId) -> &mut S {
         self.mark(id);
-        &mut self.slots[id as usize].state
+        &mut self.slot_mut(id).state
     }
 
     /// The key and a mutable handle on its state at once. With change tracking on, the
     /// key counts as changed.
     pub fn key_and_state_mut(&mut self, id: SlotId) -> (&[u8], &mut S) {
         self.mark(id);
-        let slot = &mut self.slots[id as usize];
-        (&slot.key, &mut slot.state)
+        let slot = slot_of_mut(&mut self.chunks, id);
+        (slot.key.get(&self.long), &mut slot.state)
     }
-
     #[inline]
     fn mark(&mut self, id: SlotId) {
         if self.tracking && !self.take_bit(id, true) {
@@ -229,8 +368,8 @@ impl<S> KeyedStore<S> {
         for &id in &changed {
             // A slot listed twice (removed, then reused by another key) is reported once.
             if self.take_bit(id, false) {
-                let slot = &self.slots[id as usize];
-                f(&slot.key, Some(&slot.state));
+                let slot = self.slot(id);
+                f(slot.key.get(&self.long), Some(&slot.state));
             }
         }
         changed.clear();
@@ -249,64 +388,26 @@ impl<S> KeyedStore<S> {
     where
         S: Default,
     {
-        let hash = self.hasher.hash_one(self.slots[id as usize].key.as_slice());
+        let key = self.slot(id).key;
+        let hash = self.hasher.hash_one(key.get(&self.long));
         if let Ok(entry) = self.index.find_entry(hash, |&x| x == id) {
             entry.remove();
         }
-        let slot = &mut self.slots[id as usize];
-        let key = std::mem::take(&mut slot.key);
-        slot.state = S::default();
-        slot.timer = NO_TIMER;
         if self.tracking {
             self.take_bit(id, false);
-            self.removed.push(key);
+            self.removed.push(KeyBytes::from_slice(key.get(&self.long)));
         }
+        if key.is_long() {
+            self.long.remove(key.long_index());
+        }
+        let slot = self.slot_mut(id);
+        slot.key = Key16::default();
+        slot.state = S::default();
         if let Some(d) = self.proc_deadline.get_mut(id as usize) {
             *d = NO_TIMER;
         }
         self.free.push(id);
     }
-
-    /// Asks for the key to be handed back by [`pop_due`](Self::pop_due) once the watermark
-    /// reaches `deadline`. A key has one timer: asking for a later deadline than the one
-    /// pending keeps the earlier one (the owner re-arms when it fires early).
-    pub fn schedule(&mut self, id: SlotId, deadline: EventTime) {
-        let slot = &mut self.slots[id as usize];
-        if deadline.0 < slot.timer {
-            slot.timer = deadline.0;
-            self.timers.push(Reverse((deadline.0, id)));
-        }
-    }
-
-    /// The next key whose timer is due at watermark `w`, its timer cleared.
-    pub fn pop_due(&mut self, w: Watermark) -> Option<SlotId> {
-        self.pop_due_at(w).map(|(id, _)| id)
-    }
-
-    /// The next key whose timer is due at watermark `w` and the deadline it was set
-    /// for, its timer cleared. Keys come in deadline order.
-    pub fn pop_due_at(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
-        while let Some(&Reverse((deadline, id))) = self.timers.peek() {
-            if deadline > w.millis() {
-                return None;
-            }
-            self.timers.pop();
-            let slot = &mut self.slots[id as usize];
-            if slot.timer == deadline {
-                slot.timer = NO_TIMER;
-                return Some((id, deadline));
-            }
-        }
-        None
-    }
-
-    /// A deadline at or before every pending event-time timer (`None`: none pending).
-    /// It may be that of a timer since moved or dropped, so it is a lower bound: a
-    /// [`pop_due_at`](Self::pop_due_at) up to it may find nothing.
-    pub fn next_deadline_bound(&self) -> Option<i64> {
-        self.timers.peek().map(|&Reverse((deadline, _))| deadline)
-    }
-
     /// Asks for the key to be handed back by
     /// [`pop_due_processing`](Self::pop_due_processing) once the clock reaches
     /// `deadline`. Same one-timer-per-key rule as [`schedule`](Self::schedule).
@@ -356,7 +457,8 @@ impl<S> KeyedStore<S> {
     /// Drops every key, its state and its timers.
     pub fn clear(&mut self) {
         self.index.clear();
-        self.slots.clear();
+        self.chunks.clear();
+        self.long = LongKeys::default();
         self.free.clear();
         self.timers.clear();
         self.proc_deadline.clear();
@@ -369,18 +471,123 @@ impl<S> KeyedStore<S> {
     /// Every key with state, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (SlotId, &[u8], &S)> {
         self.index.iter().map(|&id| {
-            (
-                id,
-                self.slots[id as usize].key.as_slice(),
-                &self.slots[id as usize].state,
-            )
+            let slot = self.slot(id);
+            (id, slot.key.get(&self.long), &slot.state)
         })
+    }
+}
+
+impl<S: Timed> KeyedStore<S> {
+    /// Asks for the key to be handed back by [`pop_due`](Self::pop_due) once the watermark
+    /// reaches `deadline`. A key has one timer: asking for a later deadline than the one
+    /// pending keeps the earlier one (the owner re-arms when it fires early).
+    #[inline]
+    pub fn schedule(&mut self, id: SlotId, deadline: EventTime) {
+        let state = &mut slot_of_mut(&mut self.chunks, id).state;
+        if deadline.0 < state.timer() {
+            state.set_timer(deadline.0);
+            self.timers.insert(id, deadline.0);
+        }
+    }
+
+    /// The next key whose timer is due at watermark `w`, its timer cleared.
+    pub fn pop_due(&mut self, w: Watermark) -> Option<SlotId> {
+        self.pop_due_at(w).map(|(id, _)| id)
+    }
+
+    /// The next key whose timer is due at watermark `w` and the deadline it was set
+    /// for, its timer cleared. Keys come in deadline order.
+    #[inline]
+    pub fn pop_due_at(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
+        let chunks = &mut self.chunks;
+        let (id, at) = self
+            .timers
+            .pop(w.millis(), |id| slot_of(chunks, id).state.timer())?;
+        slot_of_mut(chunks, id).state.set_timer(NO_TIMER);
+        Some((id, at))
+    }
+
+    /// A deadline at or before every pending event-time timer (`None`: none pending).
+    /// It may be that of a timer since moved or dropped, so it is a lower bound: a
+    /// [`pop_due_at`](Self::pop_due_at) up to it may find nothing.
+    pub fn next_deadline_bound(&self) -> Option<i64> {
+        self.timers.bound()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// State that is only a timer.
+    #[derive(Debug)]
+    struct T(i64);
+
+    impl Default for T {
+        fn default() -> Self {
+            T(NO_TIMER)
+        }
+    }
+
+    impl Timed for T {
+        fn timer(&self) -> i64 {
+            self.0
+        }
+        fn set_timer(&mut self, deadline: i64) {
+            self.0 = deadline;
+        }
+    }
+
+    #[test]
+    fn keys_of_every_length_and_byte_are_kept_exactly() {
+        let mut store: KeyedStore<u32> = KeyedStore::default();
+        let mut keys: Vec<Vec<u8>> = (0..=40).map(|n| vec![b'k'; n]).collect();
+        // Sixteen bytes ending in a byte no UTF-8 text ends with: kept in the side table.
+        keys.extend([[7u8; 16], [0xFD; 16], [0xFE; 16], [0xFF; 16]].map(|k| k.to_vec()));
+        let mut k = [b'x'; 16];
+        k[15] = 0xFC;
+        keys.push(k.to_vec());
+        // Shorter keys whose bytes look like the length markers.
+        keys.extend([vec![0xFF; 14], vec![0xFE; 15], vec![14u8; 15], vec![0xFF]]);
+        for (i, key) in keys.iter().enumerate() {
+            let id = store.slot_for(key);
+            *store.state_mut(id) = i as u32;
+        }
+        for (i, key) in keys.iter().enumerate() {
+            let id = store.find(key).unwrap_or_else(|| panic!("key {key:?}"));
+            assert_eq!(store.key(id), &key[..]);
+            assert_eq!(*store.state(id), i as u32);
+        }
+        // Long keys removed and added again reuse their room in the side table.
+        for key in keys.iter().filter(|k| k.len() > 16) {
+            let id = store.find(key).expect("key");
+            store.remove(id);
+            assert_eq!(store.find(key), None);
+        }
+        let other = vec![b'z'; 30];
+        let id = store.slot_for(&other);
+        assert_eq!(store.key(id), &other[..]);
+        assert_eq!(store.long.keys.iter().filter(|k| !k.is_empty()).count(), 4);
+        assert_eq!(
+            store.len(),
+            keys.iter().filter(|k| k.len() <= 16).count() + 1
+        );
+    }
+
+    #[test]
+    fn slots_span_chunks() {
+        let mut store: KeyedStore<T> = KeyedStore::default();
+        let n = CHUNK as u32 * 2 + 5;
+        for i in 0..n {
+            let id = store.slot_for(&i.to_le_bytes());
+            assert_eq!(id, i);
+            store.schedule(id, EventTime(i64::from(n - i)));
+        }
+        for i in (0..n).rev() {
+            assert_eq!(store.pop_due(Watermark::MAX), Some(i));
+            assert_eq!(store.key(i), i.to_le_bytes());
+        }
+    }
 
     #[test]
     fn keys_get_stable_slots_and_are_reused_after_removal() {
@@ -400,7 +607,7 @@ mod tests {
 
     #[test]
     fn timers_fire_in_deadline_order_and_only_when_due() {
-        let mut store: KeyedStore<()> = KeyedStore::default();
+        let mut store: KeyedStore<T> = KeyedStore::default();
         let a = store.slot_for(b"a");
         let b = store.slot_for(b"b");
         store.schedule(a, EventTime(20));
@@ -413,7 +620,7 @@ mod tests {
 
     #[test]
     fn a_later_deadline_keeps_the_earlier_entry_and_an_earlier_one_replaces_it() {
-        let mut store: KeyedStore<()> = KeyedStore::default();
+        let mut store: KeyedStore<T> = KeyedStore::default();
         let a = store.slot_for(b"a");
         store.schedule(a, EventTime(20));
         store.schedule(a, EventTime(30)); // keeps 20
@@ -430,7 +637,7 @@ mod tests {
 
     #[test]
     fn processing_timers_are_independent_of_event_timers() {
-        let mut store: KeyedStore<()> = KeyedStore::default();
+        let mut store: KeyedStore<T> = KeyedStore::default();
         let a = store.slot_for(b"a");
         let b = store.slot_for(b"b");
         store.schedule(a, EventTime(10));
@@ -500,7 +707,7 @@ mod tests {
 
     #[test]
     fn a_removed_key_never_fires() {
-        let mut store: KeyedStore<()> = KeyedStore::default();
+        let mut store: KeyedStore<T> = KeyedStore::default();
         let a = store.slot_for(b"a");
         store.schedule(a, EventTime(1));
         store.remove(a);

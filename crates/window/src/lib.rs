@@ -31,6 +31,7 @@ pub mod operator;
 pub mod session;
 pub mod stateful;
 pub mod watermark;
+mod wheel;
 
 pub use aggregate::{
     Accumulate, AggKind, AggState, Aggregator, Custom, CustomView, JsonAggregates, Position,

@@ -622,7 +622,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
     fn retire(&mut self, id: SlotId, w: Watermark) {
         let lateness = self.cfg.allowed_lateness.millis();
         let retention = lateness.saturating_add(self.largest_gap);
-        let KeySessions { sessions, floor } = self.store.state_mut(id);
+        let KeySessions {
+            sessions, floor, ..
+        } = self.store.state_mut(id);
         let mut next = i64::MAX;
         let mut finalized = 0;
         sessions.retain(|s| {

@@ -344,6 +344,8 @@ pub struct KeySessions<Acc = Vec<AggState>> {
     /// `i64::MIN` is minus infinity): an event at or before it might belong to a session
     /// that is gone, and is too late (SPEC §2, docs/semantics.md S-30).
     pub(crate) floor: i64,
+    /// The key's live event-time timer ([`crate::keyed::Timed`]).
+    pub(crate) timer: i64,
 }
 
 impl<Acc> Default for KeySessions<Acc> {
@@ -351,7 +353,18 @@ impl<Acc> Default for KeySessions<Acc> {
         KeySessions {
             sessions: SmallVec::new(),
             floor: i64::MIN,
+            timer: crate::keyed::NO_TIMER,
         }
+    }
+}
+
+impl<Acc> crate::keyed::Timed for KeySessions<Acc> {
+    fn timer(&self) -> i64 {
+        self.timer
+    }
+
+    fn set_timer(&mut self, deadline: i64) {
+        self.timer = deadline;
     }
 }
 
