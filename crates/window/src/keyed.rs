@@ -485,9 +485,14 @@ impl<S: Timed> KeyedStore<S> {
     pub fn schedule(&mut self, id: SlotId, deadline: EventTime) {
         let state = &mut slot_of_mut(&mut self.chunks, id).state;
         if deadline.0 < state.timer() {
-            state.set_timer(deadline.0);
-            self.timers.insert(id, deadline.0);
+            self.arm(id, deadline.0);
         }
+    }
+
+    #[inline(never)]
+    fn arm(&mut self, id: SlotId, deadline: i64) {
+        slot_of_mut(&mut self.chunks, id).state.set_timer(deadline);
+        self.timers.insert(id, deadline);
     }
 
     /// The next key whose timer is due at watermark `w`, its timer cleared.
@@ -499,6 +504,14 @@ impl<S: Timed> KeyedStore<S> {
     /// for, its timer cleared. Keys come in deadline order.
     #[inline]
     pub fn pop_due_at(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
+        if !self.timers.may_be_due(w.millis()) {
+            return None;
+        }
+        self.pop_due_slow(w)
+    }
+
+    #[inline(never)]
+    fn pop_due_slow(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
         let chunks = &mut self.chunks;
         let (id, at) = self
             .timers

@@ -322,7 +322,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             next = next.min(at);
             open += usize::from(!s.is_final());
         }
-        if sessions.sessions().is_empty() {
+        if sessions.session_count() == 0 {
             return;
         }
         let id = self.store.restore(key, sessions);
@@ -370,7 +370,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
         I: ?Sized,
     {
         // The rest of an advance stopped at its limit comes first (see advance_at_most).
-        self.drain(usize::MAX, out);
+        if self.group_next < self.group.len() {
+            self.drain(usize::MAX, out);
+        }
         self.observe_gap(ev.gap);
         let gap = ev.gap.millis();
         let arrival = Arrival {
@@ -401,7 +403,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             Some(id) => id,
             None => {
                 let id = self.store.slot_for(ev.key);
-                self.store.state_mut(id).floor = self.new_key_floor;
+                self.store.state_mut(id).set_floor(self.new_key_floor);
                 id
             }
         };
@@ -417,10 +419,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// (docs/semantics.md S-20).
     fn judge<I: ?Sized>(&self, id: SlotId, ev: &Arrival<'_, I>) -> Option<Verdict> {
         let state = self.store.state(id);
-        let sessions = &state.sessions;
         let mut close = ev.end;
         let mut touches_final = false;
-        for s in sessions.iter().filter(|s| s.touches(ev.time, ev.end)) {
+        for s in state.sessions().filter(|s| s.touches(ev.time, ev.end)) {
             if s.is_final() {
                 touches_final = true;
             } else {
@@ -430,12 +431,12 @@ impl<A: SessionAggregate> SessionOperator<A> {
         if close.saturating_add(self.cfg.allowed_lateness.millis()) <= self.watermark.millis() {
             return Some(Verdict::Late(LateReason::WindowClosed));
         }
-        if touches_final || ev.time <= state.floor {
+        if touches_final || ev.time <= state.floor() {
             return Some(Verdict::Late(LateReason::SessionFinal));
         }
         if let Some(h) = ev.dedup.filter(|_| self.cfg.dedup) {
-            let seen = sessions
-                .iter()
+            let seen = state
+                .sessions()
                 .any(|s| !s.is_final() && s.touches(ev.time, ev.end) && s.has_seen(h));
             if seen {
                 return Some(Verdict::Duplicate);
@@ -451,53 +452,79 @@ impl<A: SessionAggregate> SessionOperator<A> {
         I: ?Sized,
     {
         let (key, state) = self.store.key_and_state_mut(id);
-        let sessions = &mut state.sessions;
-        let mut touched: SmallVec<[usize; 4]> = sessions
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.touches(ev.time, ev.end))
-            .map(|(i, _)| i)
-            .collect();
-
-        if touched.is_empty() {
-            sessions.push(Session::new(ev, &self.agg, self.cfg.dedup));
+        if let Some(bounds) = state.extend_one(ev.time, ev.end) {
+            // One session without contents, extended without moving its start.
+            return bounds;
+        }
+        let (agg, dedup) = (&self.agg, self.cfg.dedup);
+        if state.is_empty() && state.start_first(Session::new(ev, agg, dedup)) {
+            // A new key.
             self.open_sessions += 1;
             return (ev.time, ev.end);
         }
+        let (open, retractions) = (&mut self.open_sessions, &mut self.counts.retractions);
+        state.edit(|sessions, _| {
+            let mut touched: SmallVec<[usize; 4]> = sessions
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.touches(ev.time, ev.end))
+                .map(|(i, _)| i)
+                .collect();
 
-        touched.sort_by_key(|&i| sessions[i].start());
-        let new_start = ev.time.min(sessions[touched[0]].start());
-        for &i in &touched {
-            let s = &sessions[i];
-            if s.was_emitted() && s.start() != new_start {
-                out.retraction(key, EventTime(s.start()));
-                self.counts.retractions += 1;
+            if touched.is_empty() {
+                sessions.push(Session::new(ev, agg, dedup));
+                *open += 1;
+                return (ev.time, ev.end);
             }
-        }
-        let survivor_start = sessions[touched[0]].start();
-        let keeps_id = sessions[touched[0]].was_emitted() && survivor_start == new_start;
 
-        // Take the absorbed sessions out from the back so indices stay valid, then fold
-        // them into the earliest one in start order.
-        let mut absorbed: SmallVec<[Session<A::Acc>; 2]> = SmallVec::new();
-        let mut by_index = touched[1..].to_vec();
-        by_index.sort_unstable_by(|a, b| b.cmp(a));
-        for i in by_index {
-            absorbed.push(sessions.swap_remove(i));
-        }
-        absorbed.sort_by_key(Session::start);
-        let target = sessions
-            .iter()
-            .position(|s| s.start() == survivor_start && !s.is_final())
-            .expect("the earliest touched session is still there");
-        let merged = &mut sessions[target];
-        self.open_sessions -= absorbed.len();
-        for other in absorbed {
-            merged.absorb_session(other, &self.agg);
-        }
-        merged.absorb_event(ev, &self.agg);
-        merged.set_emitted(keeps_id);
-        (merged.start(), merged.close())
+            if let [only] = touched[..] {
+                // One session touched (the common case): it takes the event.
+                let s = &mut sessions[only];
+                let emitted = s.was_emitted();
+                if emitted && ev.time < s.start() {
+                    out.retraction(key, EventTime(s.start()));
+                    *retractions += 1;
+                }
+                let keeps_id = emitted && ev.time >= s.start();
+                s.absorb_event(ev, agg);
+                s.set_emitted(keeps_id);
+                return (s.start(), s.close());
+            }
+
+            touched.sort_by_key(|&i| sessions[i].start());
+            let new_start = ev.time.min(sessions[touched[0]].start());
+            for &i in &touched {
+                let s = &sessions[i];
+                if s.was_emitted() && s.start() != new_start {
+                    out.retraction(key, EventTime(s.start()));
+                    *retractions += 1;
+                }
+            }
+            let survivor_start = sessions[touched[0]].start();
+            let keeps_id = sessions[touched[0]].was_emitted() && survivor_start == new_start;
+
+            // Take the absorbed sessions out from the back so indices stay valid, then
+            // fold them into the earliest one in start order.
+            let mut absorbed: SmallVec<[Session<A::Acc>; 2]> = SmallVec::new();
+            let mut by_index = touched[1..].to_vec();
+            by_index.sort_unstable_by(|a, b| b.cmp(a));
+            for i in by_index {
+                absorbed.push(sessions.swap_remove(i));
+            }
+            absorbed.sort_by_key(Session::start);
+            let target = sessions
+                .iter()
+                .position(|s| s.start() == survivor_start && !s.is_final())
+                .expect("the earliest touched session is still there");
+            let merged = &mut sessions[target];
+            *open -= absorbed.len();
+            for other in absorbed {
+                merged.absorb_session(other, agg);
+            }
+            merged.absorb_event(ev, agg);
+            merged.set_emitted(keeps_id);
+            (merged.start(), merged.close())
+        })
     }
 
     /// Moves the watermark to `w` (never backwards) and emits what the step made due:
@@ -622,32 +649,36 @@ impl<A: SessionAggregate> SessionOperator<A> {
     fn retire(&mut self, id: SlotId, w: Watermark) {
         let lateness = self.cfg.allowed_lateness.millis();
         let retention = lateness.saturating_add(self.largest_gap);
-        let KeySessions {
-            sessions, floor, ..
-        } = self.store.state_mut(id);
-        let mut next = i64::MAX;
-        let mut finalized = 0;
-        sessions.retain(|s| {
-            if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
-                s.finalize();
-                finalized += 1;
-            }
-            if s.is_final() {
-                let forget_at = s.close().saturating_add(retention);
-                if w.millis() >= forget_at {
-                    *floor = (*floor).max(s.close());
-                    return false;
-                }
-                next = next.min(forget_at);
-            } else if s.is_dirty() {
-                next = next.min(s.close());
-            } else {
-                next = next.min(s.close().saturating_add(lateness));
-            }
-            true
-        });
+        let state = self.store.state_mut(id);
+        let (next, finalized, empty) = match state.retire_one(w.millis(), lateness, retention) {
+            Some((next, finalized, empty)) => (next, usize::from(finalized), empty),
+            None => state.edit(|sessions, floor| {
+                let mut next = i64::MAX;
+                let mut finalized = 0;
+                sessions.retain(|s| {
+                    if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
+                        s.finalize();
+                        finalized += 1;
+                    }
+                    if s.is_final() {
+                        let forget_at = s.close().saturating_add(retention);
+                        if w.millis() >= forget_at {
+                            *floor = (*floor).max(s.close());
+                            return false;
+                        }
+                        next = next.min(forget_at);
+                    } else if s.is_dirty() {
+                        next = next.min(s.close());
+                    } else {
+                        next = next.min(s.close().saturating_add(lateness));
+                    }
+                    true
+                });
+                (next, finalized, sessions.is_empty())
+            }),
+        };
         self.open_sessions -= finalized;
-        if sessions.is_empty() {
+        if empty {
             self.store.remove(id);
         } else {
             self.store.schedule(id, EventTime(next));
@@ -658,8 +689,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         let still_open = self
             .store
             .state(id)
-            .position_of(start)
-            .map(|i| &self.store.state(id).sessions()[i])
+            .live_at(start)
             .is_some_and(|s| !w.has_reached(EventTime(s.close())));
         if still_open {
             self.emit(id, start, false, out);
@@ -668,11 +698,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
 
     fn emit(&mut self, id: SlotId, start: i64, complete: bool, out: &mut impl Emit<A>) {
         let (key, state) = self.store.key_and_state_mut(id);
-        let Some(i) = state.position_of(start) else {
+        let Some((revision, s)) = state.take_revision(start, complete) else {
             return;
         };
-        let s = &mut state.sessions[i];
-        let revision = s.take_revision(complete);
         out.session(&SessionView {
             key,
             start: EventTime(s.start()),

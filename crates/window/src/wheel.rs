@@ -159,6 +159,12 @@ impl Wheel {
     /// The next timer due at `w` whose slot's live deadline (`live(id)`) is still the
     /// one it was set for, and that deadline; timers come in deadline order. Stale
     /// timers met on the way are dropped. The caller clears the slot's live deadline.
+    /// Whether a timer may be due at `w` (when not, [`pop`](Self::pop) finds none).
+    #[inline]
+    pub fn may_be_due(&self, w: i64) -> bool {
+        self.next <= key(w)
+    }
+
     #[inline]
     pub fn pop(&mut self, w: i64, live: impl Fn(u32) -> i64) -> Option<(u32, i64)> {
         if self.next > key(w) {
