@@ -25,8 +25,8 @@
 //! those. Off (the default), it costs one predictable branch per mutable access.
 
 use crate::clock::ProcessingTime;
+use crate::index::Index;
 use crate::wheel::Wheel;
-use hashbrown::HashTable;
 use sessionizer_core::{EventTime, Watermark};
 use smallvec::SmallVec;
 use std::cmp::Reverse;
@@ -155,8 +155,7 @@ struct Slot<S> {
 /// Per-key state with one event-time and one processing-time timer per key.
 #[derive(Debug)]
 pub struct KeyedStore<S> {
-    hasher: foldhash::fast::FixedState,
-    index: HashTable<SlotId>,
+    index: Index,
     /// Slot `id` is `chunks[id >> CHUNK_BITS][id % CHUNK]`; every chunk but the last is
     /// full.
     chunks: Vec<Vec<Slot<S>>>,
@@ -181,8 +180,7 @@ pub struct KeyedStore<S> {
 impl<S> Default for KeyedStore<S> {
     fn default() -> Self {
         KeyedStore {
-            hasher: foldhash::fast::FixedState::with_seed(0x5e55_10e1),
-            index: HashTable::new(),
+            index: Index::default(),
             chunks: Vec::new(),
             long: LongKeys::default(),
             free: Vec::new(),
@@ -207,10 +205,24 @@ fn slot_of_mut<S>(chunks: &mut [Vec<Slot<S>>], id: SlotId) -> &mut Slot<S> {
     &mut chunks[(id >> CHUNK_BITS) as usize][(id as usize) & (CHUNK - 1)]
 }
 
+/// The hash of a key as the store's index uses it ([`KeyedStore::find_hashed`]): callers
+/// that know keys ahead can hash them early (in parallel, say) and
+/// [`prefetch`](KeyedStore::prefetch) their state.
+#[inline]
+pub fn key_hash(key: &[u8]) -> u64 {
+    foldhash::fast::FixedState::with_seed(0x5e55_10e1).hash_one(key)
+}
+
 impl<S: Default> KeyedStore<S> {
     /// The slot of `key`, created with default state when the key has none.
     pub fn slot_for(&mut self, key: &[u8]) -> SlotId {
-        let id = self.slot_unmarked(key);
+        self.slot_for_hashed(key_hash(key), key)
+    }
+
+    /// [`slot_for`](Self::slot_for) with the key's [`key_hash`].
+    #[inline]
+    pub fn slot_for_hashed(&mut self, hash: u64, key: &[u8]) -> SlotId {
+        let id = self.slot_unmarked(hash, key);
         self.mark(id);
         id
     }
@@ -218,53 +230,49 @@ impl<S: Default> KeyedStore<S> {
     /// Puts a key back with its state (a restore from a checkpoint): not a change, so
     /// the next incremental checkpoint does not write it again.
     pub fn restore(&mut self, key: &[u8], state: S) -> SlotId {
-        let id = self.slot_unmarked(key);
+        let id = self.slot_unmarked(key_hash(key), key);
         self.slot_mut(id).state = state;
         id
     }
 
-    fn slot_unmarked(&mut self, key: &[u8]) -> SlotId {
-        let hash = self.hasher.hash_one(key);
+    fn slot_unmarked(&mut self, hash: u64, key: &[u8]) -> SlotId {
+        if let Some(id) = self.find_hashed(hash, key) {
+            return id;
+        }
         let KeyedStore {
-            hasher,
             index,
             chunks,
             long,
             free,
             ..
         } = self;
-        let entry = index.entry(
-            hash,
-            |&id| slot_of(chunks, id).key.get(long) == key,
-            |&id| hasher.hash_one(slot_of(chunks, id).key.get(long)),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
-            hashbrown::hash_table::Entry::Vacant(e) => {
-                let slot = Slot {
-                    key: Key16::new(key, long),
-                    state: S::default(),
-                };
-                let id = match free.pop() {
-                    Some(id) => {
-                        *slot_of_mut(chunks, id) = slot;
-                        id
-                    }
-                    None => {
-                        if chunks.last().is_none_or(|c| c.len() == CHUNK) {
-                            chunks.push(Vec::with_capacity(CHUNK));
-                        }
-                        let n = chunks.len() - 1;
-                        let last = &mut chunks[n];
-                        last.push(slot);
-                        SlotId::try_from((n << CHUNK_BITS) + last.len() - 1)
-                            .expect("more than 2^32 keys in one store")
-                    }
-                };
-                e.insert(id);
+        let slot = Slot {
+            key: Key16::new(key, long),
+            state: S::default(),
+        };
+        let id = match free.pop() {
+            Some(id) => {
+                *slot_of_mut(chunks, id) = slot;
+                // The next new key takes the slot freed before this one: with many keys,
+                // not in cache.
+                if let Some(&next) = free.last() {
+                    sessionizer_core::prefetch::prefetch(slot_of(chunks, next));
+                }
                 id
             }
-        }
+            None => {
+                if chunks.last().is_none_or(|c| c.len() == CHUNK) {
+                    chunks.push(Vec::with_capacity(CHUNK));
+                }
+                let n = chunks.len() - 1;
+                let last = &mut chunks[n];
+                last.push(slot);
+                SlotId::try_from((n << CHUNK_BITS) + last.len() - 1)
+                    .expect("more than 2^32 keys in one store")
+            }
+        };
+        index.insert(hash, id, |id| key_hash(slot_of(chunks, id).key.get(long)));
+        id
     }
 }
 
@@ -282,10 +290,43 @@ impl<S> KeyedStore<S> {
     /// The slot of `key` if it has state.
     #[inline]
     pub fn find(&self, key: &[u8]) -> Option<SlotId> {
-        let hash = self.hasher.hash_one(key);
+        self.find_hashed(key_hash(key), key)
+    }
+
+    /// [`find`](Self::find) with the key's [`key_hash`].
+    #[inline]
+    pub fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<SlotId> {
         self.index
-            .find(hash, |&id| self.slot(id).key.get(&self.long) == key)
-            .copied()
+            .find(hash, |id| self.slot(id).key.get(&self.long) == key)
+    }
+
+    /// Asks the CPU for the memory a lookup of the key with `hash` reads first (its
+    /// entry in the index), without waiting for it. For keys a few lookups ahead.
+    #[inline]
+    pub fn prefetch_index(&self, hash: u64) {
+        self.index.prefetch(hash);
+    }
+
+    /// Asks the CPU for the slot a lookup of the key with `hash` will most likely read
+    /// (the index entry should be in cache by then: see
+    /// [`prefetch_index`](Self::prefetch_index)).
+    #[inline]
+    pub fn prefetch_slot(&self, hash: u64) {
+        if let Some(id) = self.index.candidate(hash) {
+            self.prefetch(id);
+        }
+    }
+
+    /// Asks the CPU for slot `id`'s memory.
+    #[inline]
+    pub fn prefetch(&self, id: SlotId) {
+        if let Some(slot) = self
+            .chunks
+            .get((id >> CHUNK_BITS) as usize)
+            .and_then(|c| c.get((id as usize) & (CHUNK - 1)))
+        {
+            sessionizer_core::prefetch::prefetch(slot);
+        }
     }
 
     /// The key of slot `id`.
@@ -389,10 +430,7 @@ impl<S> KeyedStore<S> {
         S: Default,
     {
         let key = self.slot(id).key;
-        let hash = self.hasher.hash_one(key.get(&self.long));
-        if let Ok(entry) = self.index.find_entry(hash, |&x| x == id) {
-            entry.remove();
-        }
+        self.index.remove(key_hash(key.get(&self.long)), id);
         if self.tracking {
             self.take_bit(id, false);
             self.removed.push(KeyBytes::from_slice(key.get(&self.long)));
@@ -446,7 +484,7 @@ impl<S> KeyedStore<S> {
 
     /// Whether no key has state.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     /// Pending timer entries of both kinds, live or stale (for memory accounting).
@@ -470,7 +508,7 @@ impl<S> KeyedStore<S> {
 
     /// Every key with state, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (SlotId, &[u8], &S)> {
-        self.index.iter().map(|&id| {
+        self.index.iter().map(|id| {
             let slot = self.slot(id);
             (id, slot.key.get(&self.long), &slot.state)
         })
@@ -513,9 +551,11 @@ impl<S: Timed> KeyedStore<S> {
     #[inline(never)]
     fn pop_due_slow(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
         let chunks = &mut self.chunks;
-        let (id, at) = self
-            .timers
-            .pop(w.millis(), |id| slot_of(chunks, id).state.timer())?;
+        let (id, at) = self.timers.pop(
+            w.millis(),
+            |id| slot_of(chunks, id).state.timer(),
+            |id| sessionizer_core::prefetch::prefetch(slot_of(chunks, id)),
+        )?;
         slot_of_mut(chunks, id).state.set_timer(NO_TIMER);
         Some((id, at))
     }

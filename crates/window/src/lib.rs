@@ -26,6 +26,7 @@
 pub mod aggregate;
 pub mod clock;
 pub mod codec;
+mod index;
 pub mod keyed;
 pub mod operator;
 pub mod session;

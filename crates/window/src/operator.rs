@@ -13,7 +13,7 @@
 //! aggregate code is monomorphised into the operator; nothing is boxed per event.
 
 use crate::aggregate::{Accumulate, AggKind, AggState, JsonAggregates, SessionAggregate};
-use crate::keyed::{KeyedStore, SlotId};
+use crate::keyed::{KeyedStore, SlotId, key_hash};
 use crate::session::{Arrival, KeySessions, Session};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use smallvec::SmallVec;
@@ -202,7 +202,14 @@ impl SessionOperator<JsonAggregates> {
     /// right away; everything else waits for [`advance_to`](Self::advance_to).
     #[inline]
     pub fn on_event(&mut self, ev: &Event<'_>, out: &mut impl Emit) -> Verdict {
-        self.on_typed(
+        self.on_event_hashed(ev, key_hash(ev.key), out)
+    }
+
+    /// [`on_event`](Self::on_event) for a key whose [`key_hash`] the caller computed
+    /// already (to [`prefetch`](Self::prefetch_index) its state, say).
+    #[inline]
+    pub fn on_event_hashed(&mut self, ev: &Event<'_>, hash: u64, out: &mut impl Emit) -> Verdict {
+        self.on_typed_hashed(
             &TypedEvent {
                 key: ev.key,
                 time: ev.time,
@@ -211,6 +218,7 @@ impl SessionOperator<JsonAggregates> {
                 dedup: ev.dedup,
                 input: ev.values,
             },
+            hash,
             out,
         )
     }
@@ -369,6 +377,37 @@ impl<A: SessionAggregate> SessionOperator<A> {
         A: Accumulate<I>,
         I: ?Sized,
     {
+        self.on_typed_hashed(ev, key_hash(ev.key), out)
+    }
+
+    /// Asks the CPU for the index entry the lookup of a key with [`key_hash`] `hash`
+    /// reads first. With millions of keys, calling it some events ahead (and
+    /// [`prefetch_state`](Self::prefetch_state) a few events ahead) lets the cache misses
+    /// of several events overlap.
+    #[inline]
+    pub fn prefetch_index(&self, hash: u64) {
+        self.store.prefetch_index(hash);
+    }
+
+    /// Asks the CPU for the state of the key with [`key_hash`] `hash` (its index entry
+    /// should be in cache: see [`prefetch_index`](Self::prefetch_index)).
+    #[inline]
+    pub fn prefetch_state(&self, hash: u64) {
+        self.store.prefetch_slot(hash);
+    }
+
+    /// [`on_typed`](Self::on_typed) for a key whose [`key_hash`] is `hash`.
+    #[inline]
+    pub fn on_typed_hashed<I>(
+        &mut self,
+        ev: &TypedEvent<'_, I>,
+        hash: u64,
+        out: &mut impl Emit<A>,
+    ) -> Verdict
+    where
+        A: Accumulate<I>,
+        I: ?Sized,
+    {
         // The rest of an advance stopped at its limit comes first (see advance_at_most).
         if self.group_next < self.group.len() {
             self.drain(usize::MAX, out);
@@ -383,7 +422,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             input: ev.input,
         };
 
-        let slot = self.store.find(ev.key);
+        let slot = self.store.find_hashed(hash, ev.key);
         if let Some(id) = slot {
             if let Some(verdict) = self.judge(id, &arrival) {
                 return verdict;
@@ -402,7 +441,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         let id = match slot {
             Some(id) => id,
             None => {
-                let id = self.store.slot_for(ev.key);
+                let id = self.store.slot_for_hashed(hash, ev.key);
                 self.store.state_mut(id).set_floor(self.new_key_floor);
                 id
             }
@@ -632,11 +671,15 @@ impl<A: SessionAggregate> SessionOperator<A> {
             None => self.retire(id, w),
             // The timer was early (the session grew since it was set).
             Some((close, _)) if close > deadline => self.store.schedule(id, EventTime(close)),
-            Some((_, start)) => {
+            Some((close, start)) => {
                 // Two live sessions of one key never close at the same time (they would
                 // touch), so the next due one closes later.
                 if let Some(next) = second {
                     self.store.schedule(id, EventTime(next));
+                } else if w.millis() >= close.saturating_add(self.retention()) {
+                    // The key is dropped once this session is out: its index entry is
+                    // read then (at the end of input, for every key).
+                    self.store.prefetch_index(key_hash(self.store.key(id)));
                 }
                 self.group.push((id, start, second.is_none()));
             }
@@ -646,9 +689,17 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// After its due sessions are emitted: sessions past their lateness become final,
     /// final bounds past their retention are forgotten (raising the key's floor), and
     /// the key is re-armed for what it waits for next, or dropped when nothing is left.
+    /// How long after its close a session's bounds are remembered: `A + Gmax`.
+    fn retention(&self) -> i64 {
+        self.cfg
+            .allowed_lateness
+            .millis()
+            .saturating_add(self.largest_gap)
+    }
+
     fn retire(&mut self, id: SlotId, w: Watermark) {
         let lateness = self.cfg.allowed_lateness.millis();
-        let retention = lateness.saturating_add(self.largest_gap);
+        let retention = self.retention();
         let state = self.store.state_mut(id);
         let (next, finalized, empty) = match state.retire_one(w.millis(), lateness, retention) {
             Some((next, finalized, empty)) => (next, usize::from(finalized), empty),

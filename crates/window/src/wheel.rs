@@ -27,6 +27,10 @@ const SLOTS: usize = 1 << BITS;
 const WORDS: usize = SLOTS / 64;
 /// Enough levels for 64-bit deadlines.
 const LEVELS: usize = 64usize.div_ceil(BITS as usize);
+/// How many timers ahead the slots they read are asked for (`ahead` of
+/// [`Wheel::pop`]): with millions of keys, reading a slot's live deadline misses the
+/// cache.
+const AHEAD: usize = 8;
 /// The smallest capacity of a bucket buffer.
 const FRESH: usize = 64;
 /// A drained bucket's buffer is kept for reuse up to this many entries; a larger one is
@@ -159,6 +163,7 @@ impl Wheel {
     /// The next timer due at `w` whose slot's live deadline (`live(id)`) is still the
     /// one it was set for, and that deadline; timers come in deadline order. Stale
     /// timers met on the way are dropped. The caller clears the slot's live deadline.
+    /// `ahead(id)` is called for slots whose deadline will be read soon (to prefetch).
     /// Whether a timer may be due at `w` (when not, [`pop`](Self::pop) finds none).
     #[inline]
     pub fn may_be_due(&self, w: i64) -> bool {
@@ -166,16 +171,26 @@ impl Wheel {
     }
 
     #[inline]
-    pub fn pop(&mut self, w: i64, live: impl Fn(u32) -> i64) -> Option<(u32, i64)> {
+    pub fn pop(
+        &mut self,
+        w: i64,
+        live: impl Fn(u32) -> i64,
+        ahead: impl Fn(u32),
+    ) -> Option<(u32, i64)> {
         if self.next > key(w) {
             return None;
         }
-        let popped = self.pop_slow(w, live);
+        let popped = self.pop_slow(w, live, ahead);
         self.next = self.lower_bound();
         popped
     }
 
-    fn pop_slow(&mut self, w: i64, live: impl Fn(u32) -> i64) -> Option<(u32, i64)> {
+    fn pop_slow(
+        &mut self,
+        w: i64,
+        live: impl Fn(u32) -> i64,
+        ahead: impl Fn(u32),
+    ) -> Option<(u32, i64)> {
         loop {
             if let Some(&Reverse((at, id))) = self.past.peek() {
                 if at > w {
@@ -189,6 +204,9 @@ impl Wheel {
                 continue;
             }
             if let Some(id) = self.due.pop() {
+                if let Some(&next) = self.due.len().checked_sub(AHEAD).map(|i| &self.due[i]) {
+                    ahead(next);
+                }
                 self.entries -= 1;
                 let now = deadline(self.now);
                 if now > w {
@@ -205,13 +223,20 @@ impl Wheel {
             if deadline(start) > w {
                 return None;
             }
-            self.cascade(level, slot, start, &live);
+            self.cascade(level, slot, start, &live, &ahead);
         }
     }
 
     /// Moves the wheel's time to `start`, the beginning of bucket `(level, slot)`, and
     /// spreads that bucket's live timers over the levels below.
-    fn cascade(&mut self, level: usize, slot: usize, start: u64, live: &impl Fn(u32) -> i64) {
+    fn cascade(
+        &mut self,
+        level: usize,
+        slot: usize,
+        start: u64,
+        live: &impl Fn(u32) -> i64,
+        ahead: &impl Fn(u32),
+    ) {
         self.now = start;
         self.occupied[level][slot / 64] &= !(1 << (slot % 64));
         let mut list = std::mem::take(&mut self.buckets[level * SLOTS + slot]);
@@ -224,7 +249,10 @@ impl Wheel {
         }
         self.entries -= list.len();
         let width_bits = level as u32 * BITS;
-        for &id in &list {
+        for (k, &id) in list.iter().enumerate() {
+            if let Some(&next) = list.get(k + AHEAD) {
+                ahead(next);
+            }
             let k = key(live(id));
             // Live only if the slot's deadline is still in this bucket (`i64::MAX`: the
             // slot has no timer).
@@ -295,7 +323,7 @@ mod tests {
                     w = w.max(t);
                     let mut popped = Vec::new();
                     while let Some((id, at)) =
-                        wheel.pop(w, |id| *live.get(&id).unwrap_or(&i64::MAX))
+                        wheel.pop(w, |id| *live.get(&id).unwrap_or(&i64::MAX), |_| ())
                     {
                         assert_eq!(live.remove(&id), Some(at));
                         popped.push(at);

@@ -23,6 +23,10 @@ use sessionizer_window::{
 // The window encodes the values of the format the checkpoint files are framed with.
 const _: () = assert!(codec::FORMAT == sessionizer_checkpoint::FORMAT_VERSION);
 
+/// How many records ahead a shard asks for a key's index entry, and for its state.
+const INDEX_AHEAD: usize = 16;
+const STATE_AHEAD: usize = 8;
+
 /// The step of the end of input, after every record.
 pub(crate) const END_STEP: u64 = u64::MAX;
 
@@ -190,7 +194,24 @@ impl Shard {
     ) {
         let aggregates = self.op.config().aggregates.len();
         for part in parsed {
-            for rec in part.recs.iter().filter(|r| r.kind == Kind::Valid) {
+            for (j, rec) in part.recs.iter().enumerate() {
+                // With many keys their state is not in cache: ask for it ahead, the
+                // index entry first, the slot it names later.
+                if let Some(r) = part.recs.get(j + INDEX_AHEAD)
+                    && r.kind == Kind::Valid
+                    && r.shard == self.index
+                {
+                    self.op.prefetch_index(r.hash);
+                }
+                if let Some(r) = part.recs.get(j + STATE_AHEAD)
+                    && r.kind == Kind::Valid
+                    && r.shard == self.index
+                {
+                    self.op.prefetch_state(r.hash);
+                }
+                if rec.kind != Kind::Valid {
+                    continue;
+                }
                 let step = first_step + u64::from(rec.line);
                 let gap = rec.gap.map_or(self.default_gap, DurationMs);
                 let mine = rec.shard == self.index;
@@ -215,7 +236,7 @@ impl Shard {
                         values: &values,
                     };
                     let before = self.op.watermark();
-                    match self.op.on_event(&event, &mut self.out) {
+                    match self.op.on_event_hashed(&event, rec.hash, &mut self.out) {
                         Verdict::Applied => self.in_sessions += 1,
                         Verdict::Duplicate => self.duplicates += 1,
                         Verdict::Late(reason) => {
