@@ -50,6 +50,39 @@ pub trait Timed {
     fn timer(&self) -> i64;
     /// Sets the live timer's deadline ([`NO_TIMER`]: none).
     fn set_timer(&mut self, deadline: i64);
+    /// A time before which the owner has nothing to do for this key (the default: its
+    /// timer): when the timer comes due earlier, the store moves it there instead of
+    /// handing the key back (a session extended since its timer was set, say).
+    fn next_action(&self) -> i64 {
+        self.timer()
+    }
+}
+
+/// The slots as the timer wheel sees them.
+struct WheelSlots<'a, S>(&'a mut Vec<Vec<Slot<S>>>);
+
+impl<S: Timed> crate::wheel::Slots for WheelSlots<'_, S> {
+    #[inline]
+    fn live(&self, id: u32) -> i64 {
+        slot_of(self.0, id).state.timer()
+    }
+
+    #[inline]
+    fn postpone(&mut self, id: u32) -> i64 {
+        let state = &mut slot_of_mut(self.0, id).state;
+        let (timer, next) = (state.timer(), state.next_action());
+        if next > timer {
+            state.set_timer(next);
+            next
+        } else {
+            timer
+        }
+    }
+
+    #[inline]
+    fn ahead(&self, id: u32) {
+        sessionizer_core::prefetch::prefetch(slot_of(self.0, id));
+    }
 }
 
 /// Slots per chunk.
@@ -71,6 +104,18 @@ struct Key16([u8; 16]);
 
 impl Key16 {
     fn new(key: &[u8], long: &mut LongKeys) -> Key16 {
+        Key16::inline(key).unwrap_or_else(|| {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&long.insert(key).to_le_bytes());
+            b[15] = LONG;
+            Key16(b)
+        })
+    }
+
+    /// The slot bytes of `key` when it is kept inline (then two keys are equal exactly
+    /// when their 16 bytes are).
+    #[inline]
+    fn inline(key: &[u8]) -> Option<Key16> {
         let mut b = [0u8; 16];
         match key.len() {
             n @ 0..=14 => {
@@ -83,12 +128,9 @@ impl Key16 {
                 b[15] = FIFTEEN;
             }
             16 if key[15] < LONG => b.copy_from_slice(key),
-            _ => {
-                b[..4].copy_from_slice(&long.insert(key).to_le_bytes());
-                b[15] = LONG;
-            }
+            _ => return None,
         }
-        Key16(b)
+        Some(Key16(b))
     }
 
     #[inline]
@@ -296,8 +338,12 @@ impl<S> KeyedStore<S> {
     /// [`find`](Self::find) with the key's [`key_hash`].
     #[inline]
     pub fn find_hashed(&self, hash: u64, key: &[u8]) -> Option<SlotId> {
-        self.index
-            .find(hash, |id| self.slot(id).key.get(&self.long) == key)
+        match Key16::inline(key) {
+            Some(k) => self.index.find(hash, |id| self.slot(id).key.0 == k.0),
+            None => self
+                .index
+                .find(hash, |id| self.slot(id).key.get(&self.long) == key),
+        }
     }
 
     /// Asks the CPU for the memory a lookup of the key with `hash` reads first (its
@@ -550,14 +596,18 @@ impl<S: Timed> KeyedStore<S> {
 
     #[inline(never)]
     fn pop_due_slow(&mut self, w: Watermark) -> Option<(SlotId, i64)> {
-        let chunks = &mut self.chunks;
-        let (id, at) = self.timers.pop(
-            w.millis(),
-            |id| slot_of(chunks, id).state.timer(),
-            |id| sessionizer_core::prefetch::prefetch(slot_of(chunks, id)),
-        )?;
-        slot_of_mut(chunks, id).state.set_timer(NO_TIMER);
+        let (id, at) = self
+            .timers
+            .pop(w.millis(), &mut WheelSlots(&mut self.chunks))?;
+        slot_of_mut(&mut self.chunks, id).state.set_timer(NO_TIMER);
         Some((id, at))
+    }
+
+    /// Whether a timer may be due at `w` (when not, [`pop_due_at`](Self::pop_due_at)
+    /// finds none).
+    #[inline]
+    pub fn may_be_due(&self, w: Watermark) -> bool {
+        self.timers.may_be_due(w.millis())
     }
 
     /// A deadline at or before every pending event-time timer (`None`: none pending).

@@ -490,7 +490,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         A: Accumulate<I>,
         I: ?Sized,
     {
-        let (key, state) = self.store.key_and_state_mut(id);
+        let state = self.store.state_mut(id);
         if let Some(bounds) = state.extend_one(ev.time, ev.end) {
             // One session without contents, extended without moving its start.
             return bounds;
@@ -501,6 +501,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             self.open_sessions += 1;
             return (ev.time, ev.end);
         }
+        let (key, state) = self.store.key_and_state_mut(id);
         let (open, retractions) = (&mut self.open_sessions, &mut self.counts.retractions);
         state.edit(|sessions, _| {
             let mut touched: SmallVec<[usize; 4]> = sessions
@@ -597,6 +598,10 @@ impl<A: SessionAggregate> SessionOperator<A> {
             && self.cfg.emit == EmitMode::OnUpdate
         {
             self.emit_update(id, start, w, out);
+        }
+        if self.group_next >= self.group.len() && !self.store.may_be_due(w) {
+            // Nothing pending, no timer due: the common step.
+            return false;
         }
         self.drain(max, out)
     }

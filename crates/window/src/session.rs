@@ -651,6 +651,18 @@ impl<Acc> crate::keyed::Timed for KeySessions<Acc> {
             Repr::Many(w) => w.timer = deadline,
         }
     }
+
+    /// The earliest close of the key's sessions: the operator acts on a key no sooner
+    /// than a session completes (at its close), becomes final (its close plus the
+    /// allowed lateness) or is forgotten (later still).
+    #[inline]
+    fn next_action(&self) -> i64 {
+        match &self.repr {
+            Repr::Empty { timer, .. } => *timer,
+            Repr::One(c) => c.close(),
+            Repr::Many(w) => w.sessions.iter().map(|s| s.close).min().unwrap_or(w.timer),
+        }
+    }
 }
 
 /// The sessions of a key, each as a [`SessionRef`].

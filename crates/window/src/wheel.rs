@@ -45,6 +45,18 @@ fn deadline(key: u64) -> i64 {
     (key ^ (1 << 63)) as i64
 }
 
+/// What the wheel reads and changes of the slots whose timers it holds.
+pub(crate) trait Slots {
+    /// The slot's live deadline ([`i64::MAX`]: none).
+    fn live(&self, id: u32) -> i64;
+    /// Moves the slot's live deadline as late as its owner allows
+    /// ([`Timed::next_action`](crate::keyed::Timed::next_action)), never earlier, and
+    /// returns it.
+    fn postpone(&mut self, id: u32) -> i64;
+    /// The slot will be read soon (to prefetch it).
+    fn ahead(&self, id: u32);
+}
+
 /// Pending event-time timers: slot ids by deadline.
 #[derive(Debug)]
 pub(crate) struct Wheel {
@@ -160,10 +172,10 @@ impl Wheel {
         self.lowest().map_or(u64::MAX, |(_, _, start)| start)
     }
 
-    /// The next timer due at `w` whose slot's live deadline (`live(id)`) is still the
-    /// one it was set for, and that deadline; timers come in deadline order. Stale
-    /// timers met on the way are dropped. The caller clears the slot's live deadline.
-    /// `ahead(id)` is called for slots whose deadline will be read soon (to prefetch).
+    /// The next timer due at `w` whose slot's live deadline is still the one it was set
+    /// for, and that deadline; timers come in deadline order. Stale timers met on the
+    /// way are dropped, and a live one whose owner has nothing to do yet is moved to
+    /// when it has ([`Slots::postpone`]). The caller clears the slot's live deadline.
     /// Whether a timer may be due at `w` (when not, [`pop`](Self::pop) finds none).
     #[inline]
     pub fn may_be_due(&self, w: i64) -> bool {
@@ -171,26 +183,16 @@ impl Wheel {
     }
 
     #[inline]
-    pub fn pop(
-        &mut self,
-        w: i64,
-        live: impl Fn(u32) -> i64,
-        ahead: impl Fn(u32),
-    ) -> Option<(u32, i64)> {
+    pub fn pop(&mut self, w: i64, slots: &mut impl Slots) -> Option<(u32, i64)> {
         if self.next > key(w) {
             return None;
         }
-        let popped = self.pop_slow(w, live, ahead);
+        let popped = self.pop_slow(w, slots);
         self.next = self.lower_bound();
         popped
     }
 
-    fn pop_slow(
-        &mut self,
-        w: i64,
-        live: impl Fn(u32) -> i64,
-        ahead: impl Fn(u32),
-    ) -> Option<(u32, i64)> {
+    fn pop_slow(&mut self, w: i64, slots: &mut impl Slots) -> Option<(u32, i64)> {
         loop {
             if let Some(&Reverse((at, id))) = self.past.peek() {
                 if at > w {
@@ -198,14 +200,18 @@ impl Wheel {
                     return None;
                 }
                 self.past.pop();
-                if live(id) == at {
-                    return Some((id, at));
+                if slots.live(id) == at {
+                    let later = slots.postpone(id);
+                    if later == at {
+                        return Some((id, at));
+                    }
+                    self.insert(id, later);
                 }
                 continue;
             }
             if let Some(id) = self.due.pop() {
                 if let Some(&next) = self.due.len().checked_sub(AHEAD).map(|i| &self.due[i]) {
-                    ahead(next);
+                    slots.ahead(next);
                 }
                 self.entries -= 1;
                 let now = deadline(self.now);
@@ -214,8 +220,12 @@ impl Wheel {
                     self.entries += 1;
                     return None;
                 }
-                if live(id) == now {
-                    return Some((id, now));
+                if slots.live(id) == now {
+                    let later = slots.postpone(id);
+                    if later == now {
+                        return Some((id, now));
+                    }
+                    self.place(id, key(later));
                 }
                 continue;
             }
@@ -223,20 +233,14 @@ impl Wheel {
             if deadline(start) > w {
                 return None;
             }
-            self.cascade(level, slot, start, &live, &ahead);
+            self.cascade(level, slot, start, slots);
         }
     }
 
     /// Moves the wheel's time to `start`, the beginning of bucket `(level, slot)`, and
-    /// spreads that bucket's live timers over the levels below.
-    fn cascade(
-        &mut self,
-        level: usize,
-        slot: usize,
-        start: u64,
-        live: &impl Fn(u32) -> i64,
-        ahead: &impl Fn(u32),
-    ) {
+    /// spreads that bucket's live timers over the levels below (or later, where their
+    /// owners postpone them to).
+    fn cascade(&mut self, level: usize, slot: usize, start: u64, slots: &mut impl Slots) {
         self.now = start;
         self.occupied[level][slot / 64] &= !(1 << (slot % 64));
         let mut list = std::mem::take(&mut self.buckets[level * SLOTS + slot]);
@@ -251,13 +255,13 @@ impl Wheel {
         let width_bits = level as u32 * BITS;
         for (k, &id) in list.iter().enumerate() {
             if let Some(&next) = list.get(k + AHEAD) {
-                ahead(next);
+                slots.ahead(next);
             }
-            let k = key(live(id));
+            let k = key(slots.live(id));
             // Live only if the slot's deadline is still in this bucket (`i64::MAX`: the
             // slot has no timer).
             if k != u64::MAX && k >= start && (k - start) >> width_bits == 0 {
-                self.place(id, k);
+                self.place(id, key(slots.postpone(id)));
             }
         }
         list.clear();
@@ -300,13 +304,34 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
+    /// Live deadlines by slot, and when each slot's owner has something to do next.
+    struct Model<'a>(&'a mut BTreeMap<u32, i64>, &'a BTreeMap<u32, i64>);
+
+    impl Slots for Model<'_> {
+        fn live(&self, id: u32) -> i64 {
+            *self.0.get(&id).unwrap_or(&i64::MAX)
+        }
+        fn postpone(&mut self, id: u32) -> i64 {
+            let live = self.0.get_mut(&id).expect("a live timer");
+            *live = (*live).max(*self.1.get(&id).unwrap_or(&i64::MIN));
+            *live
+        }
+        fn ahead(&self, _: u32) {}
+    }
+
     /// The wheel against a model: a map of live deadlines, popped in (deadline) order.
     fn check(ops: &[(u8, u32, i64)]) {
         let mut wheel = Wheel::default();
         let mut live: BTreeMap<u32, i64> = BTreeMap::new();
+        let mut action: BTreeMap<u32, i64> = BTreeMap::new();
         let mut w = i64::MIN;
         for &(op, id, t) in ops {
-            match op % 3 {
+            match op % 4 {
+                // The owner has nothing to do for the key before `t` (never moves back).
+                3 => {
+                    let a = action.entry(id).or_insert(i64::MIN);
+                    *a = (*a).max(t);
+                }
                 // Set a timer (earlier than the live one, as the store does).
                 0 => {
                     if t < *live.get(&id).unwrap_or(&i64::MAX) {
@@ -322,15 +347,19 @@ mod tests {
                 _ => {
                     w = w.max(t);
                     let mut popped = Vec::new();
-                    while let Some((id, at)) =
-                        wheel.pop(w, |id| *live.get(&id).unwrap_or(&i64::MAX), |_| ())
-                    {
+                    while let Some((id, at)) = wheel.pop(w, &mut Model(&mut live, &action)) {
                         assert_eq!(live.remove(&id), Some(at));
+                        assert!(
+                            at >= *action.get(&id).unwrap_or(&i64::MIN),
+                            "{id} too early"
+                        );
                         popped.push(at);
                     }
                     assert!(popped.is_sorted(), "out of order: {popped:?}");
+                    let effective =
+                        |id: &u32, at: &i64| (*at).max(*action.get(id).unwrap_or(&i64::MIN));
                     assert!(
-                        live.values().all(|&at| at > w),
+                        live.iter().all(|(id, at)| effective(id, at) > w),
                         "left due timers at {w}: {live:?}"
                     );
                     if let Some(b) = wheel.bound() {
@@ -365,7 +394,7 @@ mod tests {
         #[test]
         fn the_wheel_pops_what_a_sorted_map_would(
             ops in prop::collection::vec(
-                (0u8..3, 0u32..16, prop_oneof![
+                (0u8..4, 0u32..16, prop_oneof![
                     -100i64..5_000,
                     -1_000_000i64..100_000_000,
                     Just(i64::MIN + 1),
