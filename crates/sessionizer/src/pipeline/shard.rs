@@ -223,10 +223,13 @@ impl Shard {
                         &batch.data[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
                     };
                     let at = rec.values_at as usize;
-                    let values: Values<'_> = part.values[at..at + aggregates]
-                        .iter()
-                        .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize]))
-                        .collect();
+                    // Filled in place (collecting would move the whole array).
+                    let mut values: Values<'_> = Values::new();
+                    values.extend(
+                        part.values[at..at + aggregates]
+                            .iter()
+                            .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize])),
+                    );
                     let event = Event {
                         key,
                         time: EventTime(rec.time),
