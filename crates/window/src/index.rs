@@ -153,6 +153,14 @@ impl Index {
         }
     }
 
+    /// Makes room for `keys` keys in all without a rebuild (restoring a checkpoint).
+    pub fn reserve(&mut self, keys: usize, hash_of: impl Fn(u32) -> u64) {
+        let len = (keys * 5 / 4 + 1).next_power_of_two().max(16);
+        if len > self.entries.len() {
+            self.rebuild(len, self.id_bits, &hash_of);
+        }
+    }
+
     /// Removes slot `id`, whose key has `hash`.
     pub fn remove(&mut self, hash: u64, id: u32) {
         if self.entries.is_empty() {
@@ -210,6 +218,7 @@ impl Index {
     }
 
     /// Every slot id, in no particular order.
+    #[cfg(test)]
     pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         let id_mask = self.id_mask();
         self.entries

@@ -152,12 +152,18 @@ impl Key16 {
     }
 }
 
-impl Default for Key16 {
-    /// The empty key.
-    fn default() -> Self {
+impl Key16 {
+    /// The bytes of a slot without a key: a short key of length 255, which no key
+    /// encodes to.
+    const FREE: Key16 = {
         let mut b = [0u8; 16];
+        b[14] = 0xFF;
         b[15] = SHORT;
         Key16(b)
+    };
+
+    fn is_free(&self) -> bool {
+        self.0 == Key16::FREE.0
     }
 }
 
@@ -329,6 +335,17 @@ impl<S> KeyedStore<S> {
         slot_of_mut(&mut self.chunks, id)
     }
 
+    /// Makes room for `keys` keys in all (restoring a checkpoint of that many).
+    pub fn reserve(&mut self, keys: usize) {
+        let KeyedStore {
+            index,
+            chunks,
+            long,
+            ..
+        } = self;
+        index.reserve(keys, |id| key_hash(slot_of(chunks, id).key.get(long)));
+    }
+
     /// The slot of `key` if it has state.
     #[inline]
     pub fn find(&self, key: &[u8]) -> Option<SlotId> {
@@ -485,7 +502,7 @@ impl<S> KeyedStore<S> {
             self.long.remove(key.long_index());
         }
         let slot = self.slot_mut(id);
-        slot.key = Key16::default();
+        slot.key = Key16::FREE;
         slot.state = S::default();
         if let Some(d) = self.proc_deadline.get_mut(id as usize) {
             *d = NO_TIMER;
@@ -552,11 +569,19 @@ impl<S> KeyedStore<S> {
         self.forget_changes();
     }
 
-    /// Every key with state, in no particular order.
+    /// Every key with state, in slot order: roughly the order keys came in, and that of
+    /// their memory, which a walk over millions of keys reads much faster than the
+    /// index's order.
     pub fn iter(&self) -> impl Iterator<Item = (SlotId, &[u8], &S)> {
-        self.index.iter().map(|id| {
-            let slot = self.slot(id);
-            (id, slot.key.get(&self.long), &slot.state)
+        self.chunks.iter().enumerate().flat_map(move |(c, chunk)| {
+            chunk
+                .iter()
+                .enumerate()
+                .filter(|(_, slot)| !slot.key.is_free())
+                .map(move |(i, slot)| {
+                    let id = ((c << CHUNK_BITS) + i) as SlotId;
+                    (id, slot.key.get(&self.long), &slot.state)
+                })
         })
     }
 }

@@ -338,6 +338,12 @@ impl<A: SessionAggregate> SessionOperator<A> {
         self.store.schedule(id, EventTime(next));
     }
 
+    /// Makes room for `keys` keys (before restoring that many with
+    /// [`restore_key`](Self::restore_key)).
+    pub fn reserve_keys(&mut self, keys: usize) {
+        self.store.reserve(keys);
+    }
+
     /// Sets the watermark of a restored checkpoint without firing anything: every timer
     /// due by then had fired before the checkpoint was taken.
     pub fn restore_watermark(&mut self, w: Watermark) {

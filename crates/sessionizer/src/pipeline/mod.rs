@@ -619,6 +619,11 @@ impl<'c> Job<'c> {
             s.restore_progress(&manifest.watermark);
         }
         let shards = self.shards.len();
+        // The keys spread evenly over the shards: room for them all up front.
+        let keys = usize::try_from(manifest.keys).unwrap_or(0);
+        for s in &mut self.shards {
+            s.op.reserve_keys(keys.div_ceil(shards) + keys / 64);
+        }
         let format = state.format_version();
         let restored = state.for_each_live(|key, value| {
             let shard = parse::shard_of(key, shards) as usize;
