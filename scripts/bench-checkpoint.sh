@@ -10,12 +10,17 @@
 #   3. restore of 1M open sessions: a run resuming the 1M-session job over an empty input.
 #
 #   scripts/bench-checkpoint.sh [REPEAT]
+#   SESSIONIZER_BIN=/path/to/sessionizer scripts/bench-checkpoint.sh   # another build (no cargo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPEAT=${1:-3}
 
-cargo build --release -q -p sessionizer-cli
-BIN=target/release/sessionizer
+if [ -n "${SESSIONIZER_BIN:-}" ]; then
+  BIN=$SESSIONIZER_BIN
+else
+  cargo build --release -q -p sessionizer-cli
+  BIN=target/release/sessionizer
+fi
 mkdir -p bench-data
 DATA=bench-data/visits-1000000.jsonl
 if [ ! -s "$DATA" ]; then

@@ -243,7 +243,7 @@ fn describe_sessions(key: &[u8], value: &[u8], format: u16) -> Result<(Value, Ve
     } else {
         Value::String(Watermark::at(EventTime(sessions.floor())).to_string())
     };
-    let mut list: Vec<&sessionizer_window::session::Session> = sessions.sessions().iter().collect();
+    let mut list: Vec<sessionizer_window::session::SessionRef<'_>> = sessions.sessions().collect();
     list.sort_by_key(|s| s.start());
     let list: Vec<Value> = list
         .into_iter()

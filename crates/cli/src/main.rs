@@ -16,7 +16,8 @@ use std::process::ExitCode;
 
 /// Sessions are created and dropped at a high rate, often by another thread than the
 /// one that reads the input: mimalloc's thread-local free lists handle that pattern much
-/// better than the system allocator (see BENCHMARKS.md).
+/// better than the system allocator (see BENCHMARKS.md). Built without transparent huge
+/// pages (the `no_thp` feature): resident memory then follows the state.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

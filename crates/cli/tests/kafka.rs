@@ -896,12 +896,16 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
         from_standby.iter().any(|r| r["keys"].as_u64() > Some(0)),
         "a's partitions came from b's copies: {st}"
     );
+    // A full restore reads from the changelog's first record; a standby hands over
+    // its copy and the read starts where the copy ends (how far behind the copy was
+    // depends on how busy the machine is, so no fixed share is asserted).
     for r in from_standby {
-        let read = r["changelog_records"].as_u64().expect("records");
-        let keys = r["keys"].as_u64().expect("keys");
+        let read = r["changelog_records"].as_i64().expect("records");
+        let from = r["changelog_from"].as_i64().expect("from");
+        let end = r["changelog_end"].as_i64().expect("end");
         assert!(
-            read == 0 || read < keys,
-            "a standby restore reads only a tail: {r}"
+            from > 0 && read <= end - from,
+            "a standby restore reads only the tail after its copy: {r}"
         );
     }
 }

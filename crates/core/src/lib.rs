@@ -6,6 +6,7 @@
 
 pub mod decode;
 pub mod json;
+pub mod prefetch;
 pub mod time;
 pub mod timefmt;
 

@@ -94,6 +94,11 @@ pub struct RestoreStats {
     /// (nothing: the whole changelog was read), `snapshot` (a local snapshot in
     /// `--state-dir`) or `standby` (a standby copy).
     pub source: String,
+    /// The changelog offset the read started at: its first record for a full restore,
+    /// the offset after the copy's last record otherwise.
+    pub changelog_from: i64,
+    /// The changelog offset the read ended at (its end when the task was taken).
+    pub changelog_end: i64,
     /// Changelog records read.
     pub changelog_records: u64,
     /// Keys with state restored.

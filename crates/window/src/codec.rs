@@ -12,9 +12,8 @@
 
 use crate::aggregate::AggState;
 use crate::operator::WindowConfig;
-use crate::session::{KeySessions, Session};
+use crate::session::{KeySessions, Session, SessionList};
 use sessionizer_core::Watermark;
-use smallvec::SmallVec;
 
 /// Why a value cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -175,10 +174,9 @@ pub const FORMAT: u16 = 2;
 /// lateness or a large per-event gap can keep hundreds: the count is a `u32`.
 pub fn encode_sessions(sessions: &KeySessions, out: &mut Vec<u8>) {
     let mut w = Writer(out);
-    w.i64(sessions.floor);
-    let list = sessions.sessions();
-    w.count(list.len());
-    for s in list {
+    w.i64(sessions.floor());
+    w.count(sessions.session_count());
+    for s in sessions.sessions() {
         s.encode(&mut w);
     }
 }
@@ -191,9 +189,8 @@ const SESSION_MIN_BYTES: usize = 8 * 3 + 8 + 4 + 1;
 pub fn decode_sessions(bytes: &[u8], cfg: &WindowConfig) -> Result<KeySessions, CodecError> {
     let mut r = Reader(bytes);
     let floor = r.i64()?;
-    let mut sessions = read_sessions(&mut r, |r| Session::decode(r, &cfg.aggregates))?;
-    sessions.floor = floor;
-    Ok(sessions)
+    let sessions = read_sessions(&mut r, |r| Session::decode(r, &cfg.aggregates))?;
+    Ok(KeySessions::from_parts(sessions, floor))
 }
 
 /// Reads one key's value written in checkpoint format `format` (1 or [`FORMAT`]) for a
@@ -208,11 +205,13 @@ pub fn decode_value(
 ) -> Result<KeySessions, CodecError> {
     match format {
         1 => {
-            let mut sessions =
+            let sessions =
                 read_sessions(&mut Reader(bytes), |r| Session::decode(r, &cfg.aggregates))?;
-            sessions.floor =
-                sessions.implied_floor(w.millis(), cfg.allowed_lateness.millis(), cfg.gap.millis());
-            Ok(sessions)
+            let mut state = KeySessions::from_parts(sessions, i64::MIN);
+            let floor =
+                state.implied_floor(w.millis(), cfg.allowed_lateness.millis(), cfg.gap.millis());
+            state.set_floor(floor);
+            Ok(state)
         }
         FORMAT => decode_sessions(bytes, cfg),
         other => Err(CodecError::Format(other)),
@@ -230,34 +229,30 @@ pub fn decode_sessions_any(bytes: &[u8], format: u16) -> Result<KeySessions, Cod
         FORMAT => r.i64()?,
         other => return Err(CodecError::Format(other)),
     };
-    let mut sessions = read_sessions(&mut r, |r| {
+    let sessions = read_sessions(&mut r, |r| {
         let kinds = peek_kinds(r.0)?;
         Session::decode(r, &kinds)
     })?;
-    sessions.floor = floor;
-    Ok(sessions)
+    Ok(KeySessions::from_parts(sessions, floor))
 }
 
 /// The session count and the sessions, each read by `one`; nothing may follow.
 fn read_sessions(
     r: &mut Reader<'_>,
     mut one: impl FnMut(&mut Reader<'_>) -> Result<Session, CodecError>,
-) -> Result<KeySessions, CodecError> {
+) -> Result<SessionList<Vec<AggState>>, CodecError> {
     let n = r.count(SESSION_MIN_BYTES)?;
     if n == 0 {
         return Err(CodecError::Empty);
     }
-    let mut sessions = SmallVec::with_capacity(n);
+    let mut sessions = SessionList::with_capacity(n);
     for _ in 0..n {
         sessions.push(one(r)?);
     }
     if !r.0.is_empty() {
         return Err(CodecError::Trailing(r.0.len()));
     }
-    Ok(KeySessions {
-        sessions,
-        floor: i64::MIN,
-    })
+    Ok(sessions)
 }
 
 /// The aggregate kinds of the encoded session at the start of `bytes`, found by reading
@@ -342,7 +337,7 @@ mod tests {
 
         let format_1 = &bytes[8..];
         let old = decode_value(format_1, &cfg, 1, w).expect("format 1 decodes");
-        assert_eq!(old.sessions().len(), 1);
+        assert_eq!(old.session_count(), 1);
         // W - A - G = 60 - 5 - 10 = 45; the earliest start - 1 = 39.
         assert_eq!(old.floor(), 39);
         let early = decode_value(format_1, &cfg, 1, Watermark::at(EventTime(50))).expect("decodes");
@@ -390,13 +385,13 @@ mod tests {
         }
         let id = op.store().find(b"k").expect("key k");
         let sessions = op.store().state(id);
-        assert_eq!(sessions.sessions().len(), 300);
+        assert_eq!(sessions.session_count(), 300);
         let mut bytes = Vec::new();
         encode_sessions(sessions, &mut bytes);
         let back = decode_sessions(&bytes, &cfg).expect("decodes");
-        assert_eq!(back.sessions().len(), 300);
-        let starts: Vec<i64> = back.sessions().iter().map(|s| s.start()).collect();
-        let expected: Vec<i64> = sessions.sessions().iter().map(|s| s.start()).collect();
+        assert_eq!(back.session_count(), 300);
+        let starts: Vec<i64> = back.sessions().map(|s| s.start()).collect();
+        let expected: Vec<i64> = sessions.sessions().map(|s| s.start()).collect();
         assert_eq!(starts, expected);
     }
 }

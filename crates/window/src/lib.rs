@@ -26,11 +26,13 @@
 pub mod aggregate;
 pub mod clock;
 pub mod codec;
+mod index;
 pub mod keyed;
 pub mod operator;
 pub mod session;
 pub mod stateful;
 pub mod watermark;
+mod wheel;
 
 pub use aggregate::{
     Accumulate, AggKind, AggState, Aggregator, Custom, CustomView, JsonAggregates, Position,

@@ -13,7 +13,7 @@
 //! aggregate code is monomorphised into the operator; nothing is boxed per event.
 
 use crate::aggregate::{Accumulate, AggKind, AggState, JsonAggregates, SessionAggregate};
-use crate::keyed::{KeyedStore, SlotId};
+use crate::keyed::{KeyedStore, SlotId, key_hash};
 use crate::session::{Arrival, KeySessions, Session};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use smallvec::SmallVec;
@@ -169,8 +169,12 @@ pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     changed: Option<(SlotId, i64)>,
     open_sessions: usize,
     counts: OperatorCounts,
-    fired: Vec<SlotId>,
-    due: Vec<(i64, SlotId, i64)>,
+    /// The completed sessions of one close time being emitted, sorted by (key, start):
+    /// `(slot, start, whether it is its key's last due session)`; `group_next` is the
+    /// first not emitted yet. Non-empty between two calls of
+    /// [`advance_at_most`](SessionOperator::advance_at_most) that stopped at their limit.
+    group: Vec<(SlotId, i64, bool)>,
+    group_next: usize,
 }
 
 impl<A: SessionAggregate + fmt::Debug> fmt::Debug for SessionOperator<A> {
@@ -198,7 +202,14 @@ impl SessionOperator<JsonAggregates> {
     /// right away; everything else waits for [`advance_to`](Self::advance_to).
     #[inline]
     pub fn on_event(&mut self, ev: &Event<'_>, out: &mut impl Emit) -> Verdict {
-        self.on_typed(
+        self.on_event_hashed(ev, key_hash(ev.key), out)
+    }
+
+    /// [`on_event`](Self::on_event) for a key whose [`key_hash`] the caller computed
+    /// already (to [`prefetch`](Self::prefetch_index) its state, say).
+    #[inline]
+    pub fn on_event_hashed(&mut self, ev: &Event<'_>, hash: u64, out: &mut impl Emit) -> Verdict {
+        self.on_typed_hashed(
             &TypedEvent {
                 key: ev.key,
                 time: ev.time,
@@ -207,6 +218,7 @@ impl SessionOperator<JsonAggregates> {
                 dedup: ev.dedup,
                 input: ev.values,
             },
+            hash,
             out,
         )
     }
@@ -225,8 +237,8 @@ impl<A: SessionAggregate> SessionOperator<A> {
             changed: None,
             open_sessions: 0,
             counts: OperatorCounts::default(),
-            fired: Vec::new(),
-            due: Vec::new(),
+            group: Vec::new(),
+            group_next: 0,
         }
     }
 
@@ -318,12 +330,18 @@ impl<A: SessionAggregate> SessionOperator<A> {
             next = next.min(at);
             open += usize::from(!s.is_final());
         }
-        if sessions.sessions().is_empty() {
+        if sessions.session_count() == 0 {
             return;
         }
         let id = self.store.restore(key, sessions);
         self.open_sessions += open;
         self.store.schedule(id, EventTime(next));
+    }
+
+    /// Makes room for `keys` keys (before restoring that many with
+    /// [`restore_key`](Self::restore_key)).
+    pub fn reserve_keys(&mut self, keys: usize) {
+        self.store.reserve(keys);
     }
 
     /// Sets the watermark of a restored checkpoint without firing anything: every timer
@@ -365,6 +383,41 @@ impl<A: SessionAggregate> SessionOperator<A> {
         A: Accumulate<I>,
         I: ?Sized,
     {
+        self.on_typed_hashed(ev, key_hash(ev.key), out)
+    }
+
+    /// Asks the CPU for the index entry the lookup of a key with [`key_hash`] `hash`
+    /// reads first. With millions of keys, calling it some events ahead (and
+    /// [`prefetch_state`](Self::prefetch_state) a few events ahead) lets the cache misses
+    /// of several events overlap.
+    #[inline]
+    pub fn prefetch_index(&self, hash: u64) {
+        self.store.prefetch_index(hash);
+    }
+
+    /// Asks the CPU for the state of the key with [`key_hash`] `hash` (its index entry
+    /// should be in cache: see [`prefetch_index`](Self::prefetch_index)).
+    #[inline]
+    pub fn prefetch_state(&self, hash: u64) {
+        self.store.prefetch_slot(hash);
+    }
+
+    /// [`on_typed`](Self::on_typed) for a key whose [`key_hash`] is `hash`.
+    #[inline]
+    pub fn on_typed_hashed<I>(
+        &mut self,
+        ev: &TypedEvent<'_, I>,
+        hash: u64,
+        out: &mut impl Emit<A>,
+    ) -> Verdict
+    where
+        A: Accumulate<I>,
+        I: ?Sized,
+    {
+        // The rest of an advance stopped at its limit comes first (see advance_at_most).
+        if self.group_next < self.group.len() {
+            self.drain(usize::MAX, out);
+        }
         self.observe_gap(ev.gap);
         let gap = ev.gap.millis();
         let arrival = Arrival {
@@ -375,7 +428,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             input: ev.input,
         };
 
-        let slot = self.store.find(ev.key);
+        let slot = self.store.find_hashed(hash, ev.key);
         if let Some(id) = slot {
             if let Some(verdict) = self.judge(id, &arrival) {
                 return verdict;
@@ -394,8 +447,8 @@ impl<A: SessionAggregate> SessionOperator<A> {
         let id = match slot {
             Some(id) => id,
             None => {
-                let id = self.store.slot_for(ev.key);
-                self.store.state_mut(id).floor = self.new_key_floor;
+                let id = self.store.slot_for_hashed(hash, ev.key);
+                self.store.state_mut(id).set_floor(self.new_key_floor);
                 id
             }
         };
@@ -411,10 +464,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// (docs/semantics.md S-20).
     fn judge<I: ?Sized>(&self, id: SlotId, ev: &Arrival<'_, I>) -> Option<Verdict> {
         let state = self.store.state(id);
-        let sessions = &state.sessions;
         let mut close = ev.end;
         let mut touches_final = false;
-        for s in sessions.iter().filter(|s| s.touches(ev.time, ev.end)) {
+        for s in state.sessions().filter(|s| s.touches(ev.time, ev.end)) {
             if s.is_final() {
                 touches_final = true;
             } else {
@@ -424,12 +476,12 @@ impl<A: SessionAggregate> SessionOperator<A> {
         if close.saturating_add(self.cfg.allowed_lateness.millis()) <= self.watermark.millis() {
             return Some(Verdict::Late(LateReason::WindowClosed));
         }
-        if touches_final || ev.time <= state.floor {
+        if touches_final || ev.time <= state.floor() {
             return Some(Verdict::Late(LateReason::SessionFinal));
         }
         if let Some(h) = ev.dedup.filter(|_| self.cfg.dedup) {
-            let seen = sessions
-                .iter()
+            let seen = state
+                .sessions()
                 .any(|s| !s.is_final() && s.touches(ev.time, ev.end) && s.has_seen(h));
             if seen {
                 return Some(Verdict::Duplicate);
@@ -444,54 +496,81 @@ impl<A: SessionAggregate> SessionOperator<A> {
         A: Accumulate<I>,
         I: ?Sized,
     {
-        let (key, state) = self.store.key_and_state_mut(id);
-        let sessions = &mut state.sessions;
-        let mut touched: SmallVec<[usize; 4]> = sessions
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.touches(ev.time, ev.end))
-            .map(|(i, _)| i)
-            .collect();
-
-        if touched.is_empty() {
-            sessions.push(Session::new(ev, &self.agg, self.cfg.dedup));
+        let state = self.store.state_mut(id);
+        if let Some(bounds) = state.extend_one(ev.time, ev.end) {
+            // One session without contents, extended without moving its start.
+            return bounds;
+        }
+        let (agg, dedup) = (&self.agg, self.cfg.dedup);
+        if state.is_empty() && state.start_first(Session::new(ev, agg, dedup)) {
+            // A new key.
             self.open_sessions += 1;
             return (ev.time, ev.end);
         }
+        let (key, state) = self.store.key_and_state_mut(id);
+        let (open, retractions) = (&mut self.open_sessions, &mut self.counts.retractions);
+        state.edit(|sessions, _| {
+            let mut touched: SmallVec<[usize; 4]> = sessions
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.touches(ev.time, ev.end))
+                .map(|(i, _)| i)
+                .collect();
 
-        touched.sort_by_key(|&i| sessions[i].start());
-        let new_start = ev.time.min(sessions[touched[0]].start());
-        for &i in &touched {
-            let s = &sessions[i];
-            if s.was_emitted() && s.start() != new_start {
-                out.retraction(key, EventTime(s.start()));
-                self.counts.retractions += 1;
+            if touched.is_empty() {
+                sessions.push(Session::new(ev, agg, dedup));
+                *open += 1;
+                return (ev.time, ev.end);
             }
-        }
-        let survivor_start = sessions[touched[0]].start();
-        let keeps_id = sessions[touched[0]].was_emitted() && survivor_start == new_start;
 
-        // Take the absorbed sessions out from the back so indices stay valid, then fold
-        // them into the earliest one in start order.
-        let mut absorbed: SmallVec<[Session<A::Acc>; 2]> = SmallVec::new();
-        let mut by_index = touched[1..].to_vec();
-        by_index.sort_unstable_by(|a, b| b.cmp(a));
-        for i in by_index {
-            absorbed.push(sessions.swap_remove(i));
-        }
-        absorbed.sort_by_key(Session::start);
-        let target = sessions
-            .iter()
-            .position(|s| s.start() == survivor_start && !s.is_final())
-            .expect("the earliest touched session is still there");
-        let merged = &mut sessions[target];
-        self.open_sessions -= absorbed.len();
-        for other in absorbed {
-            merged.absorb_session(other, &self.agg);
-        }
-        merged.absorb_event(ev, &self.agg);
-        merged.set_emitted(keeps_id);
-        (merged.start(), merged.close())
+            if let [only] = touched[..] {
+                // One session touched (the common case): it takes the event.
+                let s = &mut sessions[only];
+                let emitted = s.was_emitted();
+                if emitted && ev.time < s.start() {
+                    out.retraction(key, EventTime(s.start()));
+                    *retractions += 1;
+                }
+                let keeps_id = emitted && ev.time >= s.start();
+                s.absorb_event(ev, agg);
+                s.set_emitted(keeps_id);
+                return (s.start(), s.close());
+            }
+
+            touched.sort_by_key(|&i| sessions[i].start());
+            let new_start = ev.time.min(sessions[touched[0]].start());
+            for &i in &touched {
+                let s = &sessions[i];
+                if s.was_emitted() && s.start() != new_start {
+                    out.retraction(key, EventTime(s.start()));
+                    *retractions += 1;
+                }
+            }
+            let survivor_start = sessions[touched[0]].start();
+            let keeps_id = sessions[touched[0]].was_emitted() && survivor_start == new_start;
+
+            // Take the absorbed sessions out from the back so indices stay valid, then
+            // fold them into the earliest one in start order.
+            let mut absorbed: SmallVec<[Session<A::Acc>; 2]> = SmallVec::new();
+            let mut by_index = touched[1..].to_vec();
+            by_index.sort_unstable_by(|a, b| b.cmp(a));
+            for i in by_index {
+                absorbed.push(sessions.swap_remove(i));
+            }
+            absorbed.sort_by_key(Session::start);
+            let target = sessions
+                .iter()
+                .position(|s| s.start() == survivor_start && !s.is_final())
+                .expect("the earliest touched session is still there");
+            let merged = &mut sessions[target];
+            *open -= absorbed.len();
+            for other in absorbed {
+                merged.absorb_session(other, agg);
+            }
+            merged.absorb_event(ev, agg);
+            merged.set_emitted(keeps_id);
+            (merged.start(), merged.close())
+        })
     }
 
     /// Moves the watermark to `w` (never backwards) and emits what the step made due:
@@ -500,6 +579,16 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// final, and final bounds past their retention are forgotten, raising their key's
     /// floor to their close.
     pub fn advance_to(&mut self, w: Watermark, out: &mut impl Emit<A>) {
+        self.advance_at_most(w, usize::MAX, out);
+    }
+
+    /// [`advance_to`](Self::advance_to) in parts: emits at most `max` completed
+    /// sessions and returns whether more are due. Call it again (with the same `w`, or
+    /// a later one) until it returns `false`: the records of all the calls together are
+    /// exactly those of one `advance_to(w)`, in the same order, and memory does not
+    /// grow with their number (the end of input emits every open session at once). An
+    /// event given in between first emits the rest.
+    pub fn advance_at_most(&mut self, w: Watermark, max: usize, out: &mut impl Emit<A>) -> bool {
         if w > self.watermark {
             self.watermark = w;
         }
@@ -516,62 +605,145 @@ impl<A: SessionAggregate> SessionOperator<A> {
         {
             self.emit_update(id, start, w, out);
         }
-
-        self.fired.clear();
-        while let Some(id) = self.store.pop_due(w) {
-            self.fired.push(id);
+        if self.group_next >= self.group.len() && !self.store.may_be_due(w) {
+            // Nothing pending, no timer due: the common step.
+            return false;
         }
-        if self.fired.is_empty() {
-            return;
-        }
+        self.drain(max, out)
+    }
 
-        self.due.clear();
-        for &id in &self.fired {
-            for s in self.store.state(id).sessions() {
-                if !s.is_final() && s.is_dirty() && w.has_reached(EventTime(s.close())) {
-                    self.due.push((s.close(), id, s.start()));
+    /// Emits up to `max` of the completed sessions due at the watermark, in `(close,
+    /// key, start)` order; returns whether more are due.
+    ///
+    /// Keys come off the timer heap in deadline order. A key's timer is never later
+    /// than the close of any of its sessions waiting to be emitted, so once no timer at
+    /// or before close `c` is left, every session closing at `c` is known: they are
+    /// emitted together, sorted by key. A key whose timer fired before its first due
+    /// close is re-armed at that close; a key is retired (sessions finalized or
+    /// forgotten, the timer re-armed or the key dropped) once its last due session is
+    /// out. So only the sessions of one close time are ever held, never all that are due.
+    fn drain(&mut self, max: usize, out: &mut impl Emit<A>) -> bool {
+        let w = self.watermark;
+        let mut emitted = 0;
+        loop {
+            while self.group_next < self.group.len() {
+                if emitted == max {
+                    return true;
+                }
+                let (id, start, last) = self.group[self.group_next];
+                self.group_next += 1;
+                self.emit(id, start, true, out);
+                emitted += 1;
+                if last {
+                    self.retire(id, w);
+                }
+            }
+            self.group.clear();
+            self.group_next = 0;
+            let Some((id, deadline)) = self.store.pop_due_at(w) else {
+                return false;
+            };
+            self.fire(id, deadline, w);
+            // Every other key due at this very deadline joins the group.
+            while self.store.next_deadline_bound() == Some(deadline) {
+                if let Some((id, at)) = self.store.pop_due_at(Watermark::at(EventTime(deadline))) {
+                    self.fire(id, at, w);
+                }
+            }
+            if self.group.len() > 1 {
+                let store = &self.store;
+                self.group
+                    .sort_unstable_by(|a, b| (store.key(a.0), a.1).cmp(&(store.key(b.0), b.1)));
+            }
+        }
+    }
+
+    /// A key's timer fired at `deadline` (at or before `w`): its session closing then
+    /// joins the group to emit; with nothing closing then, the key is re-armed at its
+    /// next due close, or retired when nothing of it is due to be emitted.
+    fn fire(&mut self, id: SlotId, deadline: i64, w: Watermark) {
+        // The earliest due session (close, start) and the close of the next one.
+        let mut first: Option<(i64, i64)> = None;
+        let mut second: Option<i64> = None;
+        for s in self.store.state(id).sessions() {
+            if s.is_final() || !s.is_dirty() || !w.has_reached(EventTime(s.close())) {
+                continue;
+            }
+            let c = s.close();
+            match first {
+                Some((fc, _)) if fc <= c => second = Some(second.map_or(c, |x| x.min(c))),
+                _ => {
+                    second = first.map(|(fc, _)| fc);
+                    first = Some((c, s.start()));
                 }
             }
         }
-        let store = &self.store;
-        self.due
-            .sort_unstable_by(|a, b| (a.0, store.key(a.1), a.2).cmp(&(b.0, store.key(b.1), b.2)));
-        for i in 0..self.due.len() {
-            let (_, id, start) = self.due[i];
-            self.emit(id, start, true, out);
-        }
-
-        let retention = lateness.saturating_add(self.largest_gap);
-        for i in 0..self.fired.len() {
-            let id = self.fired[i];
-            let KeySessions { sessions, floor } = self.store.state_mut(id);
-            let mut next = i64::MAX;
-            let mut finalized = 0;
-            sessions.retain(|s| {
-                if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
-                    s.finalize();
-                    finalized += 1;
+        match first {
+            None => self.retire(id, w),
+            // The timer was early (the session grew since it was set).
+            Some((close, _)) if close > deadline => self.store.schedule(id, EventTime(close)),
+            Some((close, start)) => {
+                // Two live sessions of one key never close at the same time (they would
+                // touch), so the next due one closes later.
+                if let Some(next) = second {
+                    self.store.schedule(id, EventTime(next));
+                } else if w.millis() >= close.saturating_add(self.retention()) {
+                    // The key is dropped once this session is out: its index entry is
+                    // read then (at the end of input, for every key).
+                    self.store.prefetch_index(key_hash(self.store.key(id)));
                 }
-                if s.is_final() {
-                    let forget_at = s.close().saturating_add(retention);
-                    if w.millis() >= forget_at {
-                        *floor = (*floor).max(s.close());
-                        return false;
+                self.group.push((id, start, second.is_none()));
+            }
+        }
+    }
+
+    /// After its due sessions are emitted: sessions past their lateness become final,
+    /// final bounds past their retention are forgotten (raising the key's floor), and
+    /// the key is re-armed for what it waits for next, or dropped when nothing is left.
+    /// How long after its close a session's bounds are remembered: `A + Gmax`.
+    fn retention(&self) -> i64 {
+        self.cfg
+            .allowed_lateness
+            .millis()
+            .saturating_add(self.largest_gap)
+    }
+
+    fn retire(&mut self, id: SlotId, w: Watermark) {
+        let lateness = self.cfg.allowed_lateness.millis();
+        let retention = self.retention();
+        let state = self.store.state_mut(id);
+        let (next, finalized, empty) = match state.retire_one(w.millis(), lateness, retention) {
+            Some((next, finalized, empty)) => (next, usize::from(finalized), empty),
+            None => state.edit(|sessions, floor| {
+                let mut next = i64::MAX;
+                let mut finalized = 0;
+                sessions.retain(|s| {
+                    if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
+                        s.finalize();
+                        finalized += 1;
                     }
-                    next = next.min(forget_at);
-                } else if s.is_dirty() {
-                    next = next.min(s.close());
-                } else {
-                    next = next.min(s.close().saturating_add(lateness));
-                }
-                true
-            });
-            self.open_sessions -= finalized;
-            if sessions.is_empty() {
-                self.store.remove(id);
-            } else {
-                self.store.schedule(id, EventTime(next));
-            }
+                    if s.is_final() {
+                        let forget_at = s.close().saturating_add(retention);
+                        if w.millis() >= forget_at {
+                            *floor = (*floor).max(s.close());
+                            return false;
+                        }
+                        next = next.min(forget_at);
+                    } else if s.is_dirty() {
+                        next = next.min(s.close());
+                    } else {
+                        next = next.min(s.close().saturating_add(lateness));
+                    }
+                    true
+                });
+                (next, finalized, sessions.is_empty())
+            }),
+        };
+        self.open_sessions -= finalized;
+        if empty {
+            self.store.remove(id);
+        } else {
+            self.store.schedule(id, EventTime(next));
         }
     }
 
@@ -579,8 +751,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         let still_open = self
             .store
             .state(id)
-            .position_of(start)
-            .map(|i| &self.store.state(id).sessions()[i])
+            .live_at(start)
             .is_some_and(|s| !w.has_reached(EventTime(s.close())));
         if still_open {
             self.emit(id, start, false, out);
@@ -589,11 +760,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
 
     fn emit(&mut self, id: SlotId, start: i64, complete: bool, out: &mut impl Emit<A>) {
         let (key, state) = self.store.key_and_state_mut(id);
-        let Some(i) = state.position_of(start) else {
+        let Some((revision, s)) = state.take_revision(start, complete) else {
             return;
         };
-        let s = &mut state.sessions[i];
-        let revision = s.take_revision(complete);
         out.session(&SessionView {
             key,
             start: EventTime(s.start()),
@@ -605,5 +774,54 @@ impl<A: SessionAggregate> SessionOperator<A> {
             aggregates: self.agg.view(s.acc()),
         });
         self.counts.sessions_emitted += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Keys(Vec<Vec<u8>>);
+
+    impl Emit for Keys {
+        fn session(&mut self, s: &SessionView<'_>) {
+            self.0.push(s.key.to_vec());
+        }
+        fn retraction(&mut self, _: &[u8], _: EventTime) {}
+    }
+
+    fn event(key: &[u8], t: i64) -> Event<'_> {
+        Event {
+            key,
+            time: EventTime(t),
+            gap: DurationMs(10),
+            seq: 0,
+            dedup: None,
+            values: &[],
+        }
+    }
+
+    #[test]
+    fn an_event_during_an_advance_in_parts_first_emits_the_rest() {
+        let mut op = SessionOperator::new(WindowConfig {
+            gap: DurationMs(10),
+            allowed_lateness: DurationMs(0),
+            emit: EmitMode::OnClose,
+            aggregates: vec![],
+            dedup: false,
+        });
+        let mut out = Keys::default();
+        for key in [b"e", b"c", b"a", b"d", b"b"] {
+            op.on_event(&event(key, 0), &mut out);
+        }
+        assert!(op.advance_at_most(Watermark::at(EventTime(100)), 2, &mut out));
+        assert_eq!(out.0, [b"a", b"b"], "two of five, in key order");
+        op.on_event(&event(b"f", 200), &mut out);
+        assert_eq!(out.0, [b"a", b"b", b"c", b"d", b"e"], "the rest first");
+        assert_eq!(op.open_sessions(), 1);
+        assert!(!op.advance_at_most(Watermark::MAX, 1, &mut out));
+        assert_eq!(out.0.len(), 6);
+        assert_eq!(op.keys(), 0, "every key is dropped at +infinity");
     }
 }

@@ -53,7 +53,7 @@
 //! [`SNAPSHOT_MAGIC`].
 
 use crate::clock::{Clock, ProcessingTime};
-use crate::keyed::{KeyedStore, SlotId};
+use crate::keyed::{KeyedStore, SlotId, Timed};
 use crate::watermark::WatermarkStrategy;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -236,6 +236,8 @@ struct KeyState<S> {
     /// keys of that batch by first appearance.
     batch: u64,
     rank: u32,
+    /// The live event-time timer ([`Timed`]).
+    timer: i64,
 }
 
 impl<S> Default for KeyState<S> {
@@ -246,7 +248,18 @@ impl<S> Default for KeyState<S> {
             proc_timeout: None,
             batch: 0,
             rank: 0,
+            timer: crate::keyed::NO_TIMER,
         }
+    }
+}
+
+impl<S> Timed for KeyState<S> {
+    fn timer(&self) -> i64 {
+        self.timer
+    }
+
+    fn set_timer(&mut self, deadline: i64) {
+        self.timer = deadline;
     }
 }
 

@@ -22,7 +22,7 @@ pub(crate) fn describe(shard: &Shard, key: &[u8], task: &str) -> Option<KeyView>
     let watermark = shard.op.watermark();
     let mut encoder = shard.out.encoder.clone();
     encoder.buf.clear();
-    let mut list: Vec<_> = state.sessions().iter().collect();
+    let mut list: Vec<_> = state.sessions().collect();
     list.sort_by_key(|s| s.start());
     let mut sessions = Vec::with_capacity(list.len());
     for s in list {

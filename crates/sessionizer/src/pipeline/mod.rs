@@ -166,6 +166,10 @@ const BATCH_BYTES: usize = 4 << 20;
 /// about keys (when an HTTP endpoint may ask them).
 const QUERY_TICK: Duration = Duration::from_millis(50);
 
+/// Sessions a shard emits per round at the end of input (about 2 MiB of records
+/// without aggregates).
+const END_PART: usize = 8192;
+
 /// With a live input, how long records may wait in an output's buffer while input keeps
 /// coming (SPEC §6: visible within about 100 ms). When no input is ready they are
 /// written at once.
@@ -385,6 +389,11 @@ enum Next {
 /// wall clock smoothly, never busier than every 10 ms.
 fn idle_tick(idle: Duration) -> Duration {
     (idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// Where a completion record of the end of input goes in the merged output.
+fn position<'a>(s: &'a Shard, t: &Tag) -> (i64, &'a [u8], i64) {
+    (t.close, s.out.key(t), t.start)
 }
 
 /// Runs `f` on every shard, shard `i` always on worker thread `i`: a shard's sessions
@@ -685,16 +694,7 @@ impl<'c> Job<'c> {
         if !keep_open {
             // End of a bounded input: the watermark becomes +infinity, every session is
             // emitted.
-            let ended = Instant::now();
-            for s in &mut self.shards {
-                s.clear_outputs();
-            }
-            match &self.pool {
-                Some(pool) => on_each_shard(pool, &mut self.shards, Shard::finish),
-                None => self.shards[0].finish(),
-            }
-            self.merge()?;
-            telemetry.sessions_completed(self.completed(), ended);
+            self.flush_at_end(telemetry)?;
         }
         if let Some(d) = &mut self.durable {
             d.consumed(last_end, &[]);
@@ -727,6 +727,11 @@ impl<'c> Job<'c> {
             s.restore_progress(&manifest.watermark);
         }
         let shards = self.shards.len();
+        // The keys spread evenly over the shards: room for them all up front.
+        let keys = usize::try_from(manifest.keys).unwrap_or(0);
+        for s in &mut self.shards {
+            s.op.reserve_keys(keys.div_ceil(shards) + keys / 64);
+        }
         let format = state.format_version();
         // Progress of a long restore, for the metrics.
         const PROGRESS_EVERY: u64 = 1 << 16;
@@ -890,6 +895,88 @@ impl<'c> Job<'c> {
             Some(pool) => on_each_shard(pool, &mut self.shards, process),
             None => process(&mut self.shards[0]),
         }
+    }
+
+    /// The end of a bounded input: the watermark becomes +infinity and every session is
+    /// emitted, in rounds of at most [`END_PART`] sessions per shard written out as they
+    /// go, so that memory does not grow with the number of sessions still open.
+    ///
+    /// Each shard emits its sessions in `(close, key, start)` order. With several
+    /// shards, a round writes every record up to the smallest last record of a shard
+    /// with more to come — nothing any shard emits later sorts before it — and keeps the
+    /// others for the next round; a shard holding more than half a part sits a round
+    /// out. So the merged output is exactly that of one operator, for any number of
+    /// workers, and each shard holds at most one and a half parts.
+    fn flush_at_end(&mut self, telemetry: &Telemetry) -> Result<(), RunError> {
+        let ended = Instant::now();
+        for s in &mut self.shards {
+            s.clear_outputs();
+            s.ending = true;
+        }
+        while self.shards.iter().any(|s| s.ending) {
+            let round = |s: &mut Shard| {
+                if s.ending && s.out.tags.len() <= END_PART / 2 {
+                    s.ending = s.finish_part(END_PART);
+                }
+            };
+            match &self.pool {
+                Some(pool) => on_each_shard(pool, &mut self.shards, round),
+                None => round(&mut self.shards[0]),
+            }
+            let completed = self.shards.iter_mut();
+            let completed = completed.map(|s| std::mem::take(&mut s.out.completed));
+            telemetry.sessions_completed(completed.sum(), ended);
+            self.merge_end_part()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the records of a round of [`flush_at_end`](Self::flush_at_end) that no
+    /// later record can precede, and drops them from the shards.
+    fn merge_end_part(&mut self) -> Result<(), RunError> {
+        if let [only] = &mut self.shards[..] {
+            let records = only.out.encoder.records;
+            self.sessions.append(&only.out.encoder.buf, records)?;
+            only.out.clear();
+            return Ok(());
+        }
+        let shards = &self.shards;
+        // Everything up to the last record of every shard with more to come is known.
+        let mut bound = None;
+        for s in shards.iter().filter(|s| s.ending) {
+            let Some(last) = s.out.tags.last() else {
+                return Ok(()); // It emits in the next round.
+            };
+            let p = position(s, last);
+            if bound.is_none_or(|b| p < b) {
+                bound = Some(p);
+            }
+        }
+        self.order.clear();
+        let mut written = Vec::with_capacity(shards.len());
+        for (si, s) in shards.iter().enumerate() {
+            let n = match bound {
+                Some(b) => s.out.tags.partition_point(|t| position(s, t) <= b),
+                None => s.out.tags.len(),
+            };
+            written.push(n);
+            self.order.extend((0..n).map(|ti| (si, ti)));
+        }
+        self.order.sort_unstable_by(|&(sa, ta), &(sb, tb)| {
+            let (a, b) = (&shards[sa], &shards[sb]);
+            // Keys differ across shards: no two records are equal.
+            position(a, &a.out.tags[ta]).cmp(&position(b, &b.out.tags[tb]))
+        });
+        for &(si, ti) in &self.order {
+            let t = &shards[si].out.tags[ti];
+            let (from, len) = t.bytes;
+            self.sessions
+                .append(&shards[si].out.encoder.buf[from..from + len], 1)?;
+        }
+        for (s, n) in self.shards.iter_mut().zip(written) {
+            s.out.drop_front(n);
+        }
+        Ok(())
     }
 
     /// Phase three: the shards' records in the order of one operator.

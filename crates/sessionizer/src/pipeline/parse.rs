@@ -25,6 +25,9 @@ pub(crate) struct Rec {
     pub key_in_arena: bool,
     pub key: (u32, u32),
     pub shard: u32,
+    /// The key's hash in its shard's keyed store
+    /// ([`key_hash`](sessionizer_window::keyed::key_hash)), computed here in parallel.
+    pub hash: u64,
     pub time: i64,
     pub gap: Option<i64>,
     pub dedup: Option<u128>,
@@ -102,6 +105,7 @@ pub(crate) fn parse_range(
             key_in_arena: false,
             key: (0, 0),
             shard: 0,
+            hash: 0,
             time: 0,
             gap: None,
             dedup: None,
@@ -136,6 +140,7 @@ pub(crate) fn parse_range(
                 rec.gap = d.gap.map(|g| g.millis());
                 rec.dedup = d.dedup;
                 rec.shard = shard_of(d.key, shards);
+                rec.hash = sessionizer_window::keyed::key_hash(d.key);
                 match offset_in(data, d.key) {
                     Some(off) => rec.key = (off, d.key.len() as u32),
                     None => {

@@ -23,6 +23,10 @@ use sessionizer_window::{
 // The window encodes the values of the format the checkpoint files are framed with.
 const _: () = assert!(codec::FORMAT == sessionizer_checkpoint::FORMAT_VERSION);
 
+/// How many records ahead a shard asks for a key's index entry, and for its state.
+const INDEX_AHEAD: usize = 16;
+const STATE_AHEAD: usize = 8;
+
 /// The step of the end of input, after every record.
 pub(crate) const END_STEP: u64 = u64::MAX;
 
@@ -87,6 +91,27 @@ impl Tagged {
         self.keys.clear();
         self.completed = 0;
     }
+
+    /// Drops the first `n` tagged records (written out), keeping the rest.
+    pub fn drop_front(&mut self, n: usize) {
+        if n == self.tags.len() {
+            self.clear();
+            return;
+        }
+        let Some(last) = n.checked_sub(1).map(|i| self.tags[i]) else {
+            return;
+        };
+        let bytes = last.bytes.0 + last.bytes.1;
+        let keys = last.key.0 + last.key.1;
+        self.encoder.buf.drain(..bytes);
+        self.encoder.records -= n as u64;
+        self.keys.drain(..keys);
+        self.tags.drain(..n);
+        for t in &mut self.tags {
+            t.bytes.0 -= bytes;
+            t.key.0 -= keys;
+        }
+    }
 }
 
 impl Emit for Tagged {
@@ -126,6 +151,8 @@ pub(crate) struct Shard {
     pub in_sessions: u64,
     pub duplicates: u64,
     pub late_count: u64,
+    /// At the end of input, more sessions are still to be emitted.
+    pub ending: bool,
 }
 
 /// The per-event aggregate values, on the stack for up to 8 aggregates.
@@ -157,6 +184,7 @@ impl Shard {
             in_sessions: 0,
             duplicates: 0,
             late_count: 0,
+            ending: false,
         }
     }
 
@@ -171,7 +199,24 @@ impl Shard {
     ) {
         let aggregates = self.op.config().aggregates.len();
         for part in parsed {
-            for rec in part.recs.iter().filter(|r| r.kind == Kind::Valid) {
+            for (j, rec) in part.recs.iter().enumerate() {
+                // With many keys their state is not in cache: ask for it ahead, the
+                // index entry first, the slot it names later.
+                if let Some(r) = part.recs.get(j + INDEX_AHEAD)
+                    && r.kind == Kind::Valid
+                    && r.shard == self.index
+                {
+                    self.op.prefetch_index(r.hash);
+                }
+                if let Some(r) = part.recs.get(j + STATE_AHEAD)
+                    && r.kind == Kind::Valid
+                    && r.shard == self.index
+                {
+                    self.op.prefetch_state(r.hash);
+                }
+                if rec.kind != Kind::Valid {
+                    continue;
+                }
                 let step = first_step + u64::from(rec.line);
                 let gap = rec.gap.map_or(self.default_gap, DurationMs);
                 let mine = rec.shard == self.index;
@@ -183,10 +228,13 @@ impl Shard {
                         &batch.data[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
                     };
                     let at = rec.values_at as usize;
-                    let values: Values<'_> = part.values[at..at + aggregates]
-                        .iter()
-                        .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize]))
-                        .collect();
+                    // Filled in place (collecting would move the whole array).
+                    let mut values: Values<'_> = Values::new();
+                    values.extend(
+                        part.values[at..at + aggregates]
+                            .iter()
+                            .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize])),
+                    );
                     let event = Event {
                         key,
                         time: EventTime(rec.time),
@@ -196,7 +244,7 @@ impl Shard {
                         values: &values,
                     };
                     let before = self.op.watermark();
-                    match self.op.on_event(&event, &mut self.out) {
+                    match self.op.on_event_hashed(&event, rec.hash, &mut self.out) {
                         Verdict::Applied => self.in_sessions += 1,
                         Verdict::Duplicate => self.duplicates += 1,
                         Verdict::Late(reason) => {
@@ -237,10 +285,20 @@ impl Shard {
         self.op.advance_to(w, &mut self.out);
     }
 
-    /// The end of a bounded input: the watermark becomes +infinity.
+    /// The end of a bounded input: the watermark becomes +infinity, every session at
+    /// once (the Kafka driver's end; the file pipeline uses
+    /// [`finish_part`](Self::finish_part)).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub fn finish(&mut self) {
         self.out.step = END_STEP;
         self.op.advance_to(Watermark::MAX, &mut self.out);
+    }
+
+    /// The end of a bounded input in parts: the watermark becomes +infinity and at most
+    /// `max` sessions are emitted (added to the outputs); returns whether more are due.
+    pub fn finish_part(&mut self, max: usize) -> bool {
+        self.out.step = END_STEP;
+        self.op.advance_at_most(Watermark::MAX, max, &mut self.out)
     }
 
     pub fn clear_outputs(&mut self) {

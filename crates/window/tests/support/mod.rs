@@ -5,7 +5,7 @@
 
 pub mod reference;
 
-pub use engine::run_engine;
+pub use engine::{run_engine, run_engine_in_parts, run_engine_without_aggregates};
 pub use reference::{RefEvent, RefLate, RefOut, RefParams, RefRun, run_reference};
 
 // ---------------------------------------------------------------------------------------
@@ -967,6 +967,25 @@ pub mod engine {
 
     impl Emit for Sink {
         fn session(&mut self, s: &SessionView<'_>) {
+            if s.aggregates.is_empty() {
+                self.out.push(RefOut::Session {
+                    key: key_text(s.key),
+                    start: s.start.millis(),
+                    end: s.end.millis(),
+                    close: s.close.millis(),
+                    count: s.event_count,
+                    revision: s.revision,
+                    complete: s.complete,
+                    collect: vec![],
+                    first: None,
+                    last: None,
+                    sum: None,
+                    count_distinct: 0,
+                    min: None,
+                    max: None,
+                });
+                return;
+            }
             assert_eq!(s.aggregates.len(), AGGS.len());
             let a: Vec<serde_json::Value> = s.aggregates.iter().map(json).collect();
             let collect = a[0]
@@ -1004,6 +1023,31 @@ pub mod engine {
     /// Runs the engine over a bounded input: per event `on_event`, then the watermark
     /// strategy observes the time, then `advance_to`; at the end `advance_to(+inf)`.
     pub fn run_engine(events: &[RefEvent], p: &RefParams) -> RefRun {
+        run_engine_in_parts(events, p, &[])
+    }
+
+    /// [`run_engine`] with every advance made by `advance_at_most` calls emitting at
+    /// most `parts[i]` sessions each (cycling through `parts`; empty: `advance_to`).
+    pub fn run_engine_in_parts(events: &[RefEvent], p: &RefParams, parts: &[usize]) -> RefRun {
+        run_engine_with(events, p, parts, &AGGS)
+    }
+
+    /// [`run_engine_in_parts`] of a window without aggregates (its records carry
+    /// bounds, counts and revisions only): the state the engine keeps most compactly.
+    pub fn run_engine_without_aggregates(
+        events: &[RefEvent],
+        p: &RefParams,
+        parts: &[usize],
+    ) -> RefRun {
+        run_engine_with(events, p, parts, &[])
+    }
+
+    fn run_engine_with(
+        events: &[RefEvent],
+        p: &RefParams,
+        parts: &[usize],
+        aggregates: &[AggKind],
+    ) -> RefRun {
         let mut op = SessionOperator::new(WindowConfig {
             gap: DurationMs(p.gap),
             allowed_lateness: DurationMs(p.lateness),
@@ -1012,16 +1056,18 @@ pub mod engine {
             } else {
                 EmitMode::OnClose
             },
-            aggregates: AGGS.to_vec(),
+            aggregates: aggregates.to_vec(),
             dedup: p.dedup,
         });
         let mut wm = BoundedOutOfOrderness::new(DurationMs(p.delay));
         let mut sink = Sink::default();
         let mut run = RefRun::default();
+        let mut calls = 0;
         for (idx, e) in events.iter().enumerate() {
             let text = e.value.map(|v| v.to_string());
             let value: Option<&[u8]> = text.as_deref().map(str::as_bytes);
             let values = [value; AGGS.len()];
+            let values = &values[..aggregates.len()];
             let ev = Event {
                 key: e.key.as_bytes(),
                 time: EventTime(e.time),
@@ -1030,7 +1076,7 @@ pub mod engine {
                 // The caller passes the value whenever the event has one; the operator
                 // must ignore it when dedup is off.
                 dedup: e.dedup.map(u128::from),
-                values: &values,
+                values,
             };
             let before = op.watermark();
             match op.on_event(&ev, &mut sink) {
@@ -1050,10 +1096,37 @@ pub mod engine {
                 }
             }
             let w = wm.observe(EventTime(e.time));
-            op.advance_to(w, &mut sink);
+            advance(&mut op, w, &mut sink, parts, &mut calls);
         }
-        op.advance_to(Watermark::MAX, &mut sink);
+        advance(&mut op, Watermark::MAX, &mut sink, parts, &mut calls);
         run.out = sink.out;
         run
+    }
+
+    fn advance(
+        op: &mut SessionOperator,
+        w: Watermark,
+        sink: &mut Sink,
+        parts: &[usize],
+        calls: &mut usize,
+    ) {
+        if parts.is_empty() {
+            op.advance_to(w, sink);
+            return;
+        }
+        loop {
+            let max = parts[*calls % parts.len()];
+            *calls += 1;
+            let before = sink.out.len();
+            let more = op.advance_at_most(w, max, sink);
+            assert!(
+                sink.out.len() - before <= max + 1,
+                "advance_at_most({max}) emitted {} records",
+                sink.out.len() - before
+            );
+            if !more {
+                return;
+            }
+        }
     }
 }

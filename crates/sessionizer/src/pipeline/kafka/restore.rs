@@ -85,6 +85,8 @@ impl KafkaJob<'_> {
         // Partitions with nothing to read after their start (an empty changelog, a copy
         // that is up to date) are not read at all.
         let mut nothing_to_read = vec![false; tasks.len()];
+        // Where each task's changelog read starts (the log start for a full restore).
+        let mut starts = vec![0i64; tasks.len()];
         for (i, task) in tasks.iter().enumerate() {
             let topic = self.changelogs[task.tp.topic as usize].clone();
             let partition = task.tp.partition;
@@ -114,7 +116,8 @@ impl KafkaJob<'_> {
                 }
                 None => Restoring::empty(),
             };
-            nothing_to_read[i] = state.offset.unwrap_or(low) >= high;
+            starts[i] = state.offset.unwrap_or(low);
+            nothing_to_read[i] = starts[i] >= high;
             if nothing_to_read[i] {
                 let mut state = state;
                 state.offset = Some(high);
@@ -156,23 +159,26 @@ impl KafkaJob<'_> {
         }
         let took = began.elapsed();
         let mut out = Vec::with_capacity(tasks.len());
-        for ((task, state), (read, &committed)) in tasks
+        for (((task, state), (read, &committed)), &from) in tasks
             .iter_mut()
             .zip(states)
             .zip(reads.iter().zip(committed))
+            .zip(&starts)
         {
-            out.push(self.finish_restore(task, state, *read, committed, took)?);
+            let read = (from, *read);
+            out.push(self.finish_restore(task, state, read, committed, took)?);
         }
         Ok(out)
     }
 
     /// Puts one task's restored state into its operator, after checking it against the
-    /// group's committed offset and this run's options.
+    /// group's committed offset and this run's options. `read` is where the changelog
+    /// read started and what it read.
     fn finish_restore(
         &mut self,
         task: &mut Task,
         state: Restoring,
-        read: ReadStats,
+        (from, read): (i64, ReadStats),
         committed: Option<i64>,
         took: std::time::Duration,
     ) -> Result<Option<i64>, RunError> {
@@ -231,6 +237,8 @@ impl KafkaJob<'_> {
         self.restores.push(RestoreStats {
             task: name.clone(),
             source: state.source.to_string(),
+            changelog_from: from,
+            changelog_end: state.offset.unwrap_or(from),
             changelog_records: read.records,
             keys: state.states.len() as u64,
             ms: micros / 1000,
