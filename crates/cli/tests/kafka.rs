@@ -348,7 +348,7 @@ fn assert_adds_up(stats: &serde_json::Value, records: u64) {
 }
 
 #[test]
-fn kafka_output_per_partition_equals_the_file_run_of_each_partition() {
+fn kafka_output_per_partition_equals_the_file_run_of_each_partition_with_two_workers() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 20_000, 7);
@@ -356,9 +356,12 @@ fn kafka_output_per_partition_equals_the_file_run_of_each_partition() {
     let produced = produce_lines(&t.input, &data, "visit_id");
     let stats = dir.path().join("stats.json");
     let mut args = t.args();
+    // Two threads share the four tasks (the other tests run with one).
     args.extend(
         [
             "--stop-at-end",
+            "--workers",
+            "2",
             "--checkpoint-interval",
             "300ms",
             "--stats-file",

@@ -210,21 +210,24 @@ fn run_driver(
         return Err(RunError::Unsupported(without_kafka(kafka)));
     }
     let workers = cfg.workers.max(1);
-    let pool = if workers > 1 {
-        Some(
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(workers)
-                .thread_name(|i| format!("sessionizer-worker-{i}"))
-                .build()
-                .map_err(|e| RunError::Workers {
-                    workers,
-                    message: e.to_string(),
-                })?,
-        )
-    } else {
-        None
-    };
+    let pool = worker_pool(workers)?;
     Job::new(cfg, workers, pool).run(checkpoint, telemetry)
+}
+
+/// The threads of `--workers N` (none for one worker: the pipeline thread does it all).
+fn worker_pool(workers: usize) -> Result<Option<rayon::ThreadPool>, RunError> {
+    if workers <= 1 {
+        return Ok(None);
+    }
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(workers)
+        .thread_name(|i| format!("sessionizer-worker-{i}"))
+        .build()
+        .map(Some)
+        .map_err(|e| RunError::Workers {
+            workers,
+            message: e.to_string(),
+        })
 }
 
 #[cfg(not(feature = "kafka"))]

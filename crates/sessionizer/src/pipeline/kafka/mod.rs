@@ -23,7 +23,7 @@ mod standby;
 mod task;
 
 use super::RunError;
-use super::parse::{self, ParseSettings, Parsed};
+use super::parse::Parsed;
 use super::shard::Shard;
 use crate::config::{KafkaConfig, KafkaStart, PipelineConfig};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
@@ -90,6 +90,8 @@ struct KafkaJob<'c> {
     /// The changelog topic of each input topic (durable mode).
     changelogs: Vec<String>,
     tasks: BTreeMap<TopicPartition, Task>,
+    /// `--workers N`: the threads that sessionize the tasks' batches in parallel.
+    pool: Option<rayon::ThreadPool>,
     encoder: SessionEncoder,
     options: Vec<(String, String)>,
     started: Instant,
@@ -269,6 +271,7 @@ impl<'c> KafkaJob<'c> {
             standbys,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
+            pool: super::worker_pool(cfg.workers.max(1))?,
         };
         for w in [&mut job.sessions, &mut job.dead, &mut job.late] {
             if let Out::Writer(w) = w
@@ -827,31 +830,31 @@ impl<'c> KafkaJob<'c> {
         Ok(())
     }
 
-    /// Runs every task's staged records through decode and sessionize, and sends what
-    /// came out.
+    /// Runs every task's staged records through decode and sessionize — the tasks in
+    /// parallel over `--workers` threads — and sends what came out, task by task.
     fn process_staged(&mut self) -> Result<(), RunError> {
-        let ids: Vec<TopicPartition> = self
+        let (aggregates, on_invalid) = (self.cfg.aggregates.len(), self.cfg.on_invalid);
+        let mut staged: Vec<&mut Task> = self
             .tasks
-            .iter()
-            .filter(|(_, t)| !t.batch.lines.is_empty())
-            .map(|(&id, _)| id)
+            .values_mut()
+            .filter(|t| !t.batch.lines.is_empty())
             .collect();
+        let ids: Vec<TopicPartition> = staged.iter().map(|t| t.tp).collect();
+        match &self.pool {
+            Some(pool) if staged.len() > 1 => pool.install(|| {
+                use rayon::prelude::*;
+                staged
+                    .par_iter_mut()
+                    .for_each(|t| t.sessionize_staged(aggregates, on_invalid));
+            }),
+            _ => {
+                for t in staged {
+                    t.sessionize_staged(aggregates, on_invalid);
+                }
+            }
+        }
         for id in ids {
             let task = self.tasks.get_mut(&id).expect("staged task exists");
-            let n = task.batch.lines.len();
-            let settings = ParseSettings {
-                aggregates: self.cfg.aggregates.len(),
-                shards: 1,
-                on_invalid: self.cfg.on_invalid,
-                names: &task.names,
-            };
-            parse::parse_range(
-                &task.batch,
-                0..n,
-                &mut task.decoder,
-                settings,
-                &mut task.parsed,
-            );
             if let Some((line, reason)) = &task.parsed.first_invalid {
                 let span = task.batch.lines[*line as usize];
                 return Err(RunError::InvalidRecord {
@@ -859,23 +862,6 @@ impl<'c> KafkaJob<'c> {
                     reason: reason.clone(),
                 });
             }
-            let p = &task.parsed;
-            task.run.blank_lines += p.blank;
-            task.run.invalid += p.invalid;
-            task.run.records_read += p.recs.len() as u64 - p.blank;
-            task.run.bytes_read += task.batch.data.len() as u64;
-            task.shard.clear_outputs();
-            task.shard.process(
-                &task.batch,
-                std::slice::from_ref(&task.parsed),
-                task.next_seq,
-                &task.names,
-            );
-            task.next_seq += n as u64;
-            task.next_offset = task.last_offset + 1;
-            task.dirty = true;
-            task.last_input = Instant::now();
-            task.watermark_at_last_input = task.shard.op.watermark();
             self.send_outputs(id, Some(()))?;
             let task = self.tasks.get_mut(&id).expect("task exists");
             task.batch.lines.clear();

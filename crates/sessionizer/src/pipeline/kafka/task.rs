@@ -1,8 +1,9 @@
 //! One input partition as a task: its operator, watermark, offsets and counters, and
 //! its progress record in the changelog.
 
-use super::super::parse::Parsed;
+use super::super::parse::{self, ParseSettings, Parsed};
 use super::super::shard::Shard;
+use crate::config::OnInvalid;
 use crate::stats::RunStats;
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{Counters, WatermarkState};
@@ -79,6 +80,46 @@ pub(super) struct Task {
 }
 
 impl Task {
+    /// Runs the staged records through decode and sessionize (what comes out waits in
+    /// the shard's outputs). With `--on-invalid fail`, a batch holding an invalid record
+    /// is not sessionized: `parsed.first_invalid` names the record.
+    pub(super) fn sessionize_staged(&mut self, aggregates: usize, on_invalid: OnInvalid) {
+        let n = self.batch.lines.len();
+        let settings = ParseSettings {
+            aggregates,
+            shards: 1,
+            on_invalid,
+            names: &self.names,
+        };
+        parse::parse_range(
+            &self.batch,
+            0..n,
+            &mut self.decoder,
+            settings,
+            &mut self.parsed,
+        );
+        if self.parsed.first_invalid.is_some() {
+            return;
+        }
+        let p = &self.parsed;
+        self.run.blank_lines += p.blank;
+        self.run.invalid += p.invalid;
+        self.run.records_read += p.recs.len() as u64 - p.blank;
+        self.run.bytes_read += self.batch.data.len() as u64;
+        self.shard.clear_outputs();
+        self.shard.process(
+            &self.batch,
+            std::slice::from_ref(&self.parsed),
+            self.next_seq,
+            &self.names,
+        );
+        self.next_seq += n as u64;
+        self.next_offset = self.last_offset + 1;
+        self.dirty = true;
+        self.last_input = Instant::now();
+        self.watermark_at_last_input = self.shard.op.watermark();
+    }
+
     pub(super) fn counters(&self) -> Counters {
         let mut total = self.run.clone();
         super::super::add_shard_counts(&mut total, std::slice::from_ref(&self.shard));
