@@ -14,11 +14,25 @@
 #   operator the session operator alone on pre-parsed events (criterion)
 #   q11      a Nexmark q11 equivalent: in-process bids, 10 s gap, count per session
 #   state    bytes of state per open session, 10M open sessions
+#
+#   scripts/bench.sh kafka      # Kafka in, Kafka out (feature `kafka`, a local broker
+#                               # from scripts/kafka-dev.sh, started if needed)
+#
+#   kafka    1M visits preloaded in a 4-partition topic, sessionized into a 4-partition
+#            topic exactly once: --workers 1 and 2, commit every 1s and 100ms, and two
+#            processes in one group; then the restore of 1M open sessions from the
+#            changelog and from a --state-dir snapshot. Prints events/s, peak RSS and
+#            the CPU seconds of the process (the broker runs on the same machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
 
-if [ -n "${SESSIONIZER_BIN:-}" ]; then
+if [ "$WHAT" = kafka ]; then
+  if [ -n "${SESSIONIZER_BIN:-}" ]; then BIN=$SESSIONIZER_BIN; else
+    cargo build --release -q -p sessionizer-cli --features kafka
+    BIN=target/release/sessionizer
+  fi
+elif [ -n "${SESSIONIZER_BIN:-}" ]; then
   BIN=$SESSIONIZER_BIN
 else
   cargo build --release -q -p sessionizer-cli
@@ -48,7 +62,75 @@ PY
   done
 }
 
+# One Kafka run: LABEL then the run's arguments; prints events/s, RSS and CPU seconds.
+kafka_run() {
+  local label=$1; shift
+  /usr/bin/time -f "%e %U %S %M" -o bench-data/time.txt "$BIN" run --kafka-brokers "$KB" "$@" \
+    --stats-file bench-data/kstats.json --progress never 2>/dev/null
+  python3 - "$label" <<'PY'
+import json, sys
+s = json.load(open("bench-data/kstats.json"))
+wall, user, sys_, rss = open("bench-data/time.txt").read().split()
+n = s["records_read"]
+r = s.get("kafka", {}).get("restores", [])
+restore = ""
+if r:
+    keys = sum(x["keys"] for x in r); recs = sum(x["changelog_records"] for x in r)
+    ms = max(x["ms"] for x in r)
+    restore = f"  restored {keys} keys from {recs} changelog records ({r[0]['source']}) in {ms} ms"
+print(f"kafka {sys.argv[1]:34} {n:>8} events {n / float(wall) / 1e3:7.0f}K events/s (wall {float(wall):5.2f} s)  "
+      f"CPU {float(user) + float(sys_):5.2f} s  peak RSS {int(rss) / 1024:4.0f} MiB{restore}")
+PY
+}
+
+kafka_bench() {
+  KB=127.0.0.1:39092
+  scripts/kafka-dev.sh start >/dev/null
+  local tag in out n=1000000
+  tag=$(date +%s)
+  in=bench-visits-$tag out=bench-sessions-$tag
+  for t in "$in" "$out"; do
+    scripts/kafka-dev.sh topics --create --topic "$t" --partitions 4 >/dev/null
+  done
+  "$BIN" generate --events $n --kafka-brokers $KB --kafka-topic "$in" 2>/dev/null
+  for interval in 1s 100ms; do
+    for w in 1 2; do
+      kafka_run "--workers $w, commit every $interval" --kafka-topic "$in" \
+        --kafka-group "bench-$tag-$w-$interval" --kafka-output-topic "$out" --stop-at-end \
+        --collect page --checkpoint-interval $interval --workers $w
+    done
+  done
+  # Two processes in one group, started together.
+  local g=bench-$tag-two
+  /usr/bin/time -f "%e" -o bench-data/two.txt bash -c "
+    '$BIN' run --kafka-brokers $KB --kafka-topic $in --kafka-group $g --kafka-output-topic $out \
+      --stop-at-end --collect page --checkpoint-interval 1s --kafka-instance-id a --progress never 2>/dev/null &
+    '$BIN' run --kafka-brokers $KB --kafka-topic $in --kafka-group $g --kafka-output-topic $out \
+      --stop-at-end --collect page --checkpoint-interval 1s --kafka-instance-id b --progress never 2>/dev/null &
+    wait"
+  python3 -c "import sys; w=float(open('bench-data/two.txt').read()); print(f'kafka two processes, commit every 1s          $n events {$n/w/1e3:7.0f}K events/s (wall {w:5.2f} s, both processes from start to end)')"
+  # 1M open sessions (one event per key, a gap nothing closes), kept open at the end;
+  # then the same group again: a full restore from the changelog, and from a snapshot.
+  local open=bench-open-$tag sd=bench-data/kafka-state-$tag
+  scripts/kafka-dev.sh topics --create --topic "$open" --partitions 4 >/dev/null
+  "$BIN" generate --events $n --keys $n --session-length 1 --kafka-brokers $KB --kafka-topic "$open" 2>/dev/null
+  rm -rf "$sd"
+  kafka_run "1M open sessions, first run" --kafka-topic "$open" --kafka-group "bench-$tag-open" \
+    --kafka-output-topic "$out" --stop-at-end --keep-open --gap 1000h --state-dir "$sd"
+  kafka_run "restart, restore from the changelog" --kafka-topic "$open" --kafka-group "bench-$tag-open" \
+    --kafka-output-topic "$out" --stop-at-end --keep-open --gap 1000h
+  kafka_run "restart, restore from a snapshot" --kafka-topic "$open" --kafka-group "bench-$tag-open" \
+    --kafka-output-topic "$out" --stop-at-end --keep-open --gap 1000h --state-dir "$sd"
+  rm -rf "$sd"
+  for t in $(scripts/kafka-dev.sh topics --list 2>/dev/null | grep -- "-$tag"); do
+    scripts/kafka-dev.sh topics --delete --topic "$t" >/dev/null 2>&1 || true
+  done
+}
+
 case "$WHAT" in
+  kafka)
+    kafka_bench
+    ;;
   quick)
     e2e 1000000 1 3
     e2e 1000000 2 3
@@ -67,5 +149,5 @@ case "$WHAT" in
     echo "-- state"
     cargo bench -q -p sessionizer-window --bench state_size -- 10000000 2>/dev/null | grep -v '^$'
     ;;
-  *) echo "usage: scripts/bench.sh [all|quick]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh [all|quick|kafka]" >&2; exit 2 ;;
 esac
