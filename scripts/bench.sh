@@ -21,8 +21,9 @@
 #   kafka    1M visits preloaded in a 4-partition topic, sessionized into a 4-partition
 #            topic exactly once: --workers 1 and 2, commit every 1s and 100ms, and two
 #            processes in one group; then the restore of 1M open sessions from the
-#            changelog and from a --state-dir snapshot. Prints events/s, peak RSS and
-#            the CPU seconds of the process (the broker runs on the same machine).
+#            changelog and from a --state-dir snapshot, and a failover to a standby
+#            (scripts/bench-failover.py). Prints events/s, peak RSS and the CPU
+#            seconds of the process (the broker runs on the same machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
@@ -122,6 +123,8 @@ kafka_bench() {
   kafka_run "restart, restore from a snapshot" --kafka-topic "$open" --kafka-group "bench-$tag-open" \
     --kafka-output-topic "$out" --stop-at-end --keep-open --gap 1000h --state-dir "$sd"
   rm -rf "$sd"
+  # Failover: two processes with a standby each over the 1M open sessions; one killed.
+  python3 scripts/bench-failover.py "$BIN" "$KB" "$open" "bench-$tag-failover" "$out"
   for t in $(scripts/kafka-dev.sh topics --list 2>/dev/null | grep -- "-$tag"); do
     scripts/kafka-dev.sh topics --delete --topic "$t" >/dev/null 2>&1 || true
   done
