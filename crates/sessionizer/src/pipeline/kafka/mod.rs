@@ -367,13 +367,12 @@ impl<'c> KafkaJob<'c> {
                                     round += 1;
                                 }
                             } else if let Some(task) = self.tasks.get_mut(&r.from) {
-                                staged += stage(
-                                    task,
-                                    r.offset(),
-                                    r.key(),
-                                    r.value(),
-                                    r.header(SOURCE_HEADER),
-                                );
+                                // Only re-keyed records carry where they were read first.
+                                let origin = match self.rekey {
+                                    Some(_) => r.header(SOURCE_HEADER),
+                                    None => None,
+                                };
+                                staged += stage(task, r.offset(), r.key(), r.value(), origin);
                                 round += 1;
                             }
                         }
