@@ -191,6 +191,38 @@ fn produce(topic: &str, path: &Path, key_field: Option<&str>) -> usize {
     n
 }
 
+/// Writes `per_partition` records to every partition of `topic` (of `partitions`) in
+/// one transaction and aborts it: a `read_committed` reader never sees them, but they
+/// and the abort marker take offsets.
+pub fn produce_aborted(topic: &str, partitions: i32, per_partition: usize) {
+    let producer: BaseProducer = config()
+        .set("transactional.id", unique("aborting"))
+        .create()
+        .expect("transactional producer");
+    let timeout = Duration::from_secs(30);
+    producer
+        .init_transactions(timeout)
+        .expect("init transactions");
+    producer.begin_transaction().expect("begin");
+    for p in 0..partitions {
+        for i in 0..per_partition {
+            let value =
+                format!(r#"{{"visit_id":"aborted-{i}","event_time":"2030-01-01T00:00:00Z"}}"#);
+            producer
+                .send(
+                    BaseRecord::to(topic)
+                        .partition(p)
+                        .key("aborted")
+                        .payload(value.as_bytes()),
+                )
+                .map_err(|(e, _)| e)
+                .expect("send");
+        }
+    }
+    producer.flush(timeout).expect("flush");
+    producer.abort_transaction(timeout).expect("abort");
+}
+
 /// One record as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Read {

@@ -101,6 +101,9 @@ impl Admin {
             ("segment.ms", "600000"),
             ("min.cleanable.dirty.ratio", "0.2"),
             ("message.timestamp.type", "LogAppendTime"),
+            // Tombstones stay a day: a local snapshot (at most 12 hours old) read on
+            // from its offset still sees every key removed since.
+            ("delete.retention.ms", "86400000"),
         ];
         self.ensure(topic, partitions, &config, "changelog")
     }

@@ -327,7 +327,12 @@ impl TxnProducer {
             // producer is polled by the job, not by a thread of its own).
             let _ = self.producer.flush(self.timeout);
             match self.producer.abort_transaction(self.timeout) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    // Deliveries that failed belonged to the aborted transaction; the
+                    // next one starts clean.
+                    self.producer.context().failed.store(0, Ordering::Relaxed);
+                    return Ok(());
+                }
                 Err(ClientError::Transaction(t)) if t.is_fatal() => {
                     return Err(classify(ClientError::Transaction(t)));
                 }

@@ -61,9 +61,22 @@ struct Restored {
     micros: u64,
 }
 
+/// Transactions aborted one after the other before the job gives up.
+const MAX_ABORTS_IN_ROW: u32 = 5;
+
 /// The offset metadata of a task that emitted every session at the end of a
 /// `--stop-at-end` run.
 const FLUSHED: &str = "flushed";
+
+/// The error of a record read for a task that already emitted every session.
+fn more_after_flush(task: &str, group: &Option<String>) -> RunError {
+    RunError::Resume {
+        dir: format!("Kafka group {}", group.as_deref().unwrap_or("")),
+        message: format!(
+            "partition {task} ended a --stop-at-end run with every session emitted (no --keep-open), and more records came after; use a new --kafka-group, or --keep-open for runs that continue"
+        ),
+    }
+}
 
 /// Runs a job whose input is Kafka topics.
 pub(crate) fn run(
@@ -101,6 +114,8 @@ struct KafkaJob<'c> {
     released: RunStats,
     commits: u64,
     aborts: u64,
+    /// Transactions aborted since the last one committed.
+    aborts_in_row: u32,
     assigned: u64,
     revoked: u64,
     /// Every restore of the run.
@@ -258,6 +273,7 @@ impl<'c> KafkaJob<'c> {
             released: RunStats::default(),
             commits: 0,
             aborts: 0,
+            aborts_in_row: 0,
             assigned: 0,
             revoked: 0,
             restores: Vec::new(),
@@ -329,8 +345,15 @@ impl<'c> KafkaJob<'c> {
                     }
                 }
                 if let Some(s) = &mut self.standbys {
-                    s.refresh(&self.consumer, &self.tasks)?;
-                    s.poll()?;
+                    // Copies are a help, not the job: a failure to follow them (the
+                    // coordinator busy, a changelog read that failed) is tried again
+                    // later, and a partition without a copy restores from its changelog.
+                    if let Err(e) = s
+                        .refresh(&self.consumer, &self.tasks)
+                        .and_then(|()| s.poll())
+                    {
+                        tracing::warn!(error = %e, "standby copies not updated; trying again");
+                    }
                 }
                 if self.kafka.stop_at_end {
                     // A task that reached its end emits every session right away, as a
@@ -358,22 +381,34 @@ impl<'c> KafkaJob<'c> {
                         Polled::Nothing => break,
                         Polled::End => ended = true,
                         Polled::Record(r) => {
-                            if let Some(rekey) = self.rekey.as_mut().filter(|k| k.is_input(r.from))
+                            round += 1;
+                            // Records past a --stop-at-end run's end are not this run's;
+                            // one says the partition's position is past its end.
+                            let past_end = self.kafka.stop_at_end
+                                && self.ends.get(&r.from).is_some_and(|&e| r.offset() >= e);
+                            if past_end {
+                                ended = true;
+                            } else if let Some(rekey) =
+                                self.rekey.as_mut().filter(|k| k.is_input(r.from))
                             {
                                 if rekey.positions.contains_key(&r.from) {
                                     let p =
                                         self.producer.as_mut().expect("re-keying has a producer");
                                     rekey.forward(p, &self.topics, &r).map_err(commit_error)?;
-                                    round += 1;
                                 }
                             } else if let Some(task) = self.tasks.get_mut(&r.from) {
+                                if task.flushed {
+                                    return Err(more_after_flush(
+                                        &task.names[0].name,
+                                        &self.kafka.group,
+                                    ));
+                                }
                                 // Only re-keyed records carry where they were read first.
                                 let origin = match self.rekey {
                                     Some(_) => r.header(SOURCE_HEADER),
                                     None => None,
                                 };
                                 staged += stage(task, r.offset(), r.key(), r.value(), origin);
-                                round += 1;
                             }
                         }
                     }
@@ -511,8 +546,13 @@ impl<'c> KafkaJob<'c> {
                 return Ok(false);
             }
             // What this process forwarded must be committed before the end of the
-            // internal topic is taken.
+            // internal topic is taken; an aborted commit put the inputs back, so they
+            // are not done.
+            let aborts = self.aborts;
             self.commit()?;
+            if self.aborts != aborts {
+                return Ok(false);
+            }
             // The internal topic is the last one read.
             let t = self.topics.len() as u32 - 1;
             let n = self.admin.require(&self.topics[t as usize], "internal")?;
@@ -555,8 +595,11 @@ impl<'c> KafkaJob<'c> {
         let committed = self.consumer.committed_with_metadata(parts)?;
         Ok(parts.iter().zip(committed).all(|(tp, c)| {
             let input = self.rekey.as_ref().is_some_and(|r| r.is_input(*tp));
+            // A task flushed by its owner reached that owner's end (a process that
+            // started later, when the partition had grown, has a later end).
             c.is_some_and(|(o, meta)| {
-                o >= self.ends[tp] && (input || self.keep_open() || meta == FLUSHED)
+                (!input && meta == FLUSHED)
+                    || (o >= self.ends[tp] && (input || self.keep_open() || meta == FLUSHED))
             })
         }))
     }
@@ -573,9 +616,20 @@ impl<'c> KafkaJob<'c> {
         let positions = self.consumer.positions(&parts)?;
         for (tp, at) in parts.iter().zip(positions) {
             let Some(at) = at else { continue };
+            // Not past a --stop-at-end run's end (records after it are skipped).
+            let at = self.ends.get(tp).map_or(at, |&e| {
+                if self.kafka.stop_at_end {
+                    at.min(e)
+                } else {
+                    at
+                }
+            });
             if let Some(task) = self.tasks.get_mut(tp) {
                 if task.batch.lines.is_empty() && at > task.next_offset {
                     task.next_offset = at;
+                    // The progress record must say so: the committed offset and the
+                    // changelog's next offset always agree.
+                    task.dirty = true;
                 }
             } else if let Some(r) = &mut self.rekey
                 && let Some(p) = r.positions.get_mut(tp)
@@ -676,10 +730,12 @@ impl<'c> KafkaJob<'c> {
                     first_available = low,
                     "records the task has not read were deleted by the topic's retention; it goes on from the first one still there"
                 );
+                task.next_offset = low;
+                task.dirty = true;
             }
             // Read from where the task stands; a task that starts fresh at "latest"
             // pins its start now so that the offset is known.
-            starts.push((tp, StartAt::Offset(task.next_offset.max(low))));
+            starts.push((tp, StartAt::Offset(task.next_offset)));
             if self.kafka.stop_at_end {
                 // The internal topic of --repartition has no end before every input was
                 // re-keyed to its own (then `ends` has it).
@@ -689,15 +745,6 @@ impl<'c> KafkaJob<'c> {
                     None if internal => None,
                     None => Some(high),
                 };
-            }
-            if task.flushed && task.end.is_none_or(|e| task.next_offset < e) {
-                return Err(RunError::Resume {
-                    dir: format!("Kafka group {}", self.kafka.group.as_deref().unwrap_or("")),
-                    message: format!(
-                        "partition {} ended a --stop-at-end run with every session emitted (no --keep-open), and more records came after; use a new --kafka-group, or --keep-open for runs that continue",
-                        task.names[0].name
-                    ),
-                });
             }
             self.tasks.insert(tp, task);
         }
@@ -999,6 +1046,7 @@ impl<'c> KafkaJob<'c> {
                 match p.commit(group.as_ref().map(|g| (&offsets, g))) {
                     Ok(()) => {
                         self.commits += 1;
+                        self.aborts_in_row = 0;
                         self.telemetry.checkpoint(&CheckpointReport {
                             kind: CheckpointKind::Transaction,
                             epoch: None,
@@ -1021,6 +1069,15 @@ impl<'c> KafkaJob<'c> {
                     Err(CommitError::Aborted(why)) => {
                         self.telemetry.transaction_aborted(&why);
                         self.aborts += 1;
+                        self.aborts_in_row += 1;
+                        // A cause that does not go away (a record the broker refuses)
+                        // would abort every replay: give up, saying why.
+                        if self.aborts_in_row >= MAX_ABORTS_IN_ROW {
+                            return Err(commit_error(CommitError::Fatal(format!(
+                                "{} transactions in a row were aborted; the last because: {why}",
+                                self.aborts_in_row
+                            ))));
+                        }
                         return self.rewind();
                     }
                     Err(e) => return Err(commit_error(e)),

@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 /// How often the group's membership is asked for.
 const REFRESH: Duration = Duration::from_secs(2);
+/// How long a copy no longer followed is kept (its partition may be about to come to
+/// this process) before it is dropped.
+const KEEP_UNFOLLOWED: Duration = Duration::from_secs(60);
 /// Records applied to the copies per round of the job's loop, at most.
 const PER_ROUND: usize = 20_000;
 
@@ -57,6 +60,11 @@ pub(super) struct Standbys {
     tail: Tail,
     changelogs: Vec<String>,
     copies: HashMap<TopicPartition, Restoring>,
+    /// Since when each copy is no longer followed.
+    unfollowed: HashMap<TopicPartition, Instant>,
+    /// Partitions whose changelog held a record a copy could not apply: not copied
+    /// again (the restore of such a partition reports the damage).
+    broken: std::collections::HashSet<TopicPartition>,
     /// The partitions whose changelogs are followed now.
     followed: Vec<TopicPartition>,
     last_refresh: Option<Instant>,
@@ -77,6 +85,8 @@ impl Standbys {
             tail: Tail::new(settings)?,
             changelogs: changelogs.to_vec(),
             copies: HashMap::new(),
+            unfollowed: HashMap::new(),
+            broken: Default::default(),
             followed: Vec::new(),
             last_refresh: None,
             applied: 0,
@@ -109,13 +119,29 @@ impl Standbys {
         let members = consumer.members()?;
         let wanted: Vec<TopicPartition> = standby_set(&members, &self.me, self.replicas)
             .into_iter()
-            .filter(|tp| !owned.contains_key(tp))
+            .filter(|tp| !owned.contains_key(tp) && !self.broken.contains(tp))
             .collect();
-        // A copy no longer wanted is kept, no longer followed: the group may be about to
-        // hand its partition to this process (its owner just left the member list),
-        // and a copy that stands behind is still a valid start — the restore reads
-        // the changelog on from where it stands. Copies of partitions this process owns
-        // were handed over already.
+        // A copy no longer wanted is kept a while, no longer followed: the group may be
+        // about to hand its partition to this process (its owner just left the member
+        // list), and a copy that stands behind is still a valid start — the restore
+        // reads the changelog on from where it stands. Then it is dropped: its memory
+        // back, and never a copy so old that compaction removed tombstones it missed.
+        // Copies of partitions this process owns were handed over already.
+        let now = Instant::now();
+        for tp in self.copies.keys() {
+            if !wanted.contains(tp) {
+                self.unfollowed.entry(*tp).or_insert(now);
+            }
+        }
+        let copies = &mut self.copies;
+        self.unfollowed.retain(|tp, since| {
+            let keep = !wanted.contains(tp) && copies.contains_key(tp);
+            if keep && since.elapsed() > KEEP_UNFOLLOWED {
+                copies.remove(tp);
+                return false;
+            }
+            keep
+        });
         for tp in &wanted {
             self.copies.entry(*tp).or_insert_with(|| Restoring {
                 source: "standby",
@@ -146,7 +172,7 @@ impl Standbys {
             applied,
             ..
         } = self;
-        let mut failed = None;
+        let mut failed: Option<(TopicPartition, String)> = None;
         let n = tail.poll(
             PER_ROUND,
             Duration::ZERO,
@@ -160,7 +186,7 @@ impl Standbys {
                 };
                 if let Some(copy) = copies.get_mut(&tp) {
                     if let Err(e) = copy.apply(entry) {
-                        failed.get_or_insert(format!("{topic}/{partition}@{offset}: {e}"));
+                        failed.get_or_insert((tp, format!("{topic}/{partition}@{offset}: {e}")));
                     }
                     copy.offset = Some(offset + 1);
                 }
@@ -170,9 +196,13 @@ impl Standbys {
         if n > 0 {
             tracing::debug!(records = n, "standby copies updated");
         }
-        if let Some(e) = failed {
-            // A copy that cannot be kept is dropped: the partition would then be
-            // restored from its changelog, which reports the damage itself.
+        if let Some((tp, e)) = failed {
+            // A copy that cannot be kept is dropped, and not started again: the
+            // partition would be restored from its changelog, which reports the damage
+            // itself.
+            copies.remove(&tp);
+            self.broken.insert(tp);
+            self.last_refresh = None;
             tracing::warn!(error = %e, "standby copy dropped");
         }
         Ok(())
