@@ -14,6 +14,9 @@
 #   operator the session operator alone on pre-parsed events (criterion)
 #   q11      a Nexmark q11 equivalent: in-process bids, 10 s gap, count per session
 #   state    bytes of state per open session, 10M open sessions
+#   keys     count only (no aggregates), 10M events over 100K and over 1M concurrent keys
+#   open     peak RSS of `run` holding 1M open sessions (one event per key, --gap 1000h)
+#            minus that of a 1,000-key run: bytes per open session through the CLI
 #
 #   scripts/bench.sh kafka      # Kafka in, Kafka out (feature `kafka`, a local broker
 #                               # from scripts/kafka-dev.sh, started if needed)
@@ -130,7 +133,50 @@ kafka_bench() {
   done
 }
 
+# Count only, many keys: N events over K concurrent visits, WORKERS, REPEAT.
+e2e_keys() {
+  local n=$1 keys=$2 workers=$3 repeat=$4 data=bench-data/keys$2-$1.jsonl pin=()
+  [ -s "$data" ] || "$BIN" generate --events "$n" --keys "$keys" --output "$data" 2>/dev/null
+  cat "$data" > /dev/null
+  if [ "$workers" = 1 ] && command -v taskset >/dev/null; then pin=(taskset -c 0); fi
+  for _ in $(seq 1 "$repeat"); do
+    "${pin[@]}" "$BIN" run --input "$data" --output bench-data/sessions.jsonl --gap 10m \
+      --workers "$workers" --stats-file bench-data/stats.json --progress never 2>/dev/null
+    python3 - "$workers" "$keys" <<'PY'
+import json, sys
+s = json.load(open("bench-data/stats.json"))
+n, secs = s["records_read"], max(s["elapsed_ms"], 1) / 1000
+print(f"keys {n:>9} events {int(sys.argv[2]):>8} keys  --workers {sys.argv[1]}  count only  "
+      f"{n / secs / 1e6:5.2f}M events/s  peak RSS {s.get('peak_rss_bytes', 0) / 2**20:4.0f} MiB")
+PY
+  done
+}
+
+# Bytes per open session through the CLI: 1M keys with one event each, nothing closes.
+open_sessions() {
+  local big=bench-data/open-1m.jsonl small=bench-data/open-1k.jsonl
+  [ -s $big ] || "$BIN" generate --events 1000000 --keys 1000000 --session-length 1 --output $big 2>/dev/null
+  [ -s $small ] || "$BIN" generate --events 1000 --keys 1000 --session-length 1 --output $small 2>/dev/null
+  for w in 1 2; do
+    local rss=()
+    for f in $big $small; do
+      /usr/bin/time -f "%M" -o bench-data/time.txt "$BIN" run --input $f --output /dev/null \
+        --gap 1000h --workers $w --progress never 2>/dev/null
+      rss+=("$(cat bench-data/time.txt)")
+    done
+    python3 -c "import sys; b, s = int(sys.argv[1]), int(sys.argv[2]); print(f'open 1M open sessions --workers {sys.argv[3]}: peak RSS {b / 1024:.0f} MiB, 1K-key run {s / 1024:.0f} MiB: {(b - s) * 1024 / 999000:.0f} bytes per open session')" "${rss[0]}" "${rss[1]}" $w
+  done
+}
+
 case "$WHAT" in
+  keys)
+    e2e_keys 10000000 100000 1 1
+    e2e_keys 10000000 1000000 1 1
+    e2e_keys 10000000 1000000 2 1
+    ;;
+  open)
+    open_sessions
+    ;;
   kafka)
     kafka_bench
     ;;
@@ -151,6 +197,10 @@ case "$WHAT" in
     cargo bench -q -p sessionizer-window --bench q11 -- 10000000 2>/dev/null | grep q11
     echo "-- state"
     cargo bench -q -p sessionizer-window --bench state_size -- 10000000 2>/dev/null | grep -v '^$'
+    e2e_keys 10000000 100000 1 1
+    e2e_keys 10000000 1000000 1 1
+    e2e_keys 10000000 1000000 2 1
+    open_sessions
     ;;
-  *) echo "usage: scripts/bench.sh [all|quick|kafka]" >&2; exit 2 ;;
+  *) echo "usage: scripts/bench.sh [all|quick|keys|open|kafka]" >&2; exit 2 ;;
 esac
