@@ -443,6 +443,30 @@ impl StateDir {
         Ok(())
     }
 
+    /// Deletes every checkpoint newer than `epoch` (`None`: every checkpoint): their
+    /// manifests first, then the state files they wrote (a state file belongs to the
+    /// checkpoint of its epoch). For checkpoints that turned out never to have been
+    /// committed (a Kafka transaction that was aborted): they must not be resumed from,
+    /// nor push the committed one out of the [`KEEP_MANIFESTS`] kept.
+    pub fn discard_after(&self, epoch: Option<u64>) -> Result<Vec<u64>, CheckpointError> {
+        let listing = self.list()?;
+        let newer = |e: u64| epoch.is_none_or(|keep| e > keep);
+        let mut discarded = Vec::new();
+        for &e in listing.manifests.iter().rev().filter(|&&e| newer(e)) {
+            remove(&self.path.join(file_name(FileKind::Manifest, e)))?;
+            discarded.push(e);
+        }
+        if !discarded.is_empty() {
+            self.sync_dir()?;
+        }
+        for (_, e, name) in &listing.state_files {
+            if newer(*e) {
+                remove(&self.path.join(name))?;
+            }
+        }
+        Ok(discarded)
+    }
+
     /// Keeps the newest [`KEEP_MANIFESTS`] manifests and the state files they name;
     /// deletes everything else that is a checkpoint file, except files newer than the
     /// newest kept manifest (a checkpoint being written). Files named by a damaged kept

@@ -24,7 +24,9 @@ pub mod writer;
 pub use dir::{CheckpointInfo, KEEP_MANIFESTS, Listing, Recovered, Recovery, StateDir};
 pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
-pub use manifest::{Counters, InputPosition, Manifest, OutputCommit, StateFileRef, WatermarkState};
+pub use manifest::{
+    Counters, InputPosition, KafkaTxn, Manifest, OutputCommit, StateFileRef, WatermarkState,
+};
 pub use state::{LoadedState, StateEntries};
 pub use task::TaskSnapshot;
 pub use writer::{CheckpointWriter, Committed, EncodedState};

@@ -46,6 +46,36 @@ pub struct Manifest {
     /// The end of the inputs was reached without `--keep-open`: the watermark became
     /// +infinity and every session was emitted.
     pub flushed: bool,
+    /// With a Kafka output (file or stdin input): the transaction this checkpoint
+    /// prepared. It was written before the transaction was committed, so recovery asks
+    /// Kafka whether it committed; absent for a run without a Kafka output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_txn: Option<KafkaTxn>,
+}
+
+/// The Kafka transaction a checkpoint prepared (two-phase commit with a Kafka output):
+/// the transaction holds the output records since the previous checkpoint and a
+/// progress record naming this checkpoint's epoch; it is committed only after this
+/// manifest is durable. On recovery the progress record is looked up: committed, the
+/// run resumes from this checkpoint; aborted (the process died in between), from
+/// [`fallback_epoch`](Self::fallback_epoch).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTxn {
+    /// The producer's transactional id (the job's name in Kafka).
+    pub transactional_id: String,
+    /// The session output topic.
+    pub output_topic: String,
+    /// The topic of the progress records.
+    pub progress_topic: String,
+    /// The partition of the progress topic that holds this checkpoint's record.
+    pub progress_partition: i32,
+    /// Its offset there.
+    pub progress_offset: i64,
+    /// The checkpoint to resume from if this one's transaction did not commit: the
+    /// newest one whose transaction did (or the one the run resumed from); `None`: the
+    /// job's beginning.
+    pub fallback_epoch: Option<u64>,
 }
 
 /// A base or delta file of a checkpoint.

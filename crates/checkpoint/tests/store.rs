@@ -270,6 +270,7 @@ fn write_fixture(dir: &Path) {
         open_sessions: 2,
         finished: false,
         flushed: false,
+        kafka_txn: None,
     };
     d.write_manifest(&manifest).expect("manifest");
 }
@@ -391,4 +392,73 @@ fn a_state_directory_is_used_by_one_run_at_a_time() {
     assert!(err.to_string().contains("another sessionizer run"), "{err}");
     drop(first);
     StateDir::open(tmp.path()).expect("admitted after the first is gone");
+}
+
+#[test]
+fn uncommitted_checkpoints_are_discarded_and_the_committed_one_is_resumed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = StateDir::open(tmp.path()).expect("open");
+    let mut w = CheckpointWriter::new(dir, None)
+        .expect("writer")
+        .max_deltas(8);
+    let mut model = Model::new();
+    commit(&mut w, &mut model, &[("a", Some("1"))], 1);
+    commit(&mut w, &mut model, &[("b", Some("2"))], 2);
+    let committed = model.clone();
+    // Two checkpoints whose (Kafka) transactions never committed.
+    commit(&mut w, &mut model, &[("c", Some("3")), ("a", None)], 3);
+    commit(&mut w, &mut model, &[("d", Some("4"))], 4);
+    let gone = w.dir_mut().discard_after(Some(2)).expect("discard");
+    assert_eq!(gone, vec![4, 3], "newest first");
+    assert_eq!(
+        names(tmp.path()),
+        vec![
+            "LOCK",
+            "base-0000000001.ckpt",
+            "delta-0000000002.ckpt",
+            "manifest-0000000002.ckpt",
+        ],
+        "the discarded checkpoints' manifests and state files are gone"
+    );
+    let reader = StateDir::existing(tmp.path()).expect("open");
+    let (m, got) = live(&reader);
+    assert_eq!(m.epoch, 2);
+    assert_eq!(got, committed);
+    assert!(
+        w.dir_mut().discard_after(None).expect("discard all") == vec![2],
+        "None discards every checkpoint"
+    );
+    assert!(reader.recover().expect("recover").found.is_none());
+    assert_eq!(names(tmp.path()), vec!["LOCK"]);
+}
+
+#[test]
+fn a_manifest_with_a_kafka_transaction_round_trips_and_one_without_has_no_field() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut d = StateDir::open(tmp.path()).expect("open");
+    let txn = sessionizer_checkpoint::KafkaTxn {
+        transactional_id: "sessionizer-file-x".into(),
+        output_topic: "sessions".into(),
+        progress_topic: "sessions-sessionizer-progress".into(),
+        progress_partition: 0,
+        progress_offset: 41,
+        fallback_epoch: Some(6),
+    };
+    let with = Manifest {
+        epoch: 7,
+        kafka_txn: Some(txn.clone()),
+        ..Manifest::default()
+    };
+    d.write_manifest(&with).expect("write");
+    assert_eq!(d.read_manifest(7).expect("read").kafka_txn, Some(txn));
+    let without = Manifest {
+        epoch: 8,
+        ..Manifest::default()
+    };
+    d.write_manifest(&without).expect("write");
+    let raw = std::fs::read(tmp.path().join(file_name(FileKind::Manifest, 8))).expect("raw");
+    assert!(
+        !String::from_utf8_lossy(&raw).contains("kafka_txn"),
+        "a run without a Kafka output writes the manifest as before"
+    );
 }

@@ -479,14 +479,19 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             reason: "give a number of threads from 1 to 256".into(),
         });
     }
-    // A Kafka job commits every --checkpoint-interval and keeps --keep-open state in
-    // its changelog: those options are its own then.
-    let checkpoint = if kafka.is_some() {
+    // A Kafka input commits every --checkpoint-interval and keeps --keep-open state in
+    // its changelog: those options are its own then. A file or stdin input written to
+    // Kafka checkpoints as any file run; without --state-dir its transactions still
+    // commit every --checkpoint-interval.
+    let checkpoint = if kafka_in {
         None
     } else {
+        let state_dir = args.state_dir.or(file.state_dir);
+        let interval = args.checkpoint_interval.or(file.checkpoint_interval);
+        let interval = interval.filter(|_| !(kafka_out && state_dir.is_none()));
         checkpoint_config(
-            args.state_dir.or(file.state_dir),
-            args.checkpoint_interval.or(file.checkpoint_interval),
+            state_dir,
+            interval,
             args.checkpoint_every_records
                 .or(file.checkpoint_every_records),
             args.keep_open || file.keep_open.unwrap_or(false),

@@ -38,7 +38,7 @@ pub struct KafkaArgs {
 
     /// Topic for the session records (key: session_id; value: the JSON record;
     /// retractions are tombstones with header retract=true). Exactly once with a Kafka
-    /// input. Replaces --output.
+    /// input, or with file input and --state-dir. Replaces --output.
     #[arg(long, value_name = "TOPIC")]
     pub kafka_output_topic: Option<String>,
 
@@ -51,8 +51,9 @@ pub struct KafkaArgs {
     pub late_topic: Option<String>,
 
     /// This process's stable name in the group: its transactional id is
-    /// <GROUP>-<ID>, so a restarted process fences its predecessor at once. Give each
-    /// process of a group its own. [default: random per process]
+    /// <GROUP>-<ID> (sessionizer-file-<ID> for a file or stdin input), so a restarted
+    /// process fences its predecessor at once. Give each process of a group its own.
+    /// [default: kept in --state-dir, else random per process]
     #[arg(long, value_name = "ID")]
     pub kafka_instance_id: Option<String>,
 
@@ -214,19 +215,22 @@ pub fn resolve(
         return conflict("give either --late-output or --late-topic, not both");
     }
     if topics.is_empty() {
+        // Files or stdin in, Kafka out: the file driver with a Kafka sink. Its state
+        // and checkpoints are those of a file run (--state-dir, --checkpoint-interval).
         for (name, on) in [
             ("--stop-at-end", stop_at_end),
             ("--kafka-start", start.is_some()),
+            ("--kafka-group", group.is_some()),
+            ("--standby-replicas", standby_replicas.is_some()),
+            ("--snapshot-interval", snapshot_interval.is_some()),
+            ("--repartition", repartition),
         ] {
             if on {
                 return Err(ConfigError::Conflict(format!(
-                    "{name} applies to a Kafka input; give --kafka-topic"
+                    "{name} applies to a Kafka input; give --kafka-topic (a file or stdin run with --kafka-output-topic is named by --kafka-instance-id and checkpoints to --state-dir)"
                 )));
             }
         }
-        return conflict(
-            "a Kafka output with file or stdin input is not supported yet: give a Kafka input (--kafka-topic) with --kafka-output-topic, or write the sessions to a file",
-        );
     }
     if ctx.state_dir.is_some() && output_topic.is_none() {
         return conflict(
@@ -249,7 +253,7 @@ pub fn resolve(
     if snapshot_interval.is_some() && ctx.state_dir.is_none() {
         return conflict("--snapshot-interval needs --state-dir: the snapshots are kept there");
     }
-    if output_topic.is_some() && group.is_none() {
+    if output_topic.is_some() && group.is_none() && !topics.is_empty() {
         return conflict(
             "--kafka-output-topic with a Kafka input needs --kafka-group: the group names the job (its changelog topics, its committed offsets)",
         );

@@ -173,7 +173,16 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
     progress.finish();
     let stats = match result {
         Ok(stats) => {
-            eprintln!("{}", stats.summary(&cfg.pipeline.output.display_name()));
+            let output = match cfg
+                .pipeline
+                .kafka
+                .as_ref()
+                .and_then(|k| k.output_topic.as_ref())
+            {
+                Some(topic) => format!("Kafka topic {topic}"),
+                None => cfg.pipeline.output.display_name(),
+            };
+            eprintln!("{}", stats.summary(&output));
             stats
         }
         // A closed stdout pipe (`| head`) ends the run quietly; the stats file still

@@ -610,6 +610,13 @@ impl Telemetry {
         ));
     }
 
+    /// Something the user should know that does not stop the run: logged, and told to
+    /// the observer.
+    pub(crate) fn warn(&self, message: &str) {
+        tracing::warn!(message, "warning");
+        self.inner.observer.warn(message);
+    }
+
     /// Where the tasks stand after a batch (or a round of batches).
     pub fn batch(&self, reports: &[TaskReport<'_>]) {
         let m = &self.inner.m;

@@ -108,6 +108,18 @@ impl Admin {
         self.ensure(topic, partitions, &config, "changelog")
     }
 
+    /// Makes sure the compacted topic of a job's progress records exists (created with
+    /// one partition when missing); returns its number of partitions.
+    pub fn ensure_progress(&self, topic: &str) -> Result<usize, KafkaError> {
+        match self.partitions(topic)? {
+            Some(n) if n > 0 => Ok(n),
+            _ => {
+                self.ensure(topic, 1, &[("cleanup.policy", "compact")], "progress")?;
+                Ok(1)
+            }
+        }
+    }
+
     fn ensure(
         &self,
         topic: &str,

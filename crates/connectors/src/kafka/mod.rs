@@ -9,7 +9,9 @@
 //! * [`changelog`] — the compacted topic that holds each task's state, and reading a
 //!   partition of it back to its end;
 //! * [`admin`] — topic checks and creation with errors that say what to do;
-//! * [`partitioner`] — Kafka's default (murmur2) partitioner.
+//! * [`partitioner`] — Kafka's default (murmur2) partitioner;
+//! * [`progress`] — reading back whether a transaction's progress record committed
+//!   (a file run with a Kafka output resolves its last checkpoint with it).
 //!
 //! Nothing here knows about sessions: records are bytes.
 
@@ -18,6 +20,7 @@ pub mod changelog;
 pub mod consumer;
 pub mod partitioner;
 pub mod producer;
+pub mod progress;
 
 use rdkafka::ClientConfig;
 use std::time::Duration;

@@ -253,6 +253,26 @@ impl TxnProducer {
         self.producer.poll(Duration::ZERO);
     }
 
+    /// Whether a transaction is open (something was sent since the last commit).
+    pub fn in_transaction(&self) -> bool {
+        self.in_txn
+    }
+
+    /// Waits until every record sent so far is delivered — written and acknowledged by
+    /// the brokers, still invisible to `read_committed` readers until the commit — and
+    /// fails if one was not. Afterwards [`take_tracked`](Self::take_tracked) has the
+    /// offsets of every tracked record sent. The first phase of a two-phase commit.
+    pub fn flush(&mut self) -> Result<(), CommitError> {
+        self.producer.flush(self.timeout).map_err(classify)?;
+        let failed = self.producer.context().failed.load(Ordering::Relaxed);
+        if failed > 0 {
+            return Err(self.with_delivery_error(CommitError::Aborted(format!(
+                "{failed} records of the transaction were not delivered"
+            ))));
+        }
+        Ok(())
+    }
+
     /// Commits the open transaction with the consumed `offsets` of `group` (none without
     /// a consumer group). On error the transaction is aborted (or the producer is dead);
     /// either way nothing of it is visible.

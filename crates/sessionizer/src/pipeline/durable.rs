@@ -23,13 +23,14 @@
 //! `--keep-open` instead accepts new inputs: the next run continues its sessions.
 
 use super::RunError;
+use super::kafka_sink::{Outcome, TopicSink};
 use super::shard::Shard;
 use crate::config::{CheckpointConfig, PipelineConfig};
 use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::{
-    CheckpointWriter, Committed, Counters, EncodedState, InputPosition, LoadedState, Manifest,
-    OutputCommit, StateDir, StateEntries, WatermarkState,
+    CheckpointWriter, Committed, Counters, EncodedState, InputPosition, KafkaTxn, LoadedState,
+    Manifest, OutputCommit, Recovered, StateDir, StateEntries, WatermarkState,
 };
 use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
@@ -77,6 +78,12 @@ pub(crate) struct Durable {
     start_offsets: u64,
     pub stats: CheckpointStats,
     telemetry: Telemetry,
+    /// The epoch the next checkpoint gets (the writer's, known ahead so that a Kafka
+    /// output's progress record can name it).
+    next_epoch: u64,
+    /// The newest checkpoint known to be committed (with a Kafka output: its
+    /// transaction too): where a recovery goes if the next one's transaction fails.
+    committed: Option<u64>,
 }
 
 fn dir_name(cfg: &CheckpointConfig) -> String {
@@ -85,12 +92,15 @@ fn dir_name(cfg: &CheckpointConfig) -> String {
 
 impl Durable {
     /// Opens the state directory, finds the checkpoint to resume from (reporting damaged
-    /// newer ones to `telemetry`) and checks that this run may continue it.
+    /// newer ones to `telemetry`) and checks that this run may continue it. With a Kafka
+    /// output (`sink`), its transactional id is claimed once the directory is locked, and
+    /// a checkpoint whose transaction did not commit is discarded for the one before.
     pub fn open(
         pipeline: &PipelineConfig,
         cfg: &CheckpointConfig,
         shards: usize,
         telemetry: &Telemetry,
+        mut sink: Option<&mut (dyn TopicSink + '_)>,
     ) -> Result<(Durable, Start), RunError> {
         let dir_label = dir_name(cfg);
         let mut inputs = Vec::with_capacity(pipeline.inputs.len());
@@ -120,14 +130,19 @@ impl Durable {
         }
         let mut dir = StateDir::open(&cfg.state_dir)?;
         dir.fail_write_at(cfg.fail_write_at);
+        // Locked: now this process may fence the job's previous one.
+        if let Some(sink) = sink.as_deref_mut() {
+            sink.claim(Some(&cfg.state_dir))?;
+        }
         let reading = Instant::now();
         let recovery = dir.recover()?;
-        let read_us = reading.elapsed().as_micros() as u64;
         for (epoch, damage) in &recovery.skipped {
             telemetry.damaged_checkpoint(&dir_label, *epoch, damage);
         }
+        let (found, discard) = resolve_transaction(&dir, recovery.found, sink, telemetry)?;
+        let read_us = reading.elapsed().as_micros() as u64;
         let options = pipeline.state_options();
-        let start = match recovery.found {
+        let start = match found {
             None => Start {
                 position: ReadPosition::default(),
                 next_seq: 0,
@@ -148,7 +163,14 @@ impl Durable {
             .as_ref()
             .map(|(m, _)| m.counters.clone())
             .unwrap_or_default();
-        let writer = CheckpointWriter::new(dir, start.restore.as_ref().map(|(m, s)| (m, s)))?;
+        let mut writer = CheckpointWriter::new(dir, start.restore.as_ref().map(|(m, s)| (m, s)))?;
+        if let Some(after) = discard {
+            // After the writer chose its next epoch: epochs never repeat.
+            let gone = writer.dir_mut().discard_after(after)?;
+            tracing::info!(dir = %dir_label, discarded = ?gone, "uncommitted checkpoints discarded");
+        }
+        let next_epoch = writer.next_epoch();
+        let committed = start.restore.as_ref().map(|(m, _)| m.epoch);
         let next_is_base = writer.next_is_base();
         let background = Background::start(writer)?;
         let stats = CheckpointStats {
@@ -172,6 +194,8 @@ impl Durable {
                 start_offsets,
                 stats,
                 telemetry: telemetry.clone(),
+                next_epoch,
+                committed,
             },
             start,
         ))
@@ -188,6 +212,16 @@ impl Durable {
 
     pub fn keep_open(&self) -> bool {
         self.cfg.keep_open
+    }
+
+    /// The epoch the next checkpoint gets.
+    pub fn next_epoch(&self) -> u64 {
+        self.next_epoch
+    }
+
+    /// Checkpoint `epoch` (written, waited for) is committed: its Kafka transaction too.
+    pub fn committed(&mut self, epoch: u64) {
+        self.committed = Some(epoch);
     }
 
     /// Notes how far the inputs were consumed after a batch: `end`, and the line counts
@@ -212,7 +246,8 @@ impl Durable {
     /// one (every key for a base) while the pipeline waits, then hands the output syncs
     /// and the file writes to the background thread and returns; `wait` (the last
     /// checkpoint of a run) also waits for them. `outputs` are the file outputs flushed
-    /// up to their committed lengths, `stats` the run's counters so far.
+    /// up to their committed lengths, `stats` the run's counters so far, `txn` the Kafka
+    /// transaction prepared for this checkpoint (its fallback is filled in here).
     #[allow(clippy::too_many_arguments)]
     pub fn checkpoint(
         &mut self,
@@ -224,6 +259,7 @@ impl Durable {
         finished: bool,
         flushed: bool,
         wait: bool,
+        txn: Option<KafkaTxn>,
     ) -> Result<(), RunError> {
         let paused = Instant::now();
         // One checkpoint at a time: its buffers, and whether the next is a base, come
@@ -253,7 +289,9 @@ impl Durable {
             }
         }
         let lead = &shards[0];
+        let epoch = self.next_epoch;
         let manifest = Manifest {
+            epoch,
             options: self.options.clone(),
             inputs: self.inputs.clone(),
             next_seq,
@@ -276,6 +314,10 @@ impl Durable {
             open_sessions: shards.iter().map(|s| s.op.open_sessions() as u64).sum(),
             finished,
             flushed,
+            kafka_txn: txn.map(|t| KafkaTxn {
+                fallback_epoch: self.committed,
+                ..t
+            }),
             ..Manifest::default()
         };
         self.background.send(Work {
@@ -284,6 +326,7 @@ impl Durable {
             base,
             manifest,
         })?;
+        self.next_epoch += 1;
         self.last_at = Instant::now();
         self.records_at_last = stats.records_read;
         self.telemetry.checkpoint_paused(paused.elapsed());
@@ -479,6 +522,17 @@ fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError>
             message: "internal error: the checkpoint writer and the shards disagree on whether this checkpoint is a full base; nothing was written, the previous checkpoint is intact".into(),
         });
     }
+    // The epoch was promised ahead (a Kafka progress record names it).
+    if writer.next_epoch() != w.manifest.epoch {
+        return Err(RunError::Resume {
+            dir: writer.dir_mut().path().display().to_string(),
+            message: format!(
+                "internal error: checkpoint {} was prepared but the writer is at epoch {}; nothing was written, the previous checkpoint is intact",
+                w.manifest.epoch,
+                writer.next_epoch()
+            ),
+        });
+    }
     // Outputs first: the manifest must never claim bytes that are not on disk. A sync
     // failure is fatal, never retried.
     for pending in &w.syncs {
@@ -490,6 +544,94 @@ fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError>
         tombstones: w.parts.iter().map(StateEntries::tombstones).sum(),
     };
     Ok(writer.commit(&state, w.manifest.clone())?)
+}
+
+/// With a Kafka output, the checkpoint to resume from is the newest whose transaction
+/// committed: the newest valid one if Kafka has its progress record, else the one it
+/// falls back to. Returns it, and — when the newest was never committed — the epoch
+/// after which checkpoints are to be discarded (`Some(None)`: all of them).
+#[allow(clippy::type_complexity)]
+fn resolve_transaction(
+    dir: &StateDir,
+    found: Option<Recovered>,
+    sink: Option<&mut (dyn TopicSink + '_)>,
+    telemetry: &Telemetry,
+) -> Result<(Option<Recovered>, Option<Option<u64>>), RunError> {
+    let label = dir.path().display().to_string();
+    let Some(found) = found else {
+        return Ok((None, None));
+    };
+    let epoch = found.manifest.epoch;
+    let (txn, sink) = match (&found.manifest.kafka_txn, sink) {
+        (None, _) => return Ok((Some(found), None)),
+        (Some(txn), None) => {
+            return Err(RunError::Resume {
+                dir: label,
+                message: format!(
+                    "its checkpoint {epoch} belongs to a run whose sessions went to the Kafka topic {} (transactional id {}); resume it with --kafka-brokers and --kafka-output-topic {}, or use another --state-dir",
+                    txn.output_topic, txn.transactional_id, txn.output_topic
+                ),
+            });
+        }
+        (Some(txn), Some(sink)) => (txn.clone(), sink),
+    };
+    let (id, topic) = sink.identity();
+    if txn.output_topic != topic {
+        return Err(RunError::Resume {
+            dir: label,
+            message: format!(
+                "its sessions went to the Kafka topic {}, this run writes {topic}; resume with --kafka-output-topic {}, or use another --state-dir",
+                txn.output_topic, txn.output_topic
+            ),
+        });
+    }
+    if txn.transactional_id != id {
+        return Err(RunError::Resume {
+            dir: label,
+            message: format!(
+                "its Kafka transactions use the transactional id {}, this run's is {id}; resume with the --kafka-instance-id of the first run (none if it had none), or use another --state-dir",
+                txn.transactional_id
+            ),
+        });
+    }
+    match sink.outcome(&txn, epoch)? {
+        Outcome::Committed => Ok((Some(found), None)),
+        Outcome::Ahead(newer) => Err(RunError::Resume {
+            dir: label,
+            message: format!(
+                "the Kafka output has committed the records up to checkpoint {newer}, but the newest valid checkpoint here is {epoch} (the newer ones are damaged or gone); resuming would write records twice. Use another --state-dir to start the job over into a new topic"
+            ),
+        }),
+        Outcome::Aborted => {
+            let fallback = match txn.fallback_epoch {
+                None => None,
+                Some(f) => {
+                    let recovered = dir
+                        .read_manifest(f)
+                        .and_then(|m| dir.load_state(&m).map(|state| (m, state)));
+                    match recovered {
+                        Ok((manifest, state)) => Some(Recovered { manifest, state }),
+                        Err(damage) => {
+                            return Err(RunError::Checkpoint(
+                                sessionizer_checkpoint::CheckpointError::NoValidCheckpoint {
+                                    dir: dir.path().to_path_buf(),
+                                    details: vec![(f, damage)],
+                                },
+                            ));
+                        }
+                    }
+                }
+            };
+            let to = match txn.fallback_epoch {
+                Some(f) => format!("checkpoint {f}"),
+                None => "the beginning of the job".to_string(),
+            };
+            telemetry.warn(&format!(
+                "checkpoint {epoch} in {label} was prepared but its Kafka transaction never committed (the run stopped in between); resuming from {to}"
+            ));
+            Ok((fallback, Some(txn.fallback_epoch)))
+        }
+    }
 }
 
 /// Decides how a run continues a checkpoint, or why it cannot.

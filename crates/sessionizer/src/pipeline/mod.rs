@@ -25,14 +25,18 @@
 mod durable;
 #[cfg(feature = "kafka")]
 mod kafka;
+mod kafka_sink;
 mod lookup;
 mod parse;
 mod shard;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
 use crate::stats::RunStats;
-use crate::telemetry::{KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry};
+use crate::telemetry::{
+    CheckpointKind, CheckpointReport, KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry,
+};
 use durable::{Durable, Start};
+use kafka_sink::{Side, TopicSink};
 use parse::Parsed;
 use sessionizer_checkpoint::CheckpointError;
 use sessionizer_connectors::encode::{OutputError, SourceName};
@@ -211,7 +215,19 @@ fn run_driver(
     }
     let workers = cfg.workers.max(1);
     let pool = worker_pool(workers)?;
-    Job::new(cfg, workers, pool).run(checkpoint, telemetry)
+    // Files or stdin in, Kafka out: the topics replace some of the writers.
+    let topics = match &cfg.kafka {
+        Some(kafka) if kafka.is_sink() => {
+            #[cfg(feature = "kafka")]
+            {
+                Some(kafka_sink::open(kafka)?)
+            }
+            #[cfg(not(feature = "kafka"))]
+            return Err(RunError::Unsupported(without_kafka(kafka)));
+        }
+        _ => None,
+    };
+    Job::new(cfg, workers, pool, topics).run(checkpoint, telemetry)
 }
 
 /// The threads of `--workers N` (none for one worker: the pipeline thread does it all).
@@ -434,10 +450,17 @@ struct Job<'c> {
     order: Vec<(usize, usize)>,
     /// Checkpointing, with a state directory.
     durable: Option<Durable>,
+    /// A Kafka output: the session records (and maybe side outputs) go to topics.
+    topics: Option<Box<dyn TopicSink>>,
 }
 
 impl<'c> Job<'c> {
-    fn new(cfg: &'c PipelineConfig, workers: usize, pool: Option<rayon::ThreadPool>) -> Job<'c> {
+    fn new(
+        cfg: &'c PipelineConfig,
+        workers: usize,
+        pool: Option<rayon::ThreadPool>,
+        topics: Option<Box<dyn TopicSink>>,
+    ) -> Job<'c> {
         let encoder = SessionEncoder::new(
             &cfg.aggregate_names(),
             cfg.emit == sessionizer_window::EmitMode::OnUpdate,
@@ -449,7 +472,9 @@ impl<'c> Job<'c> {
                     cfg.window_config(),
                     cfg.watermark_delay,
                     encoder.clone(),
-                    workers > 1,
+                    // Several shards are merged by their tags; a Kafka output needs
+                    // each record's key and start.
+                    workers > 1 || topics.is_some(),
                 )
             })
             .collect();
@@ -476,6 +501,7 @@ impl<'c> Job<'c> {
             stats: RunStats::default(),
             order: Vec::new(),
             durable: None,
+            topics,
         }
     }
 
@@ -484,7 +510,14 @@ impl<'c> Job<'c> {
         checkpoint: Option<&CheckpointConfig>,
         telemetry: &Telemetry,
     ) -> Result<RunStats, RunError> {
-        match self.drive(checkpoint, telemetry) {
+        let result = self.drive(checkpoint, telemetry);
+        if result.is_err()
+            && let Some(t) = &mut self.topics
+        {
+            // Nothing of a failed run's open transaction becomes visible.
+            t.abort();
+        }
+        match result {
             Err(RunError::Output(e)) if e.source.kind() == std::io::ErrorKind::BrokenPipe => {
                 let mut stats = self.stats_so_far();
                 stats.output_closed = Some(e.name.clone());
@@ -548,19 +581,26 @@ impl<'c> Job<'c> {
         let start = match checkpoint {
             Some(c) => {
                 telemetry.restoring();
-                let (durable, start) = Durable::open(self.cfg, c, self.shards.len(), telemetry)?;
+                let sink = self.topics.as_deref_mut();
+                let (durable, start) =
+                    Durable::open(self.cfg, c, self.shards.len(), telemetry, sink)?;
                 self.durable = Some(durable);
                 for s in &mut self.shards {
                     s.track_changes();
                 }
                 start
             }
-            None => Start {
-                position: ReadPosition::default(),
-                next_seq: 0,
-                outputs: Vec::new(),
-                restore: None,
-            },
+            None => {
+                if let Some(t) = &mut self.topics {
+                    t.claim(None)?;
+                }
+                Start {
+                    position: ReadPosition::default(),
+                    next_seq: 0,
+                    outputs: Vec::new(),
+                    restore: None,
+                }
+            }
         };
         // Files are created up front so that every output reflects this run, even if
         // empty; those a checkpoint committed are cut back to their committed length.
@@ -626,10 +666,14 @@ impl<'c> Job<'c> {
         let live = self.cfg.inputs.contains(&InputSource::Stdin);
         let mut flushed_at = Instant::now();
         // A quiet live input still lets questions about keys be answered.
-        let wait = match (idle.map(idle_tick), telemetry.serves_queries()) {
+        let mut wait = match (idle.map(idle_tick), telemetry.serves_queries()) {
             (Some(tick), true) => Some(tick.min(QUERY_TICK)),
             (tick, serving) => tick.or(serving.then_some(QUERY_TICK)),
         };
+        if live && self.topics.is_some() {
+            // A quiet live input still commits its Kafka transactions on time.
+            wait = Some(wait.map_or(QUERY_TICK, |w| w.min(QUERY_TICK)));
+        }
         loop {
             telemetry.answer_queries(|key| self.lookup(key));
             let ready = if live { reader.ready()? } else { None };
@@ -637,7 +681,11 @@ impl<'c> Job<'c> {
                 for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
                     w.finish()?;
                 }
-                telemetry.outputs_written();
+                match &mut self.topics {
+                    // Kafka records are written when their transaction commits.
+                    Some(t) => t.poll(),
+                    None => telemetry.outputs_written(),
+                }
                 flushed_at = Instant::now();
             }
             let next = match ready {
@@ -657,6 +705,7 @@ impl<'c> Job<'c> {
                             self.advance_idle(w, first_step, telemetry)?;
                         }
                     }
+                    self.commit_if_due(first_step, telemetry)?;
                     continue;
                 }
                 Next::Batch(batch) => batch,
@@ -668,7 +717,7 @@ impl<'c> Job<'c> {
             self.sessionize(&batch, first_step);
             self.merge()?;
             telemetry.sessions_completed(self.completed(), taken);
-            if !live {
+            if !live && self.topics.is_none() {
                 telemetry.outputs_written();
             }
             first_step += batch.lines.len() as u64;
@@ -684,13 +733,10 @@ impl<'c> Job<'c> {
             if let Some(d) = &mut self.durable {
                 d.poll()?;
             }
-            if self
-                .durable
-                .as_ref()
-                .is_some_and(|d| d.due(self.stats.records_read))
-            {
-                self.checkpoint(first_step, false, false)?;
+            if let Some(t) = &mut self.topics {
+                t.poll();
             }
+            self.commit_if_due(first_step, telemetry)?;
         }
         self.stats.bytes_read = reader.finish()?;
         let keep_open = self.durable.as_ref().is_some_and(Durable::keep_open) && !flushed_before;
@@ -701,7 +747,9 @@ impl<'c> Job<'c> {
         }
         if let Some(d) = &mut self.durable {
             d.consumed(last_end, &[]);
-            self.checkpoint(first_step, true, !keep_open)?;
+            self.checkpoint(first_step, true, !keep_open, telemetry)?;
+        } else if self.topics.is_some() {
+            self.commit_topics(telemetry)?;
         }
         self.sessions.finish()?;
         self.dead.finish()?;
@@ -769,9 +817,49 @@ impl<'c> Job<'c> {
         Ok((keys, reported))
     }
 
+    /// Takes a checkpoint when one is due, or — without a state directory — commits
+    /// the Kafka output's transaction when that is due.
+    fn commit_if_due(&mut self, next_seq: u64, telemetry: &Telemetry) -> Result<(), RunError> {
+        let txn_due = self.topics.as_ref().is_some_and(|t| t.due());
+        match &self.durable {
+            Some(d) if txn_due || d.due(self.stats.records_read) => {
+                self.checkpoint(next_seq, false, false, telemetry)
+            }
+            None if txn_due => self.commit_topics(telemetry),
+            _ => Ok(()),
+        }
+    }
+
+    /// Commits the Kafka output's open transaction (a run without a state directory).
+    fn commit_topics(&mut self, telemetry: &Telemetry) -> Result<(), RunError> {
+        let Some(t) = &mut self.topics else {
+            return Ok(());
+        };
+        let began = Instant::now();
+        t.commit()?;
+        telemetry.outputs_written();
+        telemetry.checkpoint(&CheckpointReport {
+            kind: CheckpointKind::Transaction,
+            epoch: None,
+            bytes: 0,
+            keys: 0,
+            took: began.elapsed(),
+        });
+        Ok(())
+    }
+
     /// Flushes the outputs and takes a checkpoint (its writing goes on in the
-    /// background unless `finished`: the last one is waited for).
-    fn checkpoint(&mut self, next_seq: u64, finished: bool, flushed: bool) -> Result<(), RunError> {
+    /// background unless `finished`: the last one is waited for). With a Kafka output
+    /// it is a two-phase commit: the transaction is prepared (every record on the
+    /// brokers, with a progress record naming the checkpoint), the checkpoint written
+    /// and waited for, then the transaction committed.
+    fn checkpoint(
+        &mut self,
+        next_seq: u64,
+        finished: bool,
+        flushed: bool,
+        telemetry: &Telemetry,
+    ) -> Result<(), RunError> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
@@ -785,6 +873,12 @@ impl<'c> Job<'c> {
                 outputs.push((role, p.display().to_string(), pending));
             }
         }
+        let epoch = durable.next_epoch();
+        let txn = match &mut self.topics {
+            Some(t) => Some(t.prepare(epoch)?),
+            None => None,
+        };
+        let prepared = txn.is_some();
         durable.checkpoint(
             self.pool.as_ref(),
             &mut self.shards,
@@ -793,8 +887,15 @@ impl<'c> Job<'c> {
             next_seq,
             finished,
             flushed,
-            finished,
-        )
+            finished || prepared,
+            txn,
+        )?;
+        if let Some(t) = &mut self.topics {
+            t.commit_prepared(epoch)?;
+            durable.committed(epoch);
+            telemetry.outputs_written();
+        }
+        Ok(())
     }
 
     /// Moves every shard's watermark to `w` while a live input is quiet, and writes out
@@ -823,7 +924,9 @@ impl<'c> Job<'c> {
             w.finish()?;
         }
         telemetry.sessions_completed(self.completed(), moved);
-        telemetry.outputs_written();
+        if self.topics.is_none() {
+            telemetry.outputs_written();
+        }
         telemetry.batch(&[self.report()]);
         Ok(())
     }
@@ -874,7 +977,12 @@ impl<'c> Job<'c> {
             invalid += part.invalid;
             read += part.recs.len() as u64 - part.blank;
             if on_invalid == OnInvalid::DeadLetter {
-                self.dead.append(&part.dead, part.invalid)?;
+                match &mut self.topics {
+                    Some(t) if t.routes(Side::DeadLetter) => {
+                        t.side(Side::DeadLetter, &part.dead)?
+                    }
+                    _ => self.dead.append(&part.dead, part.invalid)?,
+                }
             }
         }
         // Counted once the batch is sure to be sessionized: a run stopped by a closed
@@ -938,8 +1046,13 @@ impl<'c> Job<'c> {
     /// later record can precede, and drops them from the shards.
     fn merge_end_part(&mut self) -> Result<(), RunError> {
         if let [only] = &mut self.shards[..] {
-            let records = only.out.encoder.records;
-            self.sessions.append(&only.out.encoder.buf, records)?;
+            match &mut self.topics {
+                Some(t) => t.sessions(&only.out)?,
+                None => {
+                    let records = only.out.encoder.records;
+                    self.sessions.append(&only.out.encoder.buf, records)?;
+                }
+            }
             only.out.clear();
             return Ok(());
         }
@@ -972,9 +1085,14 @@ impl<'c> Job<'c> {
         });
         for &(si, ti) in &self.order {
             let t = &shards[si].out.tags[ti];
-            let (from, len) = t.bytes;
-            self.sessions
-                .append(&shards[si].out.encoder.buf[from..from + len], 1)?;
+            match &mut self.topics {
+                Some(topics) => topics.session(&shards[si].out, t)?,
+                None => {
+                    let (from, len) = t.bytes;
+                    self.sessions
+                        .append(&shards[si].out.encoder.buf[from..from + len], 1)?;
+                }
+            }
         }
         for (s, n) in self.shards.iter_mut().zip(written) {
             s.out.drop_front(n);
@@ -985,10 +1103,22 @@ impl<'c> Job<'c> {
     /// Phase three: the shards' records in the order of one operator.
     fn merge(&mut self) -> Result<(), RunError> {
         if let [only] = &mut self.shards[..] {
-            let records = only.out.encoder.records;
-            self.sessions.append(&only.out.encoder.buf, records)?;
             let lates = only.late_steps.len() as u64;
-            self.late.append(&only.late, lates)?;
+            match &mut self.topics {
+                Some(t) => {
+                    t.sessions(&only.out)?;
+                    if t.routes(Side::Late) {
+                        t.side(Side::Late, &only.late)?;
+                    } else {
+                        self.late.append(&only.late, lates)?;
+                    }
+                }
+                None => {
+                    let records = only.out.encoder.records;
+                    self.sessions.append(&only.out.encoder.buf, records)?;
+                    self.late.append(&only.late, lates)?;
+                }
+            }
             return Ok(());
         }
         let shards = &self.shards;
@@ -1017,9 +1147,14 @@ impl<'c> Job<'c> {
         });
         for &(si, ti) in &self.order {
             let t = &shards[si].out.tags[ti];
-            let buf = &shards[si].out.encoder.buf;
-            let (from, len) = t.bytes;
-            self.sessions.append(&buf[from..from + len], 1)?;
+            match &mut self.topics {
+                Some(topics) => topics.session(&shards[si].out, t)?,
+                None => {
+                    let buf = &shards[si].out.encoder.buf;
+                    let (from, len) = t.bytes;
+                    self.sessions.append(&buf[from..from + len], 1)?;
+                }
+            }
         }
 
         let mut lates: Vec<(u64, usize, usize)> = Vec::new();
@@ -1029,8 +1164,11 @@ impl<'c> Job<'c> {
         lates.sort_unstable();
         for (_, si, i) in lates {
             let (_, from, len) = shards[si].late_steps[i];
-            let buf = &shards[si].late;
-            self.late.append(&buf[from..from + len], 1)?;
+            let record = &shards[si].late[from..from + len];
+            match &mut self.topics {
+                Some(t) if t.routes(Side::Late) => t.side(Side::Late, record)?,
+                _ => self.late.append(record, 1)?,
+            }
         }
         Ok(())
     }

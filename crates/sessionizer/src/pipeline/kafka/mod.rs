@@ -1155,7 +1155,7 @@ impl<'c> KafkaJob<'c> {
     }
 }
 
-fn write_hex(id: u64, out: &mut Vec<u8>) {
+pub(super) fn write_hex(id: u64, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for shift in (0..16).rev() {
         out.push(HEX[((id >> (shift * 4)) & 0xf) as usize]);
@@ -1186,7 +1186,7 @@ fn meta_tag(tp: TopicPartition) -> usize {
 }
 
 /// A made-up instance name for a process that has none.
-fn random_instance() -> String {
+pub(super) fn random_instance() -> String {
     use std::hash::{BuildHasher, Hasher};
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -1199,7 +1199,7 @@ fn random_instance() -> String {
 
 /// The instance name kept in the state directory (made up and stored on first use), so
 /// that a restarted process fences its predecessor's transaction at once.
-fn persisted_instance(dir: &std::path::Path) -> Result<String, RunError> {
+pub(super) fn persisted_instance(dir: &std::path::Path) -> Result<String, RunError> {
     let path = dir.join("instance-id");
     match std::fs::read_to_string(&path) {
         Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),

@@ -1,0 +1,441 @@
+//! A Kafka output for the file and stdin driver (SPEC §3 Kafka output, §4): session
+//! records, and optionally dead letters and late events, go to topics through one
+//! transactional producer, in the same record format as the Kafka-input driver
+//! ([`super::kafka`]): key `session_id`, a retraction is a tombstone with header
+//! `retract: true`, the partition is murmur2 of the session key.
+//!
+//! **Without a state directory** a transaction commits every `--checkpoint-interval`
+//! and at the end of the input, so readers see the records progressively. A failed run
+//! aborts its open transaction; what earlier transactions committed stays.
+//!
+//! **With a state directory** every checkpoint is a two-phase commit:
+//!
+//! 1. *prepare*: a progress record naming the checkpoint's epoch is added to the open
+//!    transaction (in the compacted topic `<output-topic>-sessionizer-progress`, keyed
+//!    by the job's transactional id) and the producer is flushed: every record of the
+//!    transaction is on the brokers, not yet visible;
+//! 2. the checkpoint is written (state, manifest) with the progress record's offset —
+//!    the manifest is "prepared";
+//! 3. *commit* the transaction;
+//! 4. *recovery*: the new process registers the same transactional id (which fences the
+//!    old one and aborts a transaction it left open), then reads the progress record
+//!    at the recorded offset under `read_committed`: there, the checkpoint's
+//!    transaction committed and the run resumes from it; not there, it was aborted and
+//!    the run resumes from the previous checkpoint (kept until then) — discarding the
+//!    unresolved one.
+//!
+//! The transactional id is fixed per job: `sessionizer-file-<ID>` with
+//! `--kafka-instance-id ID`, else an id made up on first use and kept in the state
+//! directory (`instance-id`), so that a restarted job fences a zombie predecessor.
+
+use super::RunError;
+use super::shard::{Tag, Tagged};
+use sessionizer_checkpoint::KafkaTxn;
+use std::path::Path;
+
+/// A side output that may go to a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    DeadLetter,
+    Late,
+}
+
+/// What Kafka says of a prepared checkpoint's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+pub(crate) enum Outcome {
+    /// It committed: resume from the checkpoint.
+    Committed,
+    /// It did not (the process stopped between the checkpoint and the commit).
+    Aborted,
+    /// A later checkpoint of the job (this epoch) committed: the state directory lost
+    /// it.
+    Ahead(u64),
+}
+
+/// Where the job's topics are, and the transactions that carry its records.
+pub(crate) trait TopicSink {
+    /// Registers the job's transactional id (fencing an earlier process with it and
+    /// aborting what that left open); `state_dir` keeps a made-up id across runs.
+    fn claim(&mut self, state_dir: Option<&Path>) -> Result<(), RunError>;
+    /// The transactional id (once claimed) and the session output topic.
+    fn identity(&self) -> (&str, &str);
+    /// Whether records of `side` go to a topic.
+    fn routes(&self, side: Side) -> bool;
+    /// Sends one session record or retraction of `out`.
+    fn session(&mut self, out: &Tagged, tag: &Tag) -> Result<(), RunError>;
+    /// Sends every record of `out`.
+    fn sessions(&mut self, out: &Tagged) -> Result<(), RunError> {
+        for tag in &out.tags {
+            self.session(out, tag)?;
+        }
+        Ok(())
+    }
+    /// Sends side-output records (each ending with a line end).
+    fn side(&mut self, side: Side, records: &[u8]) -> Result<(), RunError>;
+    /// Serves delivery reports.
+    fn poll(&mut self);
+    /// Whether the open transaction must be committed now: its commit interval passed
+    /// (without a state directory), or it has been open for half the transaction
+    /// timeout (the broker would abort it at the timeout).
+    fn due(&self) -> bool;
+    /// Commits the open transaction (without a state directory; a no-op when nothing
+    /// was sent since the last commit).
+    fn commit(&mut self) -> Result<(), RunError>;
+    /// Phase one of a checkpoint's commit: adds the progress record of checkpoint
+    /// `epoch` to the open transaction and waits until every record of it is on the
+    /// brokers. `fallback_epoch` is left for the checkpoint to fill in.
+    fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError>;
+    /// Phase two: commits the transaction prepared for checkpoint `epoch`.
+    fn commit_prepared(&mut self, epoch: u64) -> Result<(), RunError>;
+    /// Whether the transaction prepared for checkpoint `epoch` (as its manifest has
+    /// it) committed.
+    fn outcome(&mut self, txn: &KafkaTxn, epoch: u64) -> Result<Outcome, RunError>;
+    /// Aborts the open transaction, if any (a failed run).
+    fn abort(&mut self);
+}
+
+/// Opens the Kafka output of a file or stdin run: checks that its topics exist.
+#[cfg(feature = "kafka")]
+pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSink>, RunError> {
+    Ok(Box::new(imp::KafkaSink::open(kafka)?))
+}
+
+/// The progress record's value: `{"epoch":N}`.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+fn progress_value(epoch: u64) -> Vec<u8> {
+    format!("{{\"epoch\":{epoch}}}").into_bytes()
+}
+
+/// The epoch in a progress record, `None` if it is not one.
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+fn progress_epoch(value: &[u8]) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
+    v.get("epoch")?.as_u64()
+}
+
+#[cfg(feature = "kafka")]
+mod imp {
+    use super::super::kafka::{persisted_instance, random_instance, write_hex};
+    use super::{Outcome, RunError, Side, Tag, Tagged, TopicSink, progress_epoch, progress_value};
+    use crate::config::KafkaConfig;
+    use sessionizer_checkpoint::KafkaTxn;
+    use sessionizer_connectors::kafka::admin::Admin;
+    use sessionizer_connectors::kafka::partitioner::partition_for;
+    use sessionizer_connectors::kafka::producer::{CommitError, TxnProducer};
+    use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, progress};
+    use sessionizer_window::session_id;
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    /// The delivery tag of the progress record.
+    const PROGRESS_TAG: usize = 1;
+
+    /// Test hook: with `=N`, the process exits (code [`EXIT_BEFORE_COMMIT_CODE`],
+    /// without cleaning up) after writing its N-th checkpoint and before committing
+    /// its Kafka transaction — the one instant a `kill -9` rarely hits.
+    const EXIT_BEFORE_COMMIT_ENV: &str = "SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT";
+    const EXIT_BEFORE_COMMIT_CODE: i32 = 86;
+
+    fn exit_before_commit() -> Option<u64> {
+        std::env::var(EXIT_BEFORE_COMMIT_ENV).ok()?.parse().ok()
+    }
+
+    pub(crate) struct KafkaSink {
+        settings: KafkaSettings,
+        admin: Admin,
+        producer: Option<TxnProducer>,
+        instance_id: Option<String>,
+        transactional_id: String,
+        transaction_timeout: Duration,
+        interval: Duration,
+        sessions: String,
+        partitions: usize,
+        dead: Option<String>,
+        late: Option<String>,
+        /// With a state directory: the progress topic and the partition of this job's
+        /// records.
+        progress: Option<(String, i32)>,
+        /// When the open transaction got its first record.
+        opened: Option<Instant>,
+        last_commit: Instant,
+        key_buf: Vec<u8>,
+        sent: u64,
+        /// Checkpoints prepared by this process.
+        prepared: u64,
+    }
+
+    fn kafka_error(what: &str) -> impl FnOnce(CommitError) -> RunError + '_ {
+        move |e| RunError::Kafka(KafkaError::Invalid(format!("{what}: {e}")))
+    }
+
+    impl KafkaSink {
+        pub(crate) fn open(kafka: &KafkaConfig) -> Result<Self, RunError> {
+            let settings = KafkaSettings {
+                brokers: kafka.brokers.clone(),
+                properties: kafka.properties.clone(),
+                timeout: kafka.timeout,
+            };
+            let admin = Admin::new(&settings)?;
+            let Some(sessions) = kafka.output_topic.clone() else {
+                return Err(RunError::Unsupported(
+                    "a Kafka output needs --kafka-output-topic".into(),
+                ));
+            };
+            let partitions = admin.require(&sessions, "output, --kafka-output-topic")?;
+            if let Some(t) = &kafka.dead_letter_topic {
+                admin.require(t, "--dead-letter-topic")?;
+            }
+            if let Some(t) = &kafka.late_topic {
+                admin.require(t, "--late-topic")?;
+            }
+            Ok(KafkaSink {
+                settings,
+                admin,
+                producer: None,
+                instance_id: kafka.instance_id.clone(),
+                transactional_id: String::new(),
+                transaction_timeout: kafka.transaction_timeout,
+                interval: kafka.commit_interval,
+                sessions,
+                partitions,
+                dead: kafka.dead_letter_topic.clone(),
+                late: kafka.late_topic.clone(),
+                progress: None,
+                opened: None,
+                last_commit: Instant::now(),
+                key_buf: Vec::with_capacity(16),
+                sent: 0,
+                prepared: 0,
+            })
+        }
+
+        fn producer(&mut self) -> &mut TxnProducer {
+            self.producer
+                .as_mut()
+                .expect("the Kafka output is claimed before anything is sent")
+        }
+
+        fn sent_one(&mut self) {
+            if self.opened.is_none() {
+                self.opened = Some(Instant::now());
+            }
+            self.sent += 1;
+            if self.sent.is_multiple_of(4096) {
+                self.producer().poll();
+            }
+        }
+
+        fn committed(&mut self) {
+            self.opened = None;
+            self.last_commit = Instant::now();
+        }
+    }
+
+    impl TopicSink for KafkaSink {
+        fn claim(&mut self, state_dir: Option<&Path>) -> Result<(), RunError> {
+            let instance = match (&self.instance_id, state_dir) {
+                (Some(id), _) => id.clone(),
+                (None, Some(dir)) => persisted_instance(dir)?,
+                (None, None) => random_instance(),
+            };
+            self.transactional_id = format!("sessionizer-file-{instance}");
+            if state_dir.is_some() {
+                let topic = format!("{}-sessionizer-progress", self.sessions);
+                let n = self.admin.ensure_progress(&topic)?;
+                let partition = partition_for(self.transactional_id.as_bytes(), n);
+                self.progress = Some((topic, partition));
+            }
+            self.producer = Some(TxnProducer::new(
+                &self.settings,
+                &self.transactional_id,
+                self.transaction_timeout,
+            )?);
+            self.last_commit = Instant::now();
+            Ok(())
+        }
+
+        fn identity(&self) -> (&str, &str) {
+            (&self.transactional_id, &self.sessions)
+        }
+
+        fn routes(&self, side: Side) -> bool {
+            match side {
+                Side::DeadLetter => self.dead.is_some(),
+                Side::Late => self.late.is_some(),
+            }
+        }
+
+        fn session(&mut self, out: &Tagged, tag: &Tag) -> Result<(), RunError> {
+            let key = out.key(tag);
+            let record = &out.encoder.buf[tag.bytes.0..tag.bytes.0 + tag.bytes.1];
+            let record = record.strip_suffix(b"\n").unwrap_or(record);
+            let partition = partition_for(key, self.partitions);
+            self.key_buf.clear();
+            write_hex(session_id(key, tag.start), &mut self.key_buf);
+            let value = (!tag.retract).then_some(record);
+            let producer = self
+                .producer
+                .as_mut()
+                .expect("the Kafka output is claimed before anything is sent");
+            producer
+                .send(
+                    &self.sessions,
+                    Some(partition),
+                    Some(&self.key_buf),
+                    value,
+                    tag.retract,
+                )
+                .map_err(kafka_error("send a session record"))?;
+            self.sent_one();
+            Ok(())
+        }
+
+        fn side(&mut self, side: Side, records: &[u8]) -> Result<(), RunError> {
+            let topic = match side {
+                Side::DeadLetter => self.dead.clone(),
+                Side::Late => self.late.clone(),
+            };
+            let Some(topic) = topic else {
+                return Ok(());
+            };
+            for record in records.split(|&b| b == b'\n').filter(|r| !r.is_empty()) {
+                self.producer()
+                    .send(&topic, None, None, Some(record), false)
+                    .map_err(kafka_error("send a side-output record"))?;
+                self.sent_one();
+            }
+            Ok(())
+        }
+
+        fn poll(&mut self) {
+            if let Some(p) = &self.producer {
+                p.poll();
+            }
+        }
+
+        fn due(&self) -> bool {
+            let open_long = self
+                .opened
+                .is_some_and(|t| t.elapsed() >= self.transaction_timeout / 2);
+            let interval = self.progress.is_none()
+                && self.opened.is_some()
+                && self.last_commit.elapsed() >= self.interval;
+            open_long || interval
+        }
+
+        fn commit(&mut self) -> Result<(), RunError> {
+            let Some(p) = &mut self.producer else {
+                return Ok(());
+            };
+            if p.in_transaction() {
+                p.commit(None).map_err(|e| {
+                    RunError::Kafka(KafkaError::Invalid(format!(
+                        "the Kafka transaction did not commit ({e}); the records of earlier transactions stay committed. A run without --state-dir cannot be resumed: run it again into a new topic (or let a compacted topic keep one record per session_id), or use --state-dir for exactly once across failures"
+                    )))
+                })?;
+            }
+            self.committed();
+            Ok(())
+        }
+
+        fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
+            let Some((topic, partition)) = self.progress.clone() else {
+                return Err(RunError::Unsupported(
+                    "internal error: a checkpoint of a Kafka output without a progress topic"
+                        .into(),
+                ));
+            };
+            let id = self.transactional_id.clone();
+            let value = progress_value(epoch);
+            let p = self.producer();
+            p.send_tracked(
+                &topic,
+                Some(partition),
+                Some(id.as_bytes()),
+                Some(&value),
+                false,
+                PROGRESS_TAG,
+            )
+            .map_err(kafka_error("send the progress record"))?;
+            p.flush()
+                .map_err(kafka_error("deliver the records of the transaction"))?;
+            let Some(&offset) = p.take_tracked().get(&PROGRESS_TAG) else {
+                return Err(RunError::Kafka(KafkaError::Invalid(format!(
+                    "the progress record of checkpoint {epoch} was flushed but its delivery was not reported"
+                ))));
+            };
+            Ok(KafkaTxn {
+                transactional_id: id,
+                output_topic: self.sessions.clone(),
+                progress_topic: topic,
+                progress_partition: partition,
+                progress_offset: offset,
+                fallback_epoch: None,
+            })
+        }
+
+        fn commit_prepared(&mut self, epoch: u64) -> Result<(), RunError> {
+            self.prepared += 1;
+            if exit_before_commit() == Some(self.prepared) {
+                // The test hook: a crash between the checkpoint and the commit. Nothing
+                // is cleaned up, the transaction stays open, as after `kill -9`.
+                eprintln!(
+                    "sessionizer: {EXIT_BEFORE_COMMIT_ENV}: exiting before the commit of checkpoint {epoch}"
+                );
+                std::process::exit(EXIT_BEFORE_COMMIT_CODE);
+            }
+            self.producer().commit(None).map_err(|e| {
+                RunError::Kafka(KafkaError::Invalid(format!(
+                    "the Kafka transaction of checkpoint {epoch} did not commit ({e}); the checkpoint was written but its records are not committed: run the same command again, it resumes from the last committed checkpoint and writes them again (exactly once)"
+                )))
+            })?;
+            self.committed();
+            Ok(())
+        }
+
+        fn outcome(&mut self, txn: &KafkaTxn, epoch: u64) -> Result<Outcome, RunError> {
+            let found = progress::read_from(
+                &self.settings,
+                &txn.progress_topic,
+                txn.progress_partition,
+                txn.progress_offset,
+                txn.transactional_id.as_bytes(),
+            )?;
+            let newest = found.later.iter().filter_map(|v| progress_epoch(v)).max();
+            if let Some(e) = newest.filter(|&e| e > epoch) {
+                return Ok(Outcome::Ahead(e));
+            }
+            if let Some(v) = &found.at {
+                return match progress_epoch(v) {
+                    Some(e) if e == epoch => Ok(Outcome::Committed),
+                    other => Err(RunError::Kafka(KafkaError::Invalid(format!(
+                        "the progress record at {}/{}@{} should name checkpoint {epoch} but names {other:?}; was the topic recreated or shared?",
+                        txn.progress_topic, txn.progress_partition, txn.progress_offset
+                    )))),
+                };
+            }
+            if txn.progress_offset >= found.high || txn.progress_offset < found.low {
+                return Err(RunError::Kafka(KafkaError::Invalid(format!(
+                    "cannot tell whether the Kafka transaction of checkpoint {epoch} committed: its progress record {}/{}@{} is no longer in the topic (it holds offsets {} to {}); was the topic deleted or recreated? Use another --state-dir to start the job over",
+                    txn.progress_topic,
+                    txn.progress_partition,
+                    txn.progress_offset,
+                    found.low,
+                    found.high
+                ))));
+            }
+            Ok(Outcome::Aborted)
+        }
+
+        fn abort(&mut self) {
+            if let Some(p) = &mut self.producer
+                && p.in_transaction()
+                && let Err(e) = p.abort()
+            {
+                tracing::warn!(error = %e, "cannot abort the open Kafka transaction");
+            }
+            self.opened = None;
+        }
+    }
+}
