@@ -12,12 +12,14 @@
 
 use crate::stateful::StatefulBuilder;
 use crate::windowed::{FixedGap, SessionWindowBuilder};
+use sessionizer_core::decode::DEFAULT_VALID_RANGE;
 use sessionizer_core::{DurationMs, EventTime};
 use sessionizer_window::clock::SystemClock;
 use sessionizer_window::stateful::GroupState;
 use sessionizer_window::{BoundedOutOfOrderness, WatermarkStrategy};
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
 
 /// A value that can be a session key. Keys are compared as their text (SPEC §1: `42`
 /// and `"42"` are one key), so integers are written in decimal.
@@ -126,7 +128,18 @@ pub struct Stream<E, K = Unset, T = Unset, W = BoundedOutOfOrderness> {
     pub(crate) key: K,
     pub(crate) time: T,
     pub(crate) watermark: W,
+    pub(crate) valid: ValidTimes,
     _events: PhantomData<fn(&E)>,
+}
+
+/// The event times a job accepts (`--valid-time-range` of the command line): `None`
+/// accepts every time.
+pub(crate) type ValidTimes = Option<(EventTime, EventTime)>;
+
+/// Whether `time` passes the guard `valid` (the command line's check).
+#[inline]
+pub(crate) fn time_is_valid(valid: ValidTimes, time: EventTime) -> bool {
+    valid.is_none_or(|range| sessionizer_core::decode::in_valid_range(time, range))
 }
 
 impl<E, K, T, W: fmt::Debug> fmt::Debug for Stream<E, K, T, W> {
@@ -134,6 +147,7 @@ impl<E, K, T, W: fmt::Debug> fmt::Debug for Stream<E, K, T, W> {
         f.debug_struct("Stream")
             .field("event", &std::any::type_name::<E>())
             .field("watermark", &self.watermark)
+            .field("valid_time_range", &self.valid)
             .finish()
     }
 }
@@ -151,6 +165,7 @@ impl<E> Stream<E> {
             key: Unset,
             time: Unset,
             watermark: BoundedOutOfOrderness::new(DurationMs::ZERO),
+            valid: Some(DEFAULT_VALID_RANGE),
             _events: PhantomData,
         }
     }
@@ -167,6 +182,7 @@ impl<E, K, T, W> Stream<E, K, T, W> {
             key,
             time: self.time,
             watermark: self.watermark,
+            valid: self.valid,
             _events: PhantomData,
         }
     }
@@ -180,6 +196,7 @@ impl<E, K, T, W> Stream<E, K, T, W> {
             key: self.key,
             time,
             watermark: self.watermark,
+            valid: self.valid,
             _events: PhantomData,
         }
     }
@@ -191,8 +208,59 @@ impl<E, K, T, W> Stream<E, K, T, W> {
             key: self.key,
             time: self.time,
             watermark,
+            valid: self.valid,
             _events: PhantomData,
         }
+    }
+}
+
+impl<E, K, T, W> Stream<E, K, T, W> {
+    /// The event times the job accepts; an event outside them is **rejected** before
+    /// anything sees its time: it goes to the late sink as a [`Late`](crate::late::Late)
+    /// with reason [`TIME_OUT_OF_RANGE`](crate::late::TIME_OUT_OF_RANGE), is counted as
+    /// `invalid`, and never moves the watermark.
+    ///
+    /// The default is the command line's `--valid-time-range` default,
+    /// 1970-01-01T00:00:00Z (inclusive) to 2200-01-01T00:00:00Z (exclusive)
+    /// ([`DEFAULT_VALID_RANGE`]): one corrupt far-future event would otherwise push the
+    /// watermark past every open session and make everything after it late. `..` turns
+    /// the guard off; `start..`, `..end` and `start..=end` work as usual.
+    ///
+    /// ```
+    /// use sessionizer::prelude::*;
+    ///
+    /// let t0 = sessionizer::time::parse("2024-01-01T00:00:00Z").expect("a time");
+    /// let mut job = Stream::<EventTime>::new()
+    ///     .key_by(|_| "k")
+    ///     .event_time(|t| *t)
+    ///     .valid_time_range(t0..t0.plus(hours(24)))
+    ///     .session_windows(minutes(10))
+    ///     .build();
+    /// let (mut sessions, mut rejected) = (Vec::new(), Vec::new());
+    /// job.run([t0, t0.plus(hours(48))], &mut sessions, &mut rejected).expect("vectors");
+    /// assert_eq!(sessions.len(), 1);
+    /// assert_eq!(rejected[0].reason, "time_out_of_range");
+    /// assert_eq!(job.counts().invalid, 1);
+    /// ```
+    pub fn valid_time_range(mut self, range: impl RangeBounds<EventTime>) -> Self {
+        let start = match range.start_bound() {
+            Bound::Included(t) => Some(*t),
+            Bound::Excluded(t) => Some(EventTime(t.millis().saturating_add(1))),
+            Bound::Unbounded => None,
+        };
+        let end = match range.end_bound() {
+            Bound::Excluded(t) => Some(*t),
+            Bound::Included(t) => t.millis().checked_add(1).map(EventTime),
+            Bound::Unbounded => None,
+        };
+        self.valid = match (start, end) {
+            (None, None) => None,
+            (start, end) => Some((
+                start.unwrap_or(EventTime(i64::MIN)),
+                end.unwrap_or(EventTime(i64::MAX)),
+            )),
+        };
+        self
     }
 }
 

@@ -6,15 +6,15 @@
 //! does: judge the event against the watermark as it stood before it, apply it, move the
 //! watermark, emit what became due.
 
-use crate::late::Late;
+use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::sink::{Sink, SinkError};
-use crate::stream::{KeyFn, Stream, TimeFn};
+use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
 use sessionizer_window::{
-    Emit, EmitMode, SessionOperator, SessionView, TypedEvent, Verdict, WatermarkStrategy,
-    WindowConfig, session_id,
+    Emit, EmitMode, LateReason, SessionOperator, SessionView, TypedEvent, Verdict,
+    WatermarkStrategy, WindowConfig, session_id,
 };
 use std::fmt;
 
@@ -174,6 +174,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             watermark: self.stream.watermark,
             gap_fn: self.gap_fn,
             gap: self.gap,
+            valid: self.stream.valid,
             seq: 0,
             key_buf: String::new(),
             counts: WindowCounts::default(),
@@ -293,7 +294,8 @@ impl<O: Serialize> Serialize for WindowOutput<O> {
     }
 }
 
-/// A session window job's accounting: every event pushed is in a session or late.
+/// A session window job's accounting: every event pushed is in a session, late, or
+/// invalid (`events = in_sessions + late + invalid`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowCounts {
     /// Events pushed.
@@ -302,6 +304,9 @@ pub struct WindowCounts {
     pub in_sessions: u64,
     /// Events too late (sent to the late sink).
     pub late: u64,
+    /// Events whose time is outside the valid time range (sent to the late sink with
+    /// reason [`TIME_OUT_OF_RANGE`]).
+    pub invalid: u64,
     /// Session records emitted.
     pub sessions_emitted: u64,
     /// Retractions emitted.
@@ -316,9 +321,22 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G> {
     watermark: W,
     gap_fn: G,
     gap: DurationMs,
+    valid: ValidTimes,
     seq: u64,
     key_buf: String,
     counts: WindowCounts,
+}
+
+/// What became of one pushed event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied to a session.
+    InSession,
+    /// Too late (sent to the late sink), and why.
+    Late(LateReason),
+    /// Its time is outside the valid time range: rejected (sent to the late sink with
+    /// reason [`TIME_OUT_OF_RANGE`]); the watermark did not see it.
+    OutOfRange,
 }
 
 impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G> fmt::Debug
@@ -400,19 +418,31 @@ where
 {
     /// Processes one event: judged against the watermark as it stood before it,
     /// applied (or sent to `late`), then the watermark moves and the sessions it
-    /// completes go to `sessions`.
+    /// completes go to `sessions`. An event whose time is outside the valid time range
+    /// goes to `late` at once and changes nothing.
     pub fn push<S, L>(
         &mut self,
         event: E,
         sessions: &mut S,
         late: &mut L,
-    ) -> Result<Verdict, SinkError>
+    ) -> Result<Outcome, SinkError>
     where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        self.key.key_into(&event, &mut self.key_buf);
         let time = self.time.time_of(&event);
+        if !time_is_valid(self.valid, time) {
+            self.counts.events += 1;
+            self.counts.invalid += 1;
+            late.send(Late {
+                event,
+                time,
+                watermark: self.op.watermark(),
+                reason: TIME_OUT_OF_RANGE,
+            })?;
+            return Ok(Outcome::OutOfRange);
+        }
+        self.key.key_into(&event, &mut self.key_buf);
         let gap = self.gap_fn.gap_of(&event).unwrap_or(self.gap);
         let before = self.op.watermark();
         let mut out = EmitTo {
@@ -441,7 +471,10 @@ where
         out.result()?;
         match verdict {
             // No dedup in this job: `Duplicate` cannot happen, and would be "in" anyway.
-            Verdict::Applied | Verdict::Duplicate => self.counts.in_sessions += 1,
+            Verdict::Applied | Verdict::Duplicate => {
+                self.counts.in_sessions += 1;
+                Ok(Outcome::InSession)
+            }
             Verdict::Late(reason) => {
                 self.counts.late += 1;
                 late.send(Late {
@@ -450,9 +483,9 @@ where
                     watermark: before,
                     reason: reason.as_str(),
                 })?;
+                Ok(Outcome::Late(reason))
             }
         }
-        Ok(verdict)
     }
 
     /// The end of a bounded input: the watermark becomes +∞ and every session is

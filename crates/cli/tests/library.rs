@@ -1,0 +1,134 @@
+//! The library's jobs against the `sessionizer` binary on the generator's dirty data:
+//! the same sessions, and the same protection against corrupt event times.
+
+use serde::Deserialize;
+use sessionizer::connectors::InputSource;
+use sessionizer::core::decode::DEFAULT_VALID_RANGE;
+use sessionizer::prelude::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+fn sessionizer(args: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+        .args(args)
+        .output()
+        .expect("spawn sessionizer");
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The generator's dirty data: out of order, late, duplicate and invalid lines (among
+/// them events in the year 2500).
+fn dirty_input(dir: &Path) -> PathBuf {
+    let input = dir.join("visits.jsonl");
+    sessionizer(&[
+        "generate",
+        "--events",
+        "20000",
+        "--keys",
+        "200",
+        "--out-of-order",
+        "40s",
+        "--late-fraction",
+        "0.01",
+        "--late-by",
+        "60s",
+        "--duplicate-fraction",
+        "0.01",
+        "--invalid-fraction",
+        "0.01",
+        "--output",
+        s(&input),
+    ]);
+    input
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Visit {
+    visit_id: String,
+    #[serde(with = "sessionizer::time::rfc3339")]
+    event_time: EventTime,
+}
+
+fn far_future_lines(input: &Path) -> usize {
+    std::fs::read_to_string(input)
+        .expect("read input")
+        .lines()
+        .filter(|l| l.contains(r#""event_time":"2500-"#))
+        .count()
+}
+
+/// Regression (issue 12): the library had no valid-time guard, so the generator's
+/// far-future lines (year 2500) pushed the watermark past every open session and most
+/// later events were late. Now they are rejected as the CLI's `--valid-time-range`
+/// default rejects them: reported, counted invalid, and unseen by the watermark.
+#[test]
+fn far_future_events_are_rejected_and_never_move_the_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dirty_input(dir.path());
+    let far = far_future_lines(&input);
+    assert!(far > 0, "the generator writes year-2500 lines");
+
+    let run = |guard: bool| {
+        let mut dead = Vec::new();
+        let mut visits =
+            JsonLines::<Visit, _>::open(vec![InputSource::File(input.clone())], &mut dead)
+                .expect("readable");
+        let stream = Stream::<Visit>::new()
+            .key_by(|v| v.visit_id.clone())
+            .event_time(|v| v.event_time)
+            .watermark(BoundedOutOfOrderness::new(minutes(1)));
+        let stream = if guard {
+            stream
+        } else {
+            stream.valid_time_range(..)
+        };
+        let mut job = stream.session_windows(minutes(30)).build();
+        let (mut sessions, mut rejected) = (Vec::new(), Vec::new());
+        let mut highest = Watermark::MIN;
+        for v in visits.by_ref() {
+            job.push(v, &mut sessions, &mut rejected).expect("vectors");
+            highest = highest.max(job.watermark());
+        }
+        let counts = job.finish(&mut sessions, &mut rejected).expect("vectors");
+        visits.finish().expect("read to the end");
+        (counts, rejected, highest)
+    };
+
+    let (counts, rejected, highest) = run(true);
+    let out_of_range: Vec<_> = rejected
+        .iter()
+        .filter(|l| l.reason == "time_out_of_range")
+        .collect();
+    assert_eq!(
+        out_of_range.len(),
+        far,
+        "every far-future event is reported"
+    );
+    assert!(out_of_range.iter().all(|l| l.time >= DEFAULT_VALID_RANGE.1));
+    assert_eq!(counts.invalid, far as u64);
+    assert!(
+        highest < Watermark::at(DEFAULT_VALID_RANGE.1),
+        "the watermark never left the valid range: {highest}"
+    );
+    assert_eq!(counts.late, 0, "nothing is late on this input: {counts:?}");
+    assert_eq!(
+        counts.events,
+        counts.in_sessions + counts.late + counts.invalid
+    );
+
+    // Without the guard, the first far-future event makes most of what follows late.
+    let (unguarded, _, highest) = run(false);
+    assert!(highest >= Watermark::at(DEFAULT_VALID_RANGE.1));
+    assert!(
+        unguarded.late > unguarded.events / 10,
+        "without the guard: {unguarded:?}"
+    );
+}
