@@ -12,6 +12,7 @@ use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
+use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
 use sessionizer_window::{
     Emit, EmitMode, LateReason, SessionOperator, SessionView, TypedEvent, Verdict,
     WatermarkStrategy, WindowConfig, session_id,
@@ -71,16 +72,17 @@ impl<E, F: Fn(&E) -> Option<DurationMs>> GapFn<E> for F {
 /// assert_eq!(counts, [("v2".to_string(), 1), ("v1".to_string(), 2), ("v1".to_string(), 1)]);
 /// assert!(late.is_empty());
 /// ```
-pub struct SessionWindowBuilder<E, K, T, W, A, G> {
+pub struct SessionWindowBuilder<E, K, T, W, A, G, C = SystemClock> {
     stream: Stream<E, K, T, W>,
     gap: DurationMs,
     gap_fn: G,
     allowed_lateness: DurationMs,
     emit: EmitMode,
     aggregate: A,
+    clock: C,
 }
 
-impl<E, K, T, W: fmt::Debug, A, G> fmt::Debug for SessionWindowBuilder<E, K, T, W, A, G> {
+impl<E, K, T, W: fmt::Debug, A, G, C> fmt::Debug for SessionWindowBuilder<E, K, T, W, A, G, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionWindowBuilder")
             .field("stream", &self.stream)
@@ -102,16 +104,17 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy>
             allowed_lateness: DurationMs::ZERO,
             emit: EmitMode::OnClose,
             aggregate: (),
+            clock: SystemClock,
         }
     }
 }
 
-impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
-    SessionWindowBuilder<E, K, T, W, A, G>
+impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
+    SessionWindowBuilder<E, K, T, W, A, G, C>
 {
     /// A gap per event (`--gap-field`): `None` means the window's gap. Each event covers
     /// `[t, t + gap]`; the events whose intervals chain form a session.
-    pub fn gap_fn<G2>(self, gap_fn: G2) -> SessionWindowBuilder<E, K, T, W, A, G2>
+    pub fn gap_fn<G2>(self, gap_fn: G2) -> SessionWindowBuilder<E, K, T, W, A, G2, C>
     where
         G2: Fn(&E) -> Option<DurationMs>,
     {
@@ -122,6 +125,22 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             allowed_lateness: self.allowed_lateness,
             emit: self.emit,
             aggregate: self.aggregate,
+            clock: self.clock,
+        }
+    }
+
+    /// The processing-time clock (default [`SystemClock`]; a
+    /// [`ManualClock`](sessionizer_window::ManualClock) in tests): it stamps every
+    /// record's [`Emission::processing_time`]. The rules never read it.
+    pub fn clock<C2: Clock>(self, clock: C2) -> SessionWindowBuilder<E, K, T, W, A, G, C2> {
+        SessionWindowBuilder {
+            stream: self.stream,
+            gap: self.gap,
+            gap_fn: self.gap_fn,
+            allowed_lateness: self.allowed_lateness,
+            emit: self.emit,
+            aggregate: self.aggregate,
+            clock,
         }
     }
 
@@ -143,7 +162,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
     pub fn aggregate<A2: Aggregator<E>>(
         self,
         aggregate: A2,
-    ) -> SessionWindowBuilder<E, K, T, W, A2, G> {
+    ) -> SessionWindowBuilder<E, K, T, W, A2, G, C> {
         SessionWindowBuilder {
             stream: self.stream,
             gap: self.gap,
@@ -151,14 +170,16 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             allowed_lateness: self.allowed_lateness,
             emit: self.emit,
             aggregate,
+            clock: self.clock,
         }
     }
 
     /// The job.
-    pub fn build(self) -> SessionWindowJob<E, K, T, W, A, G>
+    pub fn build(self) -> SessionWindowJob<E, K, T, W, A, G, C>
     where
         A: Aggregator<E>,
         G: GapFn<E>,
+        C: Clock,
     {
         let cfg = WindowConfig {
             gap: self.gap,
@@ -175,6 +196,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             gap_fn: self.gap_fn,
             gap: self.gap,
             valid: self.stream.valid,
+            clock: self.clock,
             seq: 0,
             key_buf: String::new(),
             counts: WindowCounts::default(),
@@ -182,12 +204,53 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
     }
 }
 
-/// A session as emitted: its bounds, revision and the aggregate's result `value`.
+/// Why a record was emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// The watermark reached the session's close time (Flink's event-time trigger
+    /// firing). A late event that changes a complete session emits its next revision at
+    /// once, with the watermark it was judged against.
+    Watermark,
+    /// `EmitMode::OnUpdate`: an event changed a session still open (`complete` is
+    /// false).
+    Update,
+    /// The input was quiet for the idle timeout and the watermark moved on with the
+    /// clock ([`SessionWindowBuilder::idle_timeout`]).
+    Idle,
+    /// [`SessionWindowJob::finish`]: the end of a bounded input, where every session is
+    /// emitted whatever the watermark.
+    EndOfInput,
+}
+
+/// The context of an emission, on every record (Flink's `Context.currentWatermark()`
+/// and `currentProcessingTime()` at firing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Emission {
+    /// The event-time watermark at emission: the one that completed the session (for
+    /// [`Trigger::Update`], the one after the event that changed it; for a late event's
+    /// revision, the one it was judged against).
+    ///
+    /// At the end of input ([`Trigger::EndOfInput`]) the engine moves the watermark to
+    /// +∞ to emit everything; that is no watermark any event gave, so this field holds
+    /// instead the **last watermark the events gave** ([`Watermark::MIN`] if none) — a
+    /// session emitted then is incomplete in event time, `watermark` says how far the
+    /// input had got.
+    pub watermark: Watermark,
+    /// The processing time at emission (the job's [`Clock`]).
+    pub processing_time: ProcessingTime,
+    /// What emitted the record.
+    pub trigger: Trigger,
+}
+
+/// A session as emitted: its bounds, revision, the aggregate's result `value`, and the
+/// context of its emission.
 ///
 /// As JSON (through [`JsonLinesSink`](crate::sink::JsonLinesSink)) it has the command
 /// line's shape: `key`, `session_id` (16 hex digits), `start`, `end` (RFC 3339),
 /// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value` when
-/// it serializes as a struct or map (nothing for `()`, else one field `value`).
+/// it serializes as a struct or map (nothing for `()`, else one field `value`). The
+/// emission context is not written (the command line's records do not have it); map the
+/// record to your own type to output it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord<O> {
     /// The key's text.
@@ -206,12 +269,29 @@ pub struct SessionRecord<O> {
     pub complete: bool,
     /// The aggregate's result.
     pub value: O,
+    /// When and why it was emitted.
+    pub emitted: Emission,
 }
 
 impl<O> SessionRecord<O> {
     /// `end - start`.
     pub fn duration(&self) -> DurationMs {
         DurationMs(self.end.millis() - self.start.millis())
+    }
+
+    /// The same record with its value mapped by `f` (to name a tuple's fields, say).
+    pub fn map<O2>(self, f: impl FnOnce(O) -> O2) -> SessionRecord<O2> {
+        SessionRecord {
+            key: self.key,
+            session_id: self.session_id,
+            start: self.start,
+            end: self.end,
+            event_count: self.event_count,
+            revision: self.revision,
+            complete: self.complete,
+            value: f(self.value),
+            emitted: self.emitted,
+        }
     }
 }
 
@@ -254,6 +334,8 @@ pub struct Retraction {
     pub session_id: u64,
     /// The start it had.
     pub start: EventTime,
+    /// When and why it was emitted.
+    pub emitted: Emission,
 }
 
 impl Serialize for Retraction {
@@ -314,7 +396,7 @@ pub struct WindowCounts {
 }
 
 /// A running session window job; made by [`SessionWindowBuilder::build`].
-pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G> {
+pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     op: SessionOperator<Custom<A, E>>,
     key: K,
     time: T,
@@ -322,6 +404,7 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G> {
     gap_fn: G,
     gap: DurationMs,
     valid: ValidTimes,
+    clock: C,
     seq: u64,
     key_buf: String,
     counts: WindowCounts,
@@ -339,8 +422,8 @@ pub enum Outcome {
     OutOfRange,
 }
 
-impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G> fmt::Debug
-    for SessionWindowJob<E, K, T, W, A, G>
+impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G, C> fmt::Debug
+    for SessionWindowJob<E, K, T, W, A, G, C>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionWindowJob")
@@ -353,15 +436,46 @@ impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G> fmt::Debug
 }
 
 /// Adapts a [`Sink`] of [`WindowOutput`] to the operator's [`Emit`], keeping the first
-/// sink error (the operator's output path cannot fail).
-struct EmitTo<'s, S> {
+/// sink error (the operator's output path cannot fail), and stamps the records with the
+/// emission context (the clock is read once, at the first record).
+struct EmitTo<'s, S, C> {
     sink: &'s mut S,
+    clock: &'s C,
+    now: Option<ProcessingTime>,
+    watermark: Watermark,
+    trigger: Trigger,
     error: Option<SinkError>,
     sessions: u64,
     retractions: u64,
 }
 
-impl<S> EmitTo<'_, S> {
+impl<'s, S, C: Clock> EmitTo<'s, S, C> {
+    fn new(sink: &'s mut S, clock: &'s C, watermark: Watermark, trigger: Trigger) -> Self {
+        EmitTo {
+            sink,
+            clock,
+            now: None,
+            watermark,
+            trigger,
+            error: None,
+            sessions: 0,
+            retractions: 0,
+        }
+    }
+
+    fn emission(&mut self, complete: bool) -> Emission {
+        let processing_time = *self.now.get_or_insert_with(|| self.clock.now());
+        Emission {
+            watermark: self.watermark,
+            processing_time,
+            trigger: match self.trigger {
+                Trigger::Watermark | Trigger::Update if !complete => Trigger::Update,
+                Trigger::Update => Trigger::Watermark,
+                other => other,
+            },
+        }
+    }
+
     fn send<T>(&mut self, item: T)
     where
         S: Sink<T>,
@@ -378,13 +492,15 @@ impl<S> EmitTo<'_, S> {
     }
 }
 
-impl<A, E, S> Emit<Custom<A, E>> for EmitTo<'_, S>
+impl<A, E, S, C> Emit<Custom<A, E>> for EmitTo<'_, S, C>
 where
     A: Aggregator<E>,
     S: Sink<WindowOutput<A::Output>>,
+    C: Clock,
 {
     fn session<'a>(&mut self, s: &SessionView<'a, CustomView<'a, A, E>>) {
         self.sessions += 1;
+        let emitted = self.emission(s.complete);
         let record = SessionRecord {
             key: String::from_utf8_lossy(s.key).into_owned(),
             session_id: session_id(s.key, s.start.millis()),
@@ -394,27 +510,31 @@ where
             revision: s.revision,
             complete: s.complete,
             value: s.aggregates.finish(),
+            emitted,
         };
         self.send(WindowOutput::Session(record));
     }
 
     fn retraction(&mut self, key: &[u8], start: EventTime) {
         self.retractions += 1;
+        let emitted = self.emission(true);
         self.send(WindowOutput::Retraction(Retraction {
             key: String::from_utf8_lossy(key).into_owned(),
             session_id: session_id(key, start.millis()),
             start,
+            emitted,
         }));
     }
 }
 
-impl<E, K, T, W, A, G> SessionWindowJob<E, K, T, W, A, G>
+impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
 where
     K: KeyFn<E>,
     T: TimeFn<E>,
     W: WatermarkStrategy,
     A: Aggregator<E>,
     G: GapFn<E>,
+    C: Clock,
 {
     /// Processes one event: judged against the watermark as it stood before it,
     /// applied (or sent to `late`), then the watermark moves and the sessions it
@@ -445,12 +565,7 @@ where
         self.key.key_into(&event, &mut self.key_buf);
         let gap = self.gap_fn.gap_of(&event).unwrap_or(self.gap);
         let before = self.op.watermark();
-        let mut out = EmitTo {
-            sink: sessions,
-            error: None,
-            sessions: 0,
-            retractions: 0,
-        };
+        let mut out = EmitTo::new(sessions, &self.clock, before, Trigger::Update);
         let verdict = self.op.on_typed(
             &TypedEvent {
                 key: self.key_buf.as_bytes(),
@@ -465,6 +580,8 @@ where
         self.seq += 1;
         self.counts.events += 1;
         let w = self.watermark.observe(time);
+        out.watermark = w.max(before);
+        out.trigger = Trigger::Watermark;
         self.op.advance_to(w, &mut out);
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
@@ -489,7 +606,8 @@ where
     }
 
     /// The end of a bounded input: the watermark becomes +∞ and every session is
-    /// emitted; then both sinks are flushed.
+    /// emitted (with [`Trigger::EndOfInput`] and the last watermark the events gave, see
+    /// [`Emission::watermark`]); then both sinks are flushed.
     pub fn finish<S, L>(
         &mut self,
         sessions: &mut S,
@@ -499,12 +617,8 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        let mut out = EmitTo {
-            sink: sessions,
-            error: None,
-            sessions: 0,
-            retractions: 0,
-        };
+        let last = self.op.watermark();
+        let mut out = EmitTo::new(sessions, &self.clock, last, Trigger::EndOfInput);
         self.op.advance_to(Watermark::MAX, &mut out);
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;

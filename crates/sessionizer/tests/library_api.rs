@@ -2,6 +2,7 @@
 //! sources and sinks from the prelude, JSON output.
 
 use sessionizer::prelude::*;
+use sessionizer::window::ProcessingTime;
 
 const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
 
@@ -51,8 +52,7 @@ fn the_stateful_job_rejects_times_outside_the_valid_range() {
 /// `..` turns the guard off; a bounded range keeps the times it says.
 #[test]
 fn the_valid_range_can_be_narrowed_or_turned_off() {
-    let run =
-        |job: &mut dyn FnMut(EventTime) -> bool| [at(-1), at(0), at(59), at(60)].map(job);
+    let run = |job: &mut dyn FnMut(EventTime) -> bool| [at(-1), at(0), at(59), at(60)].map(job);
     let window = |range: Option<std::ops::Range<EventTime>>| {
         let stream = Stream::<EventTime>::new()
             .key_by(|_| "k")
@@ -70,4 +70,105 @@ fn the_valid_range_can_be_narrowed_or_turned_off() {
     };
     assert_eq!(window(Some(at(0)..at(60))), [false, true, true, false]);
     assert_eq!(window(None), [true; 4]);
+}
+
+/// Every record carries the watermark and processing time of its emission; the
+/// sessions that `finish` emits carry the last real watermark, not +∞, and say they
+/// came from the end of input.
+#[test]
+fn records_carry_the_watermark_and_processing_time_of_their_emission() {
+    use sessionizer::windowed::{Emission, Trigger};
+    let clock = ManualClock::new(ProcessingTime(1_000));
+    let mut job = Stream::<(&str, EventTime)>::new()
+        .key_by(|e| e.0)
+        .event_time(|e| e.1)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .session_windows(minutes(10))
+        .allowed_lateness(minutes(15))
+        .clock(clock.clone())
+        .build();
+    let (mut out, mut late) = (Vec::new(), Vec::new());
+    for e in [("k", at(0)), ("k", at(5)), ("j", at(3))] {
+        job.push(e, &mut out, &mut late).expect("vectors");
+    }
+    assert!(out.is_empty());
+    clock.advance(seconds(5));
+    // W = 19 completes j [3] (close 13) and k [0, 5] (close 15).
+    job.push(("k", at(20)), &mut out, &mut late)
+        .expect("vectors");
+    let fired = Emission {
+        watermark: Watermark::at(at(19)),
+        processing_time: ProcessingTime(6_000),
+        trigger: Trigger::Watermark,
+    };
+    let emitted: Vec<(String, Emission)> = out
+        .iter()
+        .filter_map(WindowOutput::session)
+        .map(|s| (s.key.clone(), s.emitted))
+        .collect();
+    assert_eq!(
+        emitted,
+        [("j".to_string(), fired), ("k".to_string(), fired)]
+    );
+    // A late event within the allowed lateness: the next revision at once, at the
+    // watermark it was judged against.
+    clock.advance(seconds(1));
+    out.clear();
+    job.push(("k", at(4)), &mut out, &mut late)
+        .expect("vectors");
+    let revision = out[0].session().expect("a session");
+    assert_eq!(revision.revision, 1);
+    assert_eq!(
+        revision.emitted,
+        Emission {
+            watermark: Watermark::at(at(19)),
+            processing_time: ProcessingTime(7_000),
+            trigger: Trigger::Watermark,
+        }
+    );
+    clock.advance(seconds(1));
+    out.clear();
+    job.finish(&mut out, &mut late).expect("vectors");
+    let last = out[0].session().expect("a session");
+    assert_eq!(last.start, at(20));
+    assert_eq!(
+        last.emitted,
+        Emission {
+            watermark: Watermark::at(at(19)),
+            processing_time: ProcessingTime(8_000),
+            trigger: Trigger::EndOfInput,
+        },
+        "the last real watermark, not +∞"
+    );
+    assert!(late.is_empty());
+}
+
+/// With `EmitMode::OnUpdate` a record of a session still open says so, with the
+/// watermark after the event that changed it.
+#[test]
+fn update_records_carry_the_watermark_after_their_event() {
+    use sessionizer::windowed::Trigger;
+    let mut job = Stream::<EventTime>::new()
+        .key_by(|_| "k")
+        .event_time(|t| *t)
+        .session_windows(minutes(10))
+        .emit(EmitMode::OnUpdate)
+        .clock(ManualClock::new(ProcessingTime(0)))
+        .build();
+    let (mut out, mut late) = (Vec::new(), Vec::<sessionizer::late::Late<EventTime>>::new());
+    for t in [at(0), at(2)] {
+        job.push(t, &mut out, &mut late).expect("vectors");
+    }
+    let seen: Vec<(bool, Trigger, Watermark)> = out
+        .iter()
+        .filter_map(WindowOutput::session)
+        .map(|s| (s.complete, s.emitted.trigger, s.emitted.watermark))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (false, Trigger::Update, Watermark::at(at(0))),
+            (false, Trigger::Update, Watermark::at(at(2))),
+        ]
+    );
 }
