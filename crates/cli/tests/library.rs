@@ -2,7 +2,6 @@
 //! the same sessions, and the same protection against corrupt event times.
 
 use serde::Deserialize;
-use sessionizer::connectors::InputSource;
 use sessionizer::core::decode::DEFAULT_VALID_RANGE;
 use sessionizer::prelude::*;
 use std::path::{Path, PathBuf};
@@ -78,9 +77,7 @@ fn far_future_events_are_rejected_and_never_move_the_watermark() {
 
     let run = |guard: bool| {
         let mut dead = Vec::new();
-        let mut visits =
-            JsonLines::<Visit, _>::open(vec![InputSource::File(input.clone())], &mut dead)
-                .expect("readable");
+        let mut visits = JsonLines::<Visit, _>::files([&input], &mut dead).expect("readable");
         let stream = Stream::<Visit>::new()
             .key_by(|v| v.visit_id.clone())
             .event_time(|v| v.event_time)

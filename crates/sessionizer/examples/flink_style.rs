@@ -18,7 +18,6 @@
 //! Run: `cargo run -p sessionizer --example flink_style`
 
 use serde::{Deserialize, Serialize};
-use sessionizer::connectors::InputSource;
 use sessionizer::prelude::*;
 use std::io::Write;
 use std::path::PathBuf;
@@ -76,8 +75,7 @@ pub fn input_path() -> PathBuf {
 /// Runs the job, writing sessions, late visits and dead letters as JSON lines.
 pub fn run(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     let mut dead_letters: Vec<DeadLetter> = Vec::new();
-    let mut visits =
-        JsonLines::<Visit, _>::open(vec![InputSource::File(input_path())], &mut dead_letters)?;
+    let mut visits = JsonLines::<Visit, _>::files([input_path()], &mut dead_letters)?;
 
     let mut job = Stream::<Visit>::new()
         .key_by(|v| v.visit_id.clone())

@@ -101,12 +101,14 @@ pub use stream::Stream;
 pub mod prelude {
     pub use crate::aggregators::{Collect, Count, CountDistinct, First, Last, Max, Min, Sum};
     pub use crate::late::Late;
-    pub use crate::sink::{JsonLinesSink, Sink, SinkError};
-    pub use crate::source::{DeadLetter, JsonLines};
+    pub use crate::sink::{JsonLinesSink, OutputTarget, Sink, SinkError};
+    pub use crate::source::{DeadLetter, InputSource, JsonLines, SourceError};
     pub use crate::stateful::{Batching, StatefulJob};
     pub use crate::stream::Stream;
     pub use crate::time::{hours, millis, minutes, seconds};
-    pub use crate::windowed::{SessionRecord, SessionWindowJob, WindowOutput};
+    pub use crate::windowed::{
+        Emission, SessionRecord, SessionWindowJob, Trigger, WindowCounts, WindowOutput,
+    };
     pub use sessionizer_core::{DurationMs, EventTime, Watermark};
     pub use sessionizer_window::aggregate::{Aggregator, Position};
     pub use sessionizer_window::clock::{Clock, ManualClock, ProcessingTime, SystemClock};
