@@ -80,6 +80,7 @@
 
 pub mod aggregators;
 pub mod config;
+mod flatten;
 pub mod late;
 pub mod pipeline;
 pub mod sink;
@@ -99,7 +100,9 @@ pub use stream::Stream;
 
 /// Everything a job needs, in one import.
 pub mod prelude {
-    pub use crate::aggregators::{Collect, Count, CountDistinct, First, Last, Max, Min, Sum};
+    pub use crate::aggregators::{
+        Collect, Count, CountDistinct, First, Last, Max, Min, Named, Sum,
+    };
     pub use crate::late::Late;
     pub use crate::sink::{JsonLinesSink, OutputTarget, Sink, SinkError};
     pub use crate::source::{DeadLetter, InputSource, JsonLines, SourceError};

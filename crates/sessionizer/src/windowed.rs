@@ -247,10 +247,18 @@ pub struct Emission {
 ///
 /// As JSON (through [`JsonLinesSink`](crate::sink::JsonLinesSink)) it has the command
 /// line's shape: `key`, `session_id` (16 hex digits), `start`, `end` (RFC 3339),
-/// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value` when
-/// it serializes as a struct or map (nothing for `()`, else one field `value`). The
-/// emission context is not written (the command line's records do not have it); map the
-/// record to your own type to output it.
+/// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value`, in
+/// the value's own order and with its own names (nested objects too):
+///
+/// - a struct or map: its fields;
+/// - a tuple: its elements' fields — a struct or map element (such as a
+///   [`Named`](crate::aggregators::Named) aggregate's result) contributes its fields,
+///   any other element is the field `_1`, `_2`, ... by position;
+/// - `()` or `None`: nothing;
+/// - anything else: one field `value`.
+///
+/// The emission context is not written (the command line's records do not have it);
+/// map the record to your own type to output it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord<O> {
     /// The key's text.
@@ -310,16 +318,9 @@ impl<O: Serialize> Serialize for SessionRecord<O> {
         map.serialize_entry("event_count", &self.event_count)?;
         map.serialize_entry("revision", &self.revision)?;
         map.serialize_entry("complete", &self.complete)?;
-        // The value's fields become the record's, as the command line's aggregates do.
-        match serde_json::to_value(&self.value).map_err(serde::ser::Error::custom)? {
-            serde_json::Value::Object(fields) => {
-                for (name, v) in &fields {
-                    map.serialize_entry(name, v)?;
-                }
-            }
-            serde_json::Value::Null => {}
-            other => map.serialize_entry("value", &other)?,
-        }
+        // The value's fields become the record's, as the command line's aggregates do,
+        // in the value's own order.
+        crate::flatten::flatten_into(&mut map, &self.value)?;
         map.end()
     }
 }

@@ -172,3 +172,95 @@ fn update_records_carry_the_watermark_after_their_event() {
         ]
     );
 }
+
+/// Regression (issue 12): the value's fields went through a sorted JSON map, so a
+/// struct's fields (and a nested object's) came out in alphabetical order.
+#[test]
+fn json_records_keep_the_fields_of_the_value_in_order_nested_objects_too() {
+    #[derive(serde::Serialize)]
+    struct Inner {
+        z: u8,
+        a: u8,
+    }
+    #[derive(serde::Serialize)]
+    struct Out {
+        zeta: u64,
+        alpha: Inner,
+        mid: Option<u8>,
+    }
+    struct Zeta;
+    impl Aggregator<EventTime> for Zeta {
+        type Acc = u64;
+        type Output = Out;
+        fn create(&self) -> u64 {
+            0
+        }
+        fn add(&self, acc: &mut u64, _: &EventTime, _: Position) {
+            *acc += 1;
+        }
+        fn merge(&self, acc: &mut u64, other: u64) {
+            *acc += other;
+        }
+        fn finish(&self, acc: &u64) -> Out {
+            Out {
+                zeta: *acc,
+                alpha: Inner { z: 1, a: 2 },
+                mid: None,
+            }
+        }
+    }
+    let mut job = Stream::<EventTime>::new()
+        .key_by(|_| "k")
+        .event_time(|t| *t)
+        .session_windows(minutes(10))
+        .aggregate(Zeta)
+        .build();
+    let mut out = Vec::new();
+    job.run([at(0)], &mut out, &mut Vec::new())
+        .expect("vectors");
+    let json = serde_json::to_string(&out[0]).expect("JSON");
+    assert!(
+        json.ends_with(r#""complete":true,"zeta":1,"alpha":{"z":1,"a":2},"mid":null}"#),
+        "{json}"
+    );
+}
+
+/// A tuple aggregate's elements become fields: named ones by their names, others `_1`,
+/// `_2` by position; a plain value is one field `value`.
+#[test]
+fn a_tuple_aggregate_comes_out_as_named_fields() {
+    type Page = (&'static str, EventTime);
+    fn tail_of<A>(aggregate: A) -> String
+    where
+        A: Aggregator<Page>,
+        A::Output: serde::Serialize,
+    {
+        let mut job = Stream::<Page>::new()
+            .key_by(|_| "k")
+            .event_time(|e| e.1)
+            .session_windows(minutes(10))
+            .aggregate(aggregate)
+            .build();
+        let mut out = Vec::new();
+        job.run([("/1", at(0)), ("/2", at(1))], &mut out, &mut Vec::new())
+            .expect("vectors");
+        let json = serde_json::to_string(&out[0]).expect("JSON");
+        json.split_once(r#""complete":true"#)
+            .map(|(_, t)| t.to_string())
+            .unwrap_or(json)
+    }
+    assert_eq!(
+        tail_of((Count, Collect(|e: &Page| Some(e.0)))),
+        r#","_1":2,"_2":["/1","/2"]}"#
+    );
+    assert_eq!(
+        tail_of((
+            Count.named("views"),
+            Collect(|e: &Page| Some(e.0)).named("pages"),
+            Last(|e: &Page| Some(e.0)),
+        )),
+        r#","views":2,"pages":["/1","/2"],"_3":"/2"}"#
+    );
+    assert_eq!(tail_of(Count), r#","value":2}"#);
+    assert_eq!(tail_of(()), "}");
+}
