@@ -27,6 +27,11 @@ pub enum SinkError {
 }
 
 /// A destination for items of type `T`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a sink of `{T}`",
+    label = "this cannot take `{T}` items",
+    note = "a sink is a `Vec<{T}>` (or `&mut Vec<{T}>`), a closure `FnMut({T})`, a std `Sender<{T}>`, a `JsonLinesSink` (for serde types), or your own `impl Sink<{T}>`"
+)]
 ///
 /// ```
 /// use sessionizer::sink::Sink;

@@ -107,6 +107,11 @@ pub trait Accumulate<I: ?Sized>: SessionAggregate {
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an aggregator of `{E}` events",
+    label = "not an `Aggregator<{E}>`",
+    note = "use a built-in of `sessionizer::aggregators` (`Count`, `Collect(|e: &{E}| Some(..))`, `First`, `Last`, `CountDistinct`, `Sum`, `Min`, `Max`), a tuple of up to four, or implement `Aggregator<{E}>`"
+)]
 pub trait Aggregator<E: ?Sized> {
     /// The per-session accumulator.
     type Acc;
