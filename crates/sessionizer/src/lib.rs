@@ -79,6 +79,7 @@
 //! [`connectors`] (inputs and output encoding).
 
 pub mod aggregators;
+pub mod checkpoints;
 pub mod config;
 mod flatten;
 pub mod late;
@@ -103,6 +104,7 @@ pub mod prelude {
     pub use crate::aggregators::{
         Collect, Count, CountDistinct, First, Last, Max, Min, Named, Sum,
     };
+    pub use crate::checkpoints::{Checkpoints, Resumed, StateError};
     pub use crate::late::Late;
     pub use crate::sink::{JsonLinesSink, OutputTarget, Sink, SinkError};
     pub use crate::source::{DeadLetter, InputSource, JsonLines, SourceError};

@@ -6,13 +6,19 @@
 //! does: judge the event against the watermark as it stood before it, apply it, move the
 //! watermark, emit what became due.
 
+use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
+use serde::de::DeserializeOwned;
 use serde::ser::{Serialize, SerializeMap, Serializer};
+use sessionizer_checkpoint::state::LiveError;
+use sessionizer_checkpoint::{Counters, EncodedState, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
 use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
+use sessionizer_window::codec;
+use sessionizer_window::session::KeySessions;
 use sessionizer_window::{
     Emit, EmitMode, LateReason, SessionOperator, SessionView, TypedEvent, Verdict,
     WatermarkStrategy, WindowConfig, session_id,
@@ -80,6 +86,7 @@ pub struct SessionWindowBuilder<E, K, T, W, A, G, C = SystemClock> {
     emit: EmitMode,
     aggregate: A,
     clock: C,
+    idle_timeout: Option<DurationMs>,
 }
 
 impl<E, K, T, W: fmt::Debug, A, G, C> fmt::Debug for SessionWindowBuilder<E, K, T, W, A, G, C> {
@@ -105,6 +112,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy>
             emit: EmitMode::OnClose,
             aggregate: (),
             clock: SystemClock,
+            idle_timeout: None,
         }
     }
 }
@@ -126,6 +134,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             emit: self.emit,
             aggregate: self.aggregate,
             clock: self.clock,
+            idle_timeout: self.idle_timeout,
         }
     }
 
@@ -141,6 +150,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             emit: self.emit,
             aggregate: self.aggregate,
             clock,
+            idle_timeout: self.idle_timeout,
         }
     }
 
@@ -154,6 +164,17 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
     /// When sessions are emitted (default: once complete).
     pub fn emit(mut self, mode: EmitMode) -> Self {
         self.emit = mode;
+        self
+    }
+
+    /// Lets the watermark move on with the clock while the input is quiet (the command
+    /// line's `--idle-timeout`, SPEC §2): once no event has come for `timeout` of
+    /// processing time, [`SessionWindowJob::tick`] moves the watermark to the one of the
+    /// last event plus the processing time passed since, so a quiet key's session still
+    /// closes. Off by default (a bounded input ends with
+    /// [`finish`](SessionWindowJob::finish) instead).
+    pub fn idle_timeout(mut self, timeout: DurationMs) -> Self {
+        self.idle_timeout = Some(timeout);
         self
     }
 
@@ -171,6 +192,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             emit: self.emit,
             aggregate,
             clock: self.clock,
+            idle_timeout: self.idle_timeout,
         }
     }
 
@@ -197,9 +219,13 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             gap: self.gap,
             valid: self.stream.valid,
             clock: self.clock,
+            idle_timeout: self.idle_timeout,
+            last_input: None,
+            max_time: None,
             seq: 0,
             key_buf: String::new(),
             counts: WindowCounts::default(),
+            checkpointed: false,
         }
     }
 }
@@ -406,9 +432,17 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     gap: DurationMs,
     valid: ValidTimes,
     clock: C,
+    idle_timeout: Option<DurationMs>,
+    /// The processing time of the last event and the watermark after it (for the idle
+    /// advance).
+    last_input: Option<(ProcessingTime, Watermark)>,
+    /// The largest valid event time pushed.
+    max_time: Option<EventTime>,
     seq: u64,
     key_buf: String,
     counts: WindowCounts,
+    /// A checkpoint was written or restored: the operator tracks changed keys.
+    checkpointed: bool,
 }
 
 /// What became of one pushed event.
@@ -581,9 +615,14 @@ where
         self.seq += 1;
         self.counts.events += 1;
         let w = self.watermark.observe(time);
+        self.max_time = Some(self.max_time.map_or(time, |m| m.max(time)));
         out.watermark = w.max(before);
         out.trigger = Trigger::Watermark;
         self.op.advance_to(w, &mut out);
+        if self.idle_timeout.is_some() {
+            let now = *out.now.get_or_insert_with(|| self.clock.now());
+            self.last_input = Some((now, self.op.watermark()));
+        }
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
         out.result()?;
@@ -647,6 +686,39 @@ where
         self.finish(sessions, late)
     }
 
+    /// Call on a timer while the input may be quiet (a service does, say, every
+    /// second): with an [`idle_timeout`](SessionWindowBuilder::idle_timeout), once no
+    /// event has come for that long the watermark moves on with the clock — to the
+    /// watermark of the last event plus the processing time passed since it, exactly
+    /// as the command line's `--idle-timeout` does — and the sessions that completes go
+    /// to `sessions` (with [`Trigger::Idle`]). Later events are judged against the
+    /// watermark it reached. Without an idle timeout, or before the first event, it
+    /// does nothing.
+    pub fn tick<S>(&mut self, sessions: &mut S) -> Result<(), SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
+        let (Some(limit), Some((at, w))) = (self.idle_timeout, self.last_input) else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        let quiet = now.0.saturating_sub(at.0);
+        if quiet < limit.millis() || !w.is_finite() {
+            return Ok(());
+        }
+        let target = Watermark::at(EventTime(w.millis().saturating_add(quiet)));
+        if target <= self.op.watermark() {
+            return Ok(());
+        }
+        self.watermark.resume_at(target);
+        let mut out = EmitTo::new(sessions, &self.clock, target, Trigger::Idle);
+        out.now = Some(now);
+        self.op.advance_to(target, &mut out);
+        self.counts.sessions_emitted += out.sessions;
+        self.counts.retractions += out.retractions;
+        out.result()
+    }
+
     /// The watermark the next event is judged against.
     pub fn watermark(&self) -> Watermark {
         self.op.watermark()
@@ -666,5 +738,209 @@ where
     /// with a user aggregate.
     pub fn operator(&self) -> &SessionOperator<Custom<A, E>> {
         &self.op
+    }
+}
+
+/// The options of a job that shape its state, as a checkpoint records them: a restore
+/// with any other value is refused, naming it.
+fn state_options<A: Aggregator<E>, E>(
+    cfg: &WindowConfig,
+    valid: ValidTimes,
+) -> Vec<(String, String)> {
+    let pair = |k: &str, v: String| (k.to_string(), v);
+    vec![
+        pair("job", "library session window".into()),
+        pair("--gap", cfg.gap.to_string()),
+        pair("--allowed-lateness", cfg.allowed_lateness.to_string()),
+        pair(
+            "--emit",
+            match cfg.emit {
+                EmitMode::OnClose => "on-close",
+                EmitMode::OnUpdate => "on-update",
+            }
+            .into(),
+        ),
+        pair(
+            "--valid-time-range",
+            valid.map_or("any".into(), |(a, b)| format!("{a}..{b}")),
+        ),
+        pair(
+            "aggregate state",
+            std::any::type_name::<A::Acc>().to_string(),
+        ),
+    ]
+}
+
+impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
+where
+    W: WatermarkStrategy,
+    A: Aggregator<E>,
+    A::Acc: Serialize + DeserializeOwned,
+    C: Clock,
+{
+    /// Writes a checkpoint of the job into `checkpoints`, in the command line's format:
+    /// every key's sessions (their aggregate state as JSON), the watermark, the counts,
+    /// and the number of events it covers. The first checkpoint is a full base, later
+    /// ones deltas of the keys changed since (with a new base now and then).
+    ///
+    /// A job that stops after a checkpoint and is [`restore`](Self::restore)d from it
+    /// continues exactly as if it had not stopped, given the events after the ones the
+    /// checkpoint covers. What the job emitted after the checkpoint is emitted again:
+    /// commit your outputs with the checkpoint (write them, then checkpoint) for exactly
+    /// once.
+    pub fn checkpoint(
+        &mut self,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<sessionizer_checkpoint::Committed, StateError> {
+        if let Some(epoch) = checkpoints.found_epoch
+            && !checkpoints.restored
+        {
+            return Err(StateError::NotRestored {
+                dir: checkpoints.path.clone(),
+                epoch,
+            });
+        }
+        let base = checkpoints.writer.next_is_base() || !self.checkpointed;
+        let mut entries = StateEntries::default();
+        let encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| {
+            codec::encode_sessions_with(sessions, buf, |acc, out| {
+                serde_json::to_writer(out, acc).expect("accumulator state serializes as JSON");
+            });
+        };
+        if base {
+            self.op.forget_changes();
+            for (_, key, sessions) in self.op.store().iter() {
+                entries.put_with(key, |buf| encode(sessions, buf));
+            }
+        } else {
+            self.op.drain_changes(|key, sessions| match sessions {
+                Some(s) => entries.put_with(key, |buf| encode(s, buf)),
+                None => entries.tombstone(key),
+            });
+        }
+        if base != checkpoints.writer.next_is_base() {
+            // A job's first checkpoint into a directory with a chain it did not write:
+            // prevented above; the writer labels the file, so this must agree.
+            return Err(StateError::State {
+                dir: checkpoints.path.clone(),
+                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
+            });
+        }
+        let c = self.counts;
+        let manifest = Manifest {
+            options: state_options::<A, E>(self.op.config(), self.valid),
+            next_seq: self.seq,
+            watermark: WatermarkState {
+                max_event_time_ms: self.max_time.map(EventTime::millis),
+                watermark_ms: self.op.watermark().millis(),
+                largest_gap_ms: self.op.largest_gap().millis(),
+                new_key_floor_ms: Some(self.op.new_key_floor()),
+            },
+            counters: Counters {
+                records_read: c.events,
+                in_sessions: c.in_sessions,
+                late: c.late,
+                invalid: c.invalid,
+                sessions_emitted: c.sessions_emitted,
+                retractions: c.retractions,
+                ..Counters::default()
+            },
+            keys: self.op.keys() as u64,
+            open_sessions: self.op.open_sessions() as u64,
+            ..Manifest::default()
+        };
+        let state = EncodedState {
+            parts: entries.parts().collect(),
+            puts: entries.puts(),
+            tombstones: entries.tombstones(),
+        };
+        let committed = checkpoints.writer.commit(&state, manifest)?;
+        self.op.track_changes(true);
+        self.checkpointed = true;
+        checkpoints.restored = true;
+        checkpoints.found_epoch = Some(committed.epoch);
+        Ok(committed)
+    }
+
+    /// Continues from the newest checkpoint in `checkpoints` (`None` when there is
+    /// none: the job starts afresh). Call it before the first event; then skip the
+    /// [`Resumed::events`] the checkpoint covers. Refused, changing nothing, when the
+    /// checkpoint was taken with other options (gap, lateness, emit mode, valid time
+    /// range, aggregate state type) or its state cannot be read.
+    pub fn restore(&mut self, checkpoints: &mut Checkpoints) -> Result<Option<Resumed>, StateError>
+    where
+        G: GapFn<E>,
+    {
+        if self.counts.events > 0 {
+            return Err(StateError::NotFresh {
+                events: self.counts.events,
+            });
+        }
+        let Some((manifest, state)) = checkpoints.found.take() else {
+            return Ok(None);
+        };
+        let dir = checkpoints.path.clone();
+        let differences =
+            manifest.option_differences(&state_options::<A, E>(self.op.config(), self.valid));
+        if !differences.is_empty() {
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::OptionsChanged { dir, differences });
+        }
+        if state.format_version() != codec::FORMAT {
+            let reason = format!(
+                "its state is of checkpoint format {}, a library job reads format {}",
+                state.format_version(),
+                codec::FORMAT
+            );
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::State { dir, reason });
+        }
+        // Decode every key before changing anything.
+        let mut keys = Vec::new();
+        let decoded = state.for_each_live(|key, value| {
+            codec::decode_sessions_with(value, |bytes| {
+                serde_json::from_slice::<A::Acc>(bytes).map_err(|e| e.to_string())
+            })
+            .map(|sessions| keys.push((key.to_vec(), sessions)))
+            .map_err(|e| format!("key {}: {e}", String::from_utf8_lossy(key)))
+        });
+        if let Err(e) = decoded {
+            let reason = match e {
+                LiveError::Damaged(d) => d.to_string(),
+                LiveError::Apply(reason) => reason,
+            };
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::State { dir, reason });
+        }
+        let w = &manifest.watermark;
+        self.op.observe_gap(DurationMs(w.largest_gap_ms));
+        let watermark = Watermark(w.watermark_ms);
+        self.op.restore_watermark(watermark);
+        self.op.restore_new_key_floor(w.new_key_floor_ms);
+        self.watermark.resume_at(watermark);
+        self.max_time = w.max_event_time_ms.map(EventTime);
+        self.op.reserve_keys(keys.len());
+        for (key, sessions) in keys {
+            self.op.restore_key(&key, sessions);
+        }
+        let c = &manifest.counters;
+        self.counts = WindowCounts {
+            events: c.records_read,
+            in_sessions: c.in_sessions,
+            late: c.late,
+            invalid: c.invalid,
+            sessions_emitted: c.sessions_emitted,
+            retractions: c.retractions,
+        };
+        self.seq = manifest.next_seq;
+        self.op.forget_changes();
+        self.op.track_changes(true);
+        self.checkpointed = true;
+        checkpoints.restored = true;
+        Ok(Some(Resumed {
+            epoch: manifest.epoch,
+            events: c.records_read,
+            keys: manifest.keys,
+        }))
     }
 }

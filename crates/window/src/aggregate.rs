@@ -25,7 +25,9 @@ use std::marker::PhantomData;
 /// Where an event stands among the events of its key: event time, then input order.
 /// Order-sensitive aggregates sort by it, which makes their result independent of the
 /// order in which sessions merged.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Position {
     /// The event's time.
     pub time: EventTime,
