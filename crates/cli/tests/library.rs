@@ -129,3 +129,63 @@ fn far_future_events_are_rejected_and_never_move_the_watermark() {
         "without the guard: {unguarded:?}"
     );
 }
+
+/// A library job's checkpoint is in the command line's format: `inspect` lists it, and
+/// a command-line run refuses to continue it (the options that shape the state differ)
+/// rather than mixing two jobs' state.
+#[test]
+fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+    let mut job = Stream::<(&str, EventTime)>::new()
+        .key_by(|e| e.0)
+        .event_time(|e| e.1)
+        .session_windows(minutes(30))
+        .aggregate(Count)
+        .build();
+    job.push(
+        ("v1", EventTime(1_704_067_200_000)),
+        &mut Vec::new(),
+        &mut Vec::new(),
+    )
+    .expect("vectors");
+    let written = job.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop(checkpoints);
+
+    let inspect = Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+        .args(["inspect", "--state-dir", s(&state)])
+        .output()
+        .expect("spawn");
+    let shown = String::from_utf8_lossy(&inspect.stdout).into_owned()
+        + &String::from_utf8_lossy(&inspect.stderr);
+    assert!(inspect.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!("newest valid checkpoint {}", written.epoch)),
+        "{shown}"
+    );
+    assert!(shown.contains("job library session window"), "{shown}");
+    assert!(shown.contains("keys with state 1"), "{shown}");
+
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"visit_id\":\"v1\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n",
+    )
+    .expect("write");
+    let run = Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+        .args([
+            "run",
+            "--input",
+            s(&input),
+            "--output",
+            s(&dir.path().join("out.jsonl")),
+            "--state-dir",
+            s(&state),
+        ])
+        .output()
+        .expect("spawn");
+    assert!(!run.status.success());
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains("job was library session window"), "{err}");
+}
