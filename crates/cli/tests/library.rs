@@ -189,3 +189,78 @@ fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert!(err.contains("job was library session window"), "{err}");
 }
+
+#[path = "../../sessionizer/examples/flink_style.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod flink_style;
+
+/// A session record without what only one side writes (`complete`), the collected pages
+/// under one name.
+fn normalized(line: &str) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+    let o = v.as_object_mut().expect("an object");
+    o.remove("complete");
+    if let Some(pages) = o.remove("page") {
+        o.insert("visited_pages".into(), pages);
+    }
+    v
+}
+
+/// The book's Flink job (`examples/flink_style.rs`), run on the generator's dirty data,
+/// emits the sessions the CLI emits with the same options, record for record.
+#[test]
+fn the_flink_style_example_and_the_cli_emit_the_same_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dirty_input(dir.path());
+    let cli_out = dir.path().join("sessions.jsonl");
+    let stats = dir.path().join("stats.json");
+    sessionizer(&[
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&cli_out),
+        "--gap",
+        "10m",
+        "--watermark-delay",
+        "1m",
+        "--allowed-lateness",
+        "15m",
+        "--collect",
+        "page",
+        "--stats-file",
+        s(&stats),
+    ]);
+    let mut printed = Vec::new();
+    flink_style::run_on(&input, &mut printed).expect("the example runs");
+    let printed = String::from_utf8(printed).expect("UTF-8");
+    let library: Vec<serde_json::Value> = printed
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(normalized)
+        .collect();
+    let cli: Vec<serde_json::Value> = std::fs::read_to_string(&cli_out)
+        .expect("CLI output")
+        .lines()
+        .map(normalized)
+        .collect();
+    assert!(cli.len() > 1000, "{} sessions", cli.len());
+    assert_eq!(library.len(), cli.len());
+    assert_eq!(library, cli);
+
+    // The same accounting: records = in sessions + late + invalid.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    let accounting = printed
+        .lines()
+        .find(|l| l.starts_with("records "))
+        .expect("the accounting line");
+    let cli_accounting = format!(
+        "records {} = in sessions {} + late {} + invalid {}",
+        stats["records_read"],
+        stats["in_sessions"].as_u64().unwrap_or(0) + stats["duplicates"].as_u64().unwrap_or(0),
+        stats["late"],
+        stats["invalid"]
+    );
+    assert_eq!(accounting, cli_accounting);
+}
