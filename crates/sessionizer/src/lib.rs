@@ -99,6 +99,12 @@ pub use sessionizer_core as core;
 pub use sessionizer_window as window;
 pub use stream::Stream;
 
+/// The guide `docs/library.md`, compiled: every Rust snippet in it is a doc-test, so the
+/// guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryGuide;
+
 /// Everything a job needs, in one import.
 pub mod prelude {
     pub use crate::aggregators::{
