@@ -53,15 +53,18 @@
 //! ```
 //!
 //! Both run on one keyed-state + timers core ([`window::keyed::KeyedStore`]); the
-//! command line's job is the declarative window with the built-in JSON aggregates.
+//! command line's job is the declarative window with the built-in JSON aggregates. The
+//! guide, `docs/library.md`, is compiled with the doc-tests (`LibraryGuide` under
+//! `cfg(doctest)`).
 //!
 //! * [`stream`] — [`Stream`]: key and time extractors, watermark strategy.
 //! * [`windowed`] — the session window job and its output records.
 //! * [`stateful`] — the stateful job, its batching and snapshots.
 //! * [`aggregators`] — the built-in aggregates over your events; write your own with
 //!   [`window::Aggregator`].
-//! * [`sink`], [`source`], [`late`] — where outputs, late events and dead letters go;
-//!   JSON-lines input.
+//! * [`sink`], [`source`], [`late`] — where outputs, late (and rejected) events and
+//!   dead letters go; JSON-lines input.
+//! * [`checkpoints`] — a session window job's checkpoints, in the command line's format.
 //! * [`time`] — durations (`minutes(10)`) and RFC 3339 serde helpers.
 //!
 //! The command line's pipeline:
