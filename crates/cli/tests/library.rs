@@ -11,11 +11,25 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
 
+/// Held while a test has a state directory open (locked), and while a child process is
+/// spawned: a child forked in between would inherit the lock's descriptor until its
+/// `exec`, and a state directory dropped meanwhile would still look locked to the
+/// `sessionizer run` that the test spawns next.
+static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn output(cmd: &mut Command) -> std::process::Output {
+    let child = {
+        let _spawning = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sessionizer")
+    };
+    child.wait_with_output().expect("sessionizer's output")
+}
+
 fn sessionizer(args: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sessionizer"))
-        .args(args)
-        .output()
-        .expect("spawn sessionizer");
+    let out = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args(args));
     assert!(
         out.status.success(),
         "sessionizer {args:?} failed: {}",
@@ -137,6 +151,7 @@ fn far_future_events_are_rejected_and_never_move_the_watermark() {
 fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
+    let spawning = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
     let mut checkpoints = Checkpoints::open(&state).expect("state dir");
     let mut job = Stream::<(&str, EventTime)>::new()
         .key_by(|e| e.0)
@@ -151,12 +166,13 @@ fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
     )
     .expect("vectors");
     let written = job.checkpoint(&mut checkpoints).expect("checkpoint");
-    drop(checkpoints);
+    drop((checkpoints, spawning));
 
-    let inspect = Command::new(env!("CARGO_BIN_EXE_sessionizer"))
-        .args(["inspect", "--state-dir", s(&state)])
-        .output()
-        .expect("spawn");
+    let inspect = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args([
+        "inspect",
+        "--state-dir",
+        s(&state),
+    ]));
     let shown = String::from_utf8_lossy(&inspect.stdout).into_owned()
         + &String::from_utf8_lossy(&inspect.stderr);
     assert!(inspect.status.success(), "{shown}");
@@ -173,20 +189,17 @@ fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
         "{\"visit_id\":\"v1\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n",
     )
     .expect("write");
-    let run = Command::new(env!("CARGO_BIN_EXE_sessionizer"))
-        .args([
-            "run",
-            "--input",
-            s(&input),
-            "--output",
-            s(&dir.path().join("out.jsonl")),
-            "--state-dir",
-            s(&state),
-        ])
-        .output()
-        .expect("spawn");
-    assert!(!run.status.success());
+    let run = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args([
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&dir.path().join("out.jsonl")),
+        "--state-dir",
+        s(&state),
+    ]));
     let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{err}");
     assert!(err.contains("job was library session window"), "{err}");
 }
 
