@@ -74,6 +74,14 @@ pub enum DedupMode {
 pub const DEFAULT_VALID_RANGE: (EventTime, EventTime) =
     (EventTime(0), EventTime(7_258_118_400_000));
 
+/// Whether `time` lies in `range` (`start <= t < end`): the `--valid-time-range` check,
+/// shared by the [`Decoder`] and the library's jobs, so that one corrupt far-future
+/// record cannot push the watermark past every open session.
+#[inline]
+pub fn in_valid_range(time: EventTime, range: (EventTime, EventTime)) -> bool {
+    range.0 <= time && time < range.1
+}
+
 /// What a [`Decoder`] reads from each record.
 #[derive(Clone, Debug)]
 pub struct DecoderConfig {
@@ -399,8 +407,7 @@ impl Decoder {
             &mut self.tmp_buf,
             &self.cfg.time,
         )?;
-        let (lo, hi) = self.cfg.valid_range;
-        if time < lo || time >= hi {
+        if !in_valid_range(time, self.cfg.valid_range) {
             return Err(Invalid::TimeOutOfRange {
                 field: self.cfg.time.clone(),
                 range: self.cfg.valid_range,

@@ -53,7 +53,12 @@ impl fmt::Display for DurationMs {
 /// It starts at minus infinity and only moves forward. Plus infinity is the watermark of
 /// a finished bounded input.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Watermark(i64);
+pub struct Watermark(
+    /// Milliseconds since the Unix epoch, like [`EventTime`]'s; `i64::MIN` and
+    /// `i64::MAX` stand for minus and plus infinity ([`Watermark::MIN`],
+    /// [`Watermark::MAX`]).
+    pub i64,
+);
 
 impl Watermark {
     /// Minus infinity: before any event, nothing is late.

@@ -18,10 +18,9 @@
 //! Run: `cargo run -p sessionizer --example flink_style`
 
 use serde::{Deserialize, Serialize};
-use sessionizer::connectors::InputSource;
 use sessionizer::prelude::*;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// One visit event.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -73,11 +72,16 @@ pub fn input_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/data/visits.jsonl")
 }
 
-/// Runs the job, writing sessions, late visits and dead letters as JSON lines.
+/// Runs the job on `examples/data/visits.jsonl`.
 pub fn run(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
+    run_on(&input_path(), out)
+}
+
+/// Runs the job on the JSON-lines file `input`, writing its sessions as JSON lines,
+/// then its late (and rejected) visits and its dead letters, then the accounting.
+pub fn run_on(input: &Path, out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     let mut dead_letters: Vec<DeadLetter> = Vec::new();
-    let mut visits =
-        JsonLines::<Visit, _>::open(vec![InputSource::File(input_path())], &mut dead_letters)?;
+    let mut visits = JsonLines::<Visit, _>::files([input], &mut dead_letters)?;
 
     let mut job = Stream::<Visit>::new()
         .key_by(|v| v.visit_id.clone())
@@ -107,7 +111,10 @@ pub fn run(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
     writeln!(
         out,
         "records {} = in sessions {} + late {} + invalid {}",
-        read.records, counts.in_sessions, counts.late, read.invalid
+        read.records,
+        counts.in_sessions,
+        counts.late,
+        read.invalid + counts.invalid
     )?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! Run: `cargo run -p sessionizer --example tokio_service`
 
 use serde::Deserialize;
+use sessionizer::aggregators::NamedValue;
 use sessionizer::prelude::*;
 use std::io::Write;
 use tokio::sync::mpsc;
@@ -22,7 +23,7 @@ pub struct Visit {
 }
 
 /// A session as the service publishes it: the pages and the number of distinct ones.
-pub type Published = WindowOutput<(Vec<String>, usize)>;
+pub type Published = WindowOutput<(NamedValue<Vec<String>>, NamedValue<usize>)>;
 
 /// A [`Sink`] into a tokio unbounded channel (a user's own sink: any type can be one).
 struct ToChannel<T>(mpsc::UnboundedSender<T>);
@@ -45,8 +46,8 @@ pub async fn sessionize_service(
         .watermark(BoundedOutOfOrderness::new(minutes(1)))
         .session_windows(minutes(10))
         .aggregate((
-            Collect(|v: &Visit| Some(v.page.clone())),
-            CountDistinct(|v: &Visit| Some(v.page.clone())),
+            Collect(|v: &Visit| Some(v.page.clone())).named("pages"),
+            CountDistinct(|v: &Visit| Some(v.page.clone())).named("distinct_pages"),
         ))
         .build();
     let mut out = ToChannel(sessions);

@@ -6,6 +6,34 @@
 //! Combine several with a tuple: `.aggregate((Count, Collect(|v: &Visit| Some(v.page.clone()))))`.
 //! For anything else, implement [`Aggregator`] yourself.
 //!
+//! **Names in the output.** A session record written as JSON takes the fields of its
+//! aggregate value in their order (see [`SessionRecord`](crate::windowed::SessionRecord)):
+//! give each aggregate its field name with `.named(..)` (or [`Named`] for your own
+//! aggregator), so that a tuple of them becomes named fields:
+//!
+//! ```
+//! use sessionizer::prelude::*;
+//!
+//! struct Visit { id: &'static str, page: &'static str, at: EventTime }
+//!
+//! let mut job = Stream::<Visit>::new()
+//!     .key_by(|v| v.id)
+//!     .event_time(|v| v.at)
+//!     .session_windows(minutes(10))
+//!     .aggregate((Count.named("views"), Collect(|v: &Visit| Some(v.page)).named("pages")))
+//!     .build();
+//! let visits = [("v1", "/a", 0), ("v1", "/b", 60_000)]
+//!     .map(|(id, page, t)| Visit { id, page, at: EventTime(t) });
+//! let mut sessions = Vec::new();
+//! job.run(visits, &mut sessions, &mut Vec::new()).expect("vectors never refuse");
+//! let json = serde_json::to_string(&sessions[0]).expect("JSON");
+//! assert!(json.ends_with(r#""revision":0,"complete":true,"views":2,"pages":["/a","/b"]}"#), "{json}");
+//! ```
+//!
+//! Without names, a tuple's elements are written as fields `_1`, `_2`, ... by position
+//! (Spark's names for the columns of a tuple), except that an element which is itself a
+//! struct or a map contributes its own fields.
+//!
 //! ```
 //! use sessionizer::aggregators::{Collect, Count, Max};
 //! use sessionizer::window::aggregate::{Aggregator, Position};
@@ -24,6 +52,82 @@ use std::cmp::Ordering;
 use std::collections::HashSet;
 use std::hash::Hash;
 use std::ops::Add;
+
+/// An aggregator whose result is written as the field `name` of the session record:
+/// its output serializes as `{name: value}`. The built-ins have `.named(name)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Named<A> {
+    /// The field name.
+    pub name: &'static str,
+    /// The aggregator.
+    pub aggregator: A,
+}
+
+impl<A> Named<A> {
+    /// `aggregator`, written as the field `name`.
+    pub fn new(name: &'static str, aggregator: A) -> Self {
+        Named { name, aggregator }
+    }
+}
+
+/// The result of a [`Named`] aggregator: serializes as a map of one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedValue<O> {
+    /// The field name.
+    pub name: &'static str,
+    /// The aggregator's result.
+    pub value: O,
+}
+
+impl<O: serde::Serialize> serde::Serialize for NamedValue<O> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = s.serialize_map(Some(1))?;
+        map.serialize_entry(self.name, &self.value)?;
+        map.end()
+    }
+}
+
+impl<E, A: Aggregator<E>> Aggregator<E> for Named<A> {
+    type Acc = A::Acc;
+    type Output = NamedValue<A::Output>;
+    fn create(&self) -> A::Acc {
+        self.aggregator.create()
+    }
+    fn add(&self, acc: &mut A::Acc, event: &E, at: Position) {
+        self.aggregator.add(acc, event, at);
+    }
+    fn merge(&self, acc: &mut A::Acc, other: A::Acc) {
+        self.aggregator.merge(acc, other);
+    }
+    fn finish(&self, acc: &A::Acc) -> Self::Output {
+        NamedValue {
+            name: self.name,
+            value: self.aggregator.finish(acc),
+        }
+    }
+}
+
+macro_rules! named {
+    ($($t:ident $(<$f:ident>)?),*) => {$(
+        impl$(<$f>)? $t$(<$f>)? {
+            /// This aggregate, written as the field `name` of the session record.
+            pub fn named(self, name: &'static str) -> Named<Self> {
+                Named::new(name, self)
+            }
+        }
+    )*};
+}
+named!(
+    Count,
+    Collect<F>,
+    First<F>,
+    Last<F>,
+    CountDistinct<F>,
+    Sum<F>,
+    Min<F>,
+    Max<F>
+);
 
 /// The number of events (`event_count` counts them too; this is for tuples).
 #[derive(Debug, Clone, Copy, Default)]

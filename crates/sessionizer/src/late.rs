@@ -3,7 +3,13 @@
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sessionizer_core::{EventTime, Watermark};
 
-/// An event that was too late to be processed, with why.
+/// The reason of an event whose time is outside the job's valid time range
+/// ([`Stream::valid_time_range`](crate::Stream::valid_time_range)): rejected, not
+/// processed, and its time never seen by the watermark.
+pub const TIME_OUT_OF_RANGE: &str = "time_out_of_range";
+
+/// An event that was too late to be processed, or whose time is outside the job's valid
+/// time range, with why.
 ///
 /// As JSON it has the command line's late-record shape: `reason`, `watermark`,
 /// `behind_watermark_ms`, `event`.
@@ -15,8 +21,10 @@ pub struct Late<E> {
     pub time: EventTime,
     /// The watermark it was judged against.
     pub watermark: Watermark,
-    /// `window_closed` or `session_final` (session windows, SPEC §2), or
-    /// `behind_watermark` (stateful jobs: `t <= W` of its batch).
+    /// `window_closed` or `session_final` (session windows, SPEC §2),
+    /// `behind_watermark` (stateful jobs: `t <= W` of its batch), or
+    /// [`TIME_OUT_OF_RANGE`] (either job: the time is outside the valid time range; then
+    /// `behind_watermark_ms` is negative for a time in the far future).
     pub reason: &'static str,
 }
 

@@ -53,15 +53,18 @@
 //! ```
 //!
 //! Both run on one keyed-state + timers core ([`window::keyed::KeyedStore`]); the
-//! command line's job is the declarative window with the built-in JSON aggregates.
+//! command line's job is the declarative window with the built-in JSON aggregates. The
+//! guide, `docs/library.md`, is compiled with the doc-tests (`LibraryGuide` under
+//! `cfg(doctest)`).
 //!
 //! * [`stream`] — [`Stream`]: key and time extractors, watermark strategy.
 //! * [`windowed`] — the session window job and its output records.
 //! * [`stateful`] — the stateful job, its batching and snapshots.
 //! * [`aggregators`] — the built-in aggregates over your events; write your own with
 //!   [`window::Aggregator`].
-//! * [`sink`], [`source`], [`late`] — where outputs, late events and dead letters go;
-//!   JSON-lines input.
+//! * [`sink`], [`source`], [`late`] — where outputs, late (and rejected) events and
+//!   dead letters go; JSON-lines input.
+//! * [`checkpoints`] — a session window job's checkpoints, in the command line's format.
 //! * [`time`] — durations (`minutes(10)`) and RFC 3339 serde helpers.
 //!
 //! The command line's pipeline:
@@ -79,7 +82,9 @@
 //! [`connectors`] (inputs and output encoding).
 
 pub mod aggregators;
+pub mod checkpoints;
 pub mod config;
+mod flatten;
 pub mod late;
 pub mod pipeline;
 pub mod sink;
@@ -97,16 +102,27 @@ pub use sessionizer_core as core;
 pub use sessionizer_window as window;
 pub use stream::Stream;
 
+/// The guide `docs/library.md`, compiled: every Rust snippet in it is a doc-test, so the
+/// guide cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryGuide;
+
 /// Everything a job needs, in one import.
 pub mod prelude {
-    pub use crate::aggregators::{Collect, Count, CountDistinct, First, Last, Max, Min, Sum};
+    pub use crate::aggregators::{
+        Collect, Count, CountDistinct, First, Last, Max, Min, Named, Sum,
+    };
+    pub use crate::checkpoints::{Checkpoints, Resumed, StateError};
     pub use crate::late::Late;
-    pub use crate::sink::{JsonLinesSink, Sink, SinkError};
-    pub use crate::source::{DeadLetter, JsonLines};
+    pub use crate::sink::{JsonLinesSink, OutputTarget, Sink, SinkError};
+    pub use crate::source::{DeadLetter, InputSource, JsonLines, SourceError};
     pub use crate::stateful::{Batching, StatefulJob};
     pub use crate::stream::Stream;
     pub use crate::time::{hours, millis, minutes, seconds};
-    pub use crate::windowed::{SessionRecord, SessionWindowJob, WindowOutput};
+    pub use crate::windowed::{
+        Emission, SessionRecord, SessionWindowJob, Trigger, WindowCounts, WindowOutput,
+    };
     pub use sessionizer_core::{DurationMs, EventTime, Watermark};
     pub use sessionizer_window::aggregate::{Aggregator, Position};
     pub use sessionizer_window::clock::{Clock, ManualClock, ProcessingTime, SystemClock};

@@ -5,9 +5,12 @@
 //! output writer (files or stdout, buffered in blocks).
 
 use serde::Serialize;
-use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::encode::{OutputError, RecordWriter};
+use std::path::PathBuf;
 use std::sync::mpsc;
+
+/// Where a [`JsonLinesSink`] writes: a file, stdout or stderr (also in the prelude).
+pub use sessionizer_connectors::OutputTarget;
 
 /// Why a sink refused an item.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +27,11 @@ pub enum SinkError {
 }
 
 /// A destination for items of type `T`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a sink of `{T}`",
+    label = "this cannot take `{T}` items",
+    note = "a sink is a `Vec<{T}>` (or `&mut Vec<{T}>`), a closure `FnMut({T})`, a std `Sender<{T}>`, a `JsonLinesSink` (for serde types), or your own `impl Sink<{T}>`"
+)]
 ///
 /// ```
 /// use sessionizer::sink::Sink;
@@ -86,12 +94,11 @@ impl<T> Sink<T> for mpsc::SyncSender<T> {
 /// [`Sink::flush`] at the end).
 ///
 /// ```
-/// use sessionizer::connectors::OutputTarget;
-/// use sessionizer::sink::{JsonLinesSink, Sink};
+/// use sessionizer::prelude::*;
 ///
 /// let dir = tempfile::tempdir().expect("temp dir");
 /// let path = dir.path().join("out.jsonl");
-/// let mut sink = JsonLinesSink::new(OutputTarget::File(path.clone()));
+/// let mut sink = JsonLinesSink::file(&path);
 /// sink.send(serde_json::json!({"key": "v1", "pages": 3})).expect("encoded");
 /// sink.flush().expect("written");
 /// assert_eq!(std::fs::read_to_string(path).expect("read"), "{\"key\":\"v1\",\"pages\":3}\n");
@@ -109,6 +116,16 @@ impl JsonLinesSink {
             writer: RecordWriter::new(target),
             line: Vec::new(),
         }
+    }
+
+    /// A sink writing to the file at `path` (created or truncated on the first write).
+    pub fn file(path: impl Into<PathBuf>) -> Self {
+        Self::new(OutputTarget::File(path.into()))
+    }
+
+    /// A sink writing to standard output.
+    pub fn stdout() -> Self {
+        Self::new(OutputTarget::Stdout)
     }
 
     /// Records written so far.

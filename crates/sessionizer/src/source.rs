@@ -6,10 +6,13 @@
 use crate::sink::{Sink, SinkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sessionizer_connectors::InputSource;
 use sessionizer_connectors::input::{Batch, InputError, Inputs};
 use std::fmt;
 use std::marker::PhantomData;
+use std::path::PathBuf;
+
+/// Where [`JsonLines`] reads: a file or stdin (also in the prelude).
+pub use sessionizer_connectors::InputSource;
 
 /// A record that could not be read as an event, in the command line's dead-letter shape:
 /// `{"reason":..,"source":"file:line","raw":..}`, plus `"raw_base64"` when the record is
@@ -58,8 +61,7 @@ pub struct SourceCounts {
 ///
 /// ```
 /// use serde::Deserialize;
-/// use sessionizer::connectors::InputSource;
-/// use sessionizer::source::JsonLines;
+/// use sessionizer::prelude::*;
 ///
 /// #[derive(Deserialize)]
 /// struct Visit { visit_id: String }
@@ -68,8 +70,7 @@ pub struct SourceCounts {
 /// let path = dir.path().join("visits.jsonl");
 /// std::fs::write(&path, "{\"visit_id\":\"v1\"}\n\n{\"page\":\"/\"}\n").expect("write");
 /// let mut dead = Vec::new();
-/// let mut source = JsonLines::<Visit, _>::open(vec![InputSource::File(path)], &mut dead)
-///     .expect("readable");
+/// let mut source = JsonLines::<Visit, _>::files([&path], &mut dead).expect("readable");
 /// let ids: Vec<String> = source.by_ref().map(|v| v.visit_id).collect();
 /// let counts = source.finish().expect("no input error");
 /// assert_eq!(ids, ["v1"]);
@@ -100,7 +101,25 @@ impl<E, D> fmt::Debug for JsonLines<E, D> {
 const BATCH_BYTES: usize = 1 << 20;
 
 impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
-    /// Reads `sources` in order; checks first that every file can be opened.
+    /// Reads the files `paths` in order; checks first that every one can be opened.
+    pub fn files<P: Into<PathBuf>>(
+        paths: impl IntoIterator<Item = P>,
+        dead_letters: D,
+    ) -> Result<Self, SourceError> {
+        let sources = paths
+            .into_iter()
+            .map(|p| InputSource::File(p.into()))
+            .collect();
+        Self::open(sources, dead_letters)
+    }
+
+    /// Reads standard input, line by line as lines arrive.
+    pub fn stdin(dead_letters: D) -> Result<Self, SourceError> {
+        Self::open(vec![InputSource::Stdin], dead_letters)
+    }
+
+    /// Reads `sources` in order (files, or stdin; [`InputSource::parse`] reads `-` as
+    /// stdin, like `--input`); checks first that every file can be opened.
     pub fn open(sources: Vec<InputSource>, dead_letters: D) -> Result<Self, SourceError> {
         let inputs = Inputs::new(sources);
         inputs.check_readable()?;

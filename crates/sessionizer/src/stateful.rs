@@ -5,9 +5,9 @@
 //! are those of [`sessionizer_window::stateful`]; this module adds the key and time
 //! extractors, the batching of an input into micro-batches ([`Batching`]) and the sinks.
 
-use crate::late::Late;
+use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::sink::{Sink, SinkError};
-use crate::stream::{KeyFn, Stream, TimeFn};
+use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_core::Watermark;
@@ -114,6 +114,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
                 .with_late_policy(self.late_policy),
             key: self.stream.key,
             time: self.stream.time,
+            valid: self.stream.valid,
             f: self.f,
             batching: self.batching,
             key_buf: String::new(),
@@ -122,13 +123,17 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
     }
 }
 
-/// A stateful job's accounting: every event pushed was given to the function or late.
+/// A stateful job's accounting: every event pushed was given to the function, late, or
+/// invalid (`events = given to the function + late + invalid`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatefulCounts {
     /// Events pushed.
     pub events: u64,
-    /// Events sent to the late sink.
+    /// Events sent to the late sink as behind the watermark.
     pub late: u64,
+    /// Events whose time is outside the valid time range (sent to the late sink with
+    /// reason [`TIME_OUT_OF_RANGE`], never given to the function).
+    pub invalid: u64,
     /// Batches ended.
     pub batches: u64,
     /// Calls with events.
@@ -171,6 +176,7 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     op: StatefulOperator<E, S, W, C>,
     key: K,
     time: T,
+    valid: ValidTimes,
     f: F,
     batching: Batching,
     key_buf: String,
@@ -208,11 +214,20 @@ where
     R: IntoIterator,
 {
     /// Adds one event to the open batch (opening one: the clock is read then). A late
-    /// event goes to `late` at once.
+    /// event, or one whose time is outside the valid time range, goes to `late` at once.
     pub fn push<L: Sink<Late<E>>>(&mut self, event: E, late: &mut L) -> Result<(), SinkError> {
-        self.key.key_into(&event, &mut self.key_buf);
         let time = self.time.time_of(&event);
         self.counts.events += 1;
+        if !time_is_valid(self.valid, time) {
+            self.counts.invalid += 1;
+            return late.send(Late {
+                event,
+                time,
+                watermark: self.op.watermark(),
+                reason: TIME_OUT_OF_RANGE,
+            });
+        }
+        self.key.key_into(&event, &mut self.key_buf);
         if let Some(l) = self.op.push(&self.key_buf, time, event) {
             self.counts.late += 1;
             late.send(to_late(l))?;

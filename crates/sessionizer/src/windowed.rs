@@ -6,15 +6,22 @@
 //! does: judge the event against the watermark as it stood before it, apply it, move the
 //! watermark, emit what became due.
 
-use crate::late::Late;
+use crate::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::sink::{Sink, SinkError};
-use crate::stream::{KeyFn, Stream, TimeFn};
+use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
+use serde::de::DeserializeOwned;
 use serde::ser::{Serialize, SerializeMap, Serializer};
+use sessionizer_checkpoint::state::LiveError;
+use sessionizer_checkpoint::{Counters, EncodedState, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
+use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
+use sessionizer_window::codec;
+use sessionizer_window::session::KeySessions;
 use sessionizer_window::{
-    Emit, EmitMode, SessionOperator, SessionView, TypedEvent, Verdict, WatermarkStrategy,
-    WindowConfig, session_id,
+    Emit, EmitMode, LateReason, SessionOperator, SessionView, TypedEvent, Verdict,
+    WatermarkStrategy, WindowConfig, session_id,
 };
 use std::fmt;
 
@@ -71,16 +78,18 @@ impl<E, F: Fn(&E) -> Option<DurationMs>> GapFn<E> for F {
 /// assert_eq!(counts, [("v2".to_string(), 1), ("v1".to_string(), 2), ("v1".to_string(), 1)]);
 /// assert!(late.is_empty());
 /// ```
-pub struct SessionWindowBuilder<E, K, T, W, A, G> {
+pub struct SessionWindowBuilder<E, K, T, W, A, G, C = SystemClock> {
     stream: Stream<E, K, T, W>,
     gap: DurationMs,
     gap_fn: G,
     allowed_lateness: DurationMs,
     emit: EmitMode,
     aggregate: A,
+    clock: C,
+    idle_timeout: Option<DurationMs>,
 }
 
-impl<E, K, T, W: fmt::Debug, A, G> fmt::Debug for SessionWindowBuilder<E, K, T, W, A, G> {
+impl<E, K, T, W: fmt::Debug, A, G, C> fmt::Debug for SessionWindowBuilder<E, K, T, W, A, G, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionWindowBuilder")
             .field("stream", &self.stream)
@@ -102,16 +111,18 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy>
             allowed_lateness: DurationMs::ZERO,
             emit: EmitMode::OnClose,
             aggregate: (),
+            clock: SystemClock,
+            idle_timeout: None,
         }
     }
 }
 
-impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
-    SessionWindowBuilder<E, K, T, W, A, G>
+impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
+    SessionWindowBuilder<E, K, T, W, A, G, C>
 {
     /// A gap per event (`--gap-field`): `None` means the window's gap. Each event covers
     /// `[t, t + gap]`; the events whose intervals chain form a session.
-    pub fn gap_fn<G2>(self, gap_fn: G2) -> SessionWindowBuilder<E, K, T, W, A, G2>
+    pub fn gap_fn<G2>(self, gap_fn: G2) -> SessionWindowBuilder<E, K, T, W, A, G2, C>
     where
         G2: Fn(&E) -> Option<DurationMs>,
     {
@@ -122,6 +133,24 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             allowed_lateness: self.allowed_lateness,
             emit: self.emit,
             aggregate: self.aggregate,
+            clock: self.clock,
+            idle_timeout: self.idle_timeout,
+        }
+    }
+
+    /// The processing-time clock (default [`SystemClock`]; a
+    /// [`ManualClock`](sessionizer_window::ManualClock) in tests): it stamps every
+    /// record's [`Emission::processing_time`]. The rules never read it.
+    pub fn clock<C2: Clock>(self, clock: C2) -> SessionWindowBuilder<E, K, T, W, A, G, C2> {
+        SessionWindowBuilder {
+            stream: self.stream,
+            gap: self.gap,
+            gap_fn: self.gap_fn,
+            allowed_lateness: self.allowed_lateness,
+            emit: self.emit,
+            aggregate: self.aggregate,
+            clock,
+            idle_timeout: self.idle_timeout,
         }
     }
 
@@ -138,12 +167,23 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
         self
     }
 
+    /// Lets the watermark move on with the clock while the input is quiet (the command
+    /// line's `--idle-timeout`, SPEC §2): once no event has come for `timeout` of
+    /// processing time, [`SessionWindowJob::tick`] moves the watermark to the one of the
+    /// last event plus the processing time passed since, so a quiet key's session still
+    /// closes. Off by default (a bounded input ends with
+    /// [`finish`](SessionWindowJob::finish) instead).
+    pub fn idle_timeout(mut self, timeout: DurationMs) -> Self {
+        self.idle_timeout = Some(timeout);
+        self
+    }
+
     /// What each session computes: one [`Aggregator`] (a tuple of them for several; see
     /// [`crate::aggregators`] for the built-ins).
     pub fn aggregate<A2: Aggregator<E>>(
         self,
         aggregate: A2,
-    ) -> SessionWindowBuilder<E, K, T, W, A2, G> {
+    ) -> SessionWindowBuilder<E, K, T, W, A2, G, C> {
         SessionWindowBuilder {
             stream: self.stream,
             gap: self.gap,
@@ -151,14 +191,17 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             allowed_lateness: self.allowed_lateness,
             emit: self.emit,
             aggregate,
+            clock: self.clock,
+            idle_timeout: self.idle_timeout,
         }
     }
 
     /// The job.
-    pub fn build(self) -> SessionWindowJob<E, K, T, W, A, G>
+    pub fn build(self) -> SessionWindowJob<E, K, T, W, A, G, C>
     where
         A: Aggregator<E>,
         G: GapFn<E>,
+        C: Clock,
     {
         let cfg = WindowConfig {
             gap: self.gap,
@@ -174,19 +217,74 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G>
             watermark: self.stream.watermark,
             gap_fn: self.gap_fn,
             gap: self.gap,
+            valid: self.stream.valid,
+            clock: self.clock,
+            idle_timeout: self.idle_timeout,
+            last_input: None,
+            max_time: None,
             seq: 0,
             key_buf: String::new(),
             counts: WindowCounts::default(),
+            checkpointed: false,
         }
     }
 }
 
-/// A session as emitted: its bounds, revision and the aggregate's result `value`.
+/// Why a record was emitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Trigger {
+    /// The watermark reached the session's close time (Flink's event-time trigger
+    /// firing). A late event that changes a complete session emits its next revision at
+    /// once, with the watermark it was judged against.
+    Watermark,
+    /// `EmitMode::OnUpdate`: an event changed a session still open (`complete` is
+    /// false).
+    Update,
+    /// The input was quiet for the idle timeout and the watermark moved on with the
+    /// clock ([`SessionWindowBuilder::idle_timeout`]).
+    Idle,
+    /// [`SessionWindowJob::finish`]: the end of a bounded input, where every session is
+    /// emitted whatever the watermark.
+    EndOfInput,
+}
+
+/// The context of an emission, on every record (Flink's `Context.currentWatermark()`
+/// and `currentProcessingTime()` at firing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Emission {
+    /// The event-time watermark at emission: the one that completed the session (for
+    /// [`Trigger::Update`], the one after the event that changed it; for a late event's
+    /// revision, the one it was judged against).
+    ///
+    /// At the end of input ([`Trigger::EndOfInput`]) the engine moves the watermark to
+    /// +∞ to emit everything; that is no watermark any event gave, so this field holds
+    /// instead the **last watermark the events gave** ([`Watermark::MIN`] if none) — a
+    /// session emitted then is incomplete in event time, `watermark` says how far the
+    /// input had got.
+    pub watermark: Watermark,
+    /// The processing time at emission (the job's [`Clock`]).
+    pub processing_time: ProcessingTime,
+    /// What emitted the record.
+    pub trigger: Trigger,
+}
+
+/// A session as emitted: its bounds, revision, the aggregate's result `value`, and the
+/// context of its emission.
 ///
 /// As JSON (through [`JsonLinesSink`](crate::sink::JsonLinesSink)) it has the command
 /// line's shape: `key`, `session_id` (16 hex digits), `start`, `end` (RFC 3339),
-/// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value` when
-/// it serializes as a struct or map (nothing for `()`, else one field `value`).
+/// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value`, in
+/// the value's own order and with its own names (nested objects too):
+///
+/// - a struct or map: its fields;
+/// - a tuple: its elements' fields — a struct or map element (such as a
+///   [`Named`](crate::aggregators::Named) aggregate's result) contributes its fields,
+///   any other element is the field `_1`, `_2`, ... by position;
+/// - `()` or `None`: nothing;
+/// - anything else: one field `value`.
+///
+/// The emission context is not written (the command line's records do not have it);
+/// map the record to your own type to output it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionRecord<O> {
     /// The key's text.
@@ -205,12 +303,29 @@ pub struct SessionRecord<O> {
     pub complete: bool,
     /// The aggregate's result.
     pub value: O,
+    /// When and why it was emitted.
+    pub emitted: Emission,
 }
 
 impl<O> SessionRecord<O> {
     /// `end - start`.
     pub fn duration(&self) -> DurationMs {
         DurationMs(self.end.millis() - self.start.millis())
+    }
+
+    /// The same record with its value mapped by `f` (to name a tuple's fields, say).
+    pub fn map<O2>(self, f: impl FnOnce(O) -> O2) -> SessionRecord<O2> {
+        SessionRecord {
+            key: self.key,
+            session_id: self.session_id,
+            start: self.start,
+            end: self.end,
+            event_count: self.event_count,
+            revision: self.revision,
+            complete: self.complete,
+            value: f(self.value),
+            emitted: self.emitted,
+        }
     }
 }
 
@@ -229,16 +344,9 @@ impl<O: Serialize> Serialize for SessionRecord<O> {
         map.serialize_entry("event_count", &self.event_count)?;
         map.serialize_entry("revision", &self.revision)?;
         map.serialize_entry("complete", &self.complete)?;
-        // The value's fields become the record's, as the command line's aggregates do.
-        match serde_json::to_value(&self.value).map_err(serde::ser::Error::custom)? {
-            serde_json::Value::Object(fields) => {
-                for (name, v) in &fields {
-                    map.serialize_entry(name, v)?;
-                }
-            }
-            serde_json::Value::Null => {}
-            other => map.serialize_entry("value", &other)?,
-        }
+        // The value's fields become the record's, as the command line's aggregates do,
+        // in the value's own order.
+        crate::flatten::flatten_into(&mut map, &self.value)?;
         map.end()
     }
 }
@@ -253,6 +361,8 @@ pub struct Retraction {
     pub session_id: u64,
     /// The start it had.
     pub start: EventTime,
+    /// When and why it was emitted.
+    pub emitted: Emission,
 }
 
 impl Serialize for Retraction {
@@ -293,7 +403,8 @@ impl<O: Serialize> Serialize for WindowOutput<O> {
     }
 }
 
-/// A session window job's accounting: every event pushed is in a session or late.
+/// A session window job's accounting: every event pushed is in a session, late, or
+/// invalid (`events = in_sessions + late + invalid`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WindowCounts {
     /// Events pushed.
@@ -302,6 +413,9 @@ pub struct WindowCounts {
     pub in_sessions: u64,
     /// Events too late (sent to the late sink).
     pub late: u64,
+    /// Events whose time is outside the valid time range (sent to the late sink with
+    /// reason [`TIME_OUT_OF_RANGE`]).
+    pub invalid: u64,
     /// Session records emitted.
     pub sessions_emitted: u64,
     /// Retractions emitted.
@@ -309,20 +423,42 @@ pub struct WindowCounts {
 }
 
 /// A running session window job; made by [`SessionWindowBuilder::build`].
-pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G> {
+pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     op: SessionOperator<Custom<A, E>>,
     key: K,
     time: T,
     watermark: W,
     gap_fn: G,
     gap: DurationMs,
+    valid: ValidTimes,
+    clock: C,
+    idle_timeout: Option<DurationMs>,
+    /// The processing time of the last event and the watermark after it (for the idle
+    /// advance).
+    last_input: Option<(ProcessingTime, Watermark)>,
+    /// The largest valid event time pushed.
+    max_time: Option<EventTime>,
     seq: u64,
     key_buf: String,
     counts: WindowCounts,
+    /// A checkpoint was written or restored: the operator tracks changed keys.
+    checkpointed: bool,
 }
 
-impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G> fmt::Debug
-    for SessionWindowJob<E, K, T, W, A, G>
+/// What became of one pushed event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Applied to a session.
+    InSession,
+    /// Too late (sent to the late sink), and why.
+    Late(LateReason),
+    /// Its time is outside the valid time range: rejected (sent to the late sink with
+    /// reason [`TIME_OUT_OF_RANGE`]); the watermark did not see it.
+    OutOfRange,
+}
+
+impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G, C> fmt::Debug
+    for SessionWindowJob<E, K, T, W, A, G, C>
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionWindowJob")
@@ -335,15 +471,46 @@ impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G> fmt::Debug
 }
 
 /// Adapts a [`Sink`] of [`WindowOutput`] to the operator's [`Emit`], keeping the first
-/// sink error (the operator's output path cannot fail).
-struct EmitTo<'s, S> {
+/// sink error (the operator's output path cannot fail), and stamps the records with the
+/// emission context (the clock is read once, at the first record).
+struct EmitTo<'s, S, C> {
     sink: &'s mut S,
+    clock: &'s C,
+    now: Option<ProcessingTime>,
+    watermark: Watermark,
+    trigger: Trigger,
     error: Option<SinkError>,
     sessions: u64,
     retractions: u64,
 }
 
-impl<S> EmitTo<'_, S> {
+impl<'s, S, C: Clock> EmitTo<'s, S, C> {
+    fn new(sink: &'s mut S, clock: &'s C, watermark: Watermark, trigger: Trigger) -> Self {
+        EmitTo {
+            sink,
+            clock,
+            now: None,
+            watermark,
+            trigger,
+            error: None,
+            sessions: 0,
+            retractions: 0,
+        }
+    }
+
+    fn emission(&mut self, complete: bool) -> Emission {
+        let processing_time = *self.now.get_or_insert_with(|| self.clock.now());
+        Emission {
+            watermark: self.watermark,
+            processing_time,
+            trigger: match self.trigger {
+                Trigger::Watermark | Trigger::Update if !complete => Trigger::Update,
+                Trigger::Update => Trigger::Watermark,
+                other => other,
+            },
+        }
+    }
+
     fn send<T>(&mut self, item: T)
     where
         S: Sink<T>,
@@ -360,13 +527,15 @@ impl<S> EmitTo<'_, S> {
     }
 }
 
-impl<A, E, S> Emit<Custom<A, E>> for EmitTo<'_, S>
+impl<A, E, S, C> Emit<Custom<A, E>> for EmitTo<'_, S, C>
 where
     A: Aggregator<E>,
     S: Sink<WindowOutput<A::Output>>,
+    C: Clock,
 {
     fn session<'a>(&mut self, s: &SessionView<'a, CustomView<'a, A, E>>) {
         self.sessions += 1;
+        let emitted = self.emission(s.complete);
         let record = SessionRecord {
             key: String::from_utf8_lossy(s.key).into_owned(),
             session_id: session_id(s.key, s.start.millis()),
@@ -376,51 +545,62 @@ where
             revision: s.revision,
             complete: s.complete,
             value: s.aggregates.finish(),
+            emitted,
         };
         self.send(WindowOutput::Session(record));
     }
 
     fn retraction(&mut self, key: &[u8], start: EventTime) {
         self.retractions += 1;
+        let emitted = self.emission(true);
         self.send(WindowOutput::Retraction(Retraction {
             key: String::from_utf8_lossy(key).into_owned(),
             session_id: session_id(key, start.millis()),
             start,
+            emitted,
         }));
     }
 }
 
-impl<E, K, T, W, A, G> SessionWindowJob<E, K, T, W, A, G>
+impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
 where
     K: KeyFn<E>,
     T: TimeFn<E>,
     W: WatermarkStrategy,
     A: Aggregator<E>,
     G: GapFn<E>,
+    C: Clock,
 {
     /// Processes one event: judged against the watermark as it stood before it,
     /// applied (or sent to `late`), then the watermark moves and the sessions it
-    /// completes go to `sessions`.
+    /// completes go to `sessions`. An event whose time is outside the valid time range
+    /// goes to `late` at once and changes nothing.
     pub fn push<S, L>(
         &mut self,
         event: E,
         sessions: &mut S,
         late: &mut L,
-    ) -> Result<Verdict, SinkError>
+    ) -> Result<Outcome, SinkError>
     where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        self.key.key_into(&event, &mut self.key_buf);
         let time = self.time.time_of(&event);
+        if !time_is_valid(self.valid, time) {
+            self.counts.events += 1;
+            self.counts.invalid += 1;
+            late.send(Late {
+                event,
+                time,
+                watermark: self.op.watermark(),
+                reason: TIME_OUT_OF_RANGE,
+            })?;
+            return Ok(Outcome::OutOfRange);
+        }
+        self.key.key_into(&event, &mut self.key_buf);
         let gap = self.gap_fn.gap_of(&event).unwrap_or(self.gap);
         let before = self.op.watermark();
-        let mut out = EmitTo {
-            sink: sessions,
-            error: None,
-            sessions: 0,
-            retractions: 0,
-        };
+        let mut out = EmitTo::new(sessions, &self.clock, before, Trigger::Update);
         let verdict = self.op.on_typed(
             &TypedEvent {
                 key: self.key_buf.as_bytes(),
@@ -435,13 +615,23 @@ where
         self.seq += 1;
         self.counts.events += 1;
         let w = self.watermark.observe(time);
+        self.max_time = Some(self.max_time.map_or(time, |m| m.max(time)));
+        out.watermark = w.max(before);
+        out.trigger = Trigger::Watermark;
         self.op.advance_to(w, &mut out);
+        if self.idle_timeout.is_some() {
+            let now = *out.now.get_or_insert_with(|| self.clock.now());
+            self.last_input = Some((now, self.op.watermark()));
+        }
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
         out.result()?;
         match verdict {
             // No dedup in this job: `Duplicate` cannot happen, and would be "in" anyway.
-            Verdict::Applied | Verdict::Duplicate => self.counts.in_sessions += 1,
+            Verdict::Applied | Verdict::Duplicate => {
+                self.counts.in_sessions += 1;
+                Ok(Outcome::InSession)
+            }
             Verdict::Late(reason) => {
                 self.counts.late += 1;
                 late.send(Late {
@@ -450,13 +640,14 @@ where
                     watermark: before,
                     reason: reason.as_str(),
                 })?;
+                Ok(Outcome::Late(reason))
             }
         }
-        Ok(verdict)
     }
 
     /// The end of a bounded input: the watermark becomes +∞ and every session is
-    /// emitted; then both sinks are flushed.
+    /// emitted (with [`Trigger::EndOfInput`] and the last watermark the events gave, see
+    /// [`Emission::watermark`]); then both sinks are flushed.
     pub fn finish<S, L>(
         &mut self,
         sessions: &mut S,
@@ -466,12 +657,8 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        let mut out = EmitTo {
-            sink: sessions,
-            error: None,
-            sessions: 0,
-            retractions: 0,
-        };
+        let last = self.op.watermark();
+        let mut out = EmitTo::new(sessions, &self.clock, last, Trigger::EndOfInput);
         self.op.advance_to(Watermark::MAX, &mut out);
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
@@ -499,6 +686,39 @@ where
         self.finish(sessions, late)
     }
 
+    /// Call on a timer while the input may be quiet (a service does, say, every
+    /// second): with an [`idle_timeout`](SessionWindowBuilder::idle_timeout), once no
+    /// event has come for that long the watermark moves on with the clock — to the
+    /// watermark of the last event plus the processing time passed since it, exactly
+    /// as the command line's `--idle-timeout` does — and the sessions that completes go
+    /// to `sessions` (with [`Trigger::Idle`]). Later events are judged against the
+    /// watermark it reached. Without an idle timeout, or before the first event, it
+    /// does nothing.
+    pub fn tick<S>(&mut self, sessions: &mut S) -> Result<(), SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
+        let (Some(limit), Some((at, w))) = (self.idle_timeout, self.last_input) else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        let quiet = now.0.saturating_sub(at.0);
+        if quiet < limit.millis() || !w.is_finite() {
+            return Ok(());
+        }
+        let target = Watermark::at(EventTime(w.millis().saturating_add(quiet)));
+        if target <= self.op.watermark() {
+            return Ok(());
+        }
+        self.watermark.resume_at(target);
+        let mut out = EmitTo::new(sessions, &self.clock, target, Trigger::Idle);
+        out.now = Some(now);
+        self.op.advance_to(target, &mut out);
+        self.counts.sessions_emitted += out.sessions;
+        self.counts.retractions += out.retractions;
+        out.result()
+    }
+
     /// The watermark the next event is judged against.
     pub fn watermark(&self) -> Watermark {
         self.op.watermark()
@@ -518,5 +738,209 @@ where
     /// with a user aggregate.
     pub fn operator(&self) -> &SessionOperator<Custom<A, E>> {
         &self.op
+    }
+}
+
+/// The options of a job that shape its state, as a checkpoint records them: a restore
+/// with any other value is refused, naming it.
+fn state_options<A: Aggregator<E>, E>(
+    cfg: &WindowConfig,
+    valid: ValidTimes,
+) -> Vec<(String, String)> {
+    let pair = |k: &str, v: String| (k.to_string(), v);
+    vec![
+        pair("job", "library session window".into()),
+        pair("--gap", cfg.gap.to_string()),
+        pair("--allowed-lateness", cfg.allowed_lateness.to_string()),
+        pair(
+            "--emit",
+            match cfg.emit {
+                EmitMode::OnClose => "on-close",
+                EmitMode::OnUpdate => "on-update",
+            }
+            .into(),
+        ),
+        pair(
+            "--valid-time-range",
+            valid.map_or("any".into(), |(a, b)| format!("{a}..{b}")),
+        ),
+        pair(
+            "aggregate state",
+            std::any::type_name::<A::Acc>().to_string(),
+        ),
+    ]
+}
+
+impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
+where
+    W: WatermarkStrategy,
+    A: Aggregator<E>,
+    A::Acc: Serialize + DeserializeOwned,
+    C: Clock,
+{
+    /// Writes a checkpoint of the job into `checkpoints`, in the command line's format:
+    /// every key's sessions (their aggregate state as JSON), the watermark, the counts,
+    /// and the number of events it covers. The first checkpoint is a full base, later
+    /// ones deltas of the keys changed since (with a new base now and then).
+    ///
+    /// A job that stops after a checkpoint and is [`restore`](Self::restore)d from it
+    /// continues exactly as if it had not stopped, given the events after the ones the
+    /// checkpoint covers. What the job emitted after the checkpoint is emitted again:
+    /// commit your outputs with the checkpoint (write them, then checkpoint) for exactly
+    /// once.
+    pub fn checkpoint(
+        &mut self,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<sessionizer_checkpoint::Committed, StateError> {
+        if let Some(epoch) = checkpoints.found_epoch
+            && !checkpoints.restored
+        {
+            return Err(StateError::NotRestored {
+                dir: checkpoints.path.clone(),
+                epoch,
+            });
+        }
+        let base = checkpoints.writer.next_is_base() || !self.checkpointed;
+        let mut entries = StateEntries::default();
+        let encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| {
+            codec::encode_sessions_with(sessions, buf, |acc, out| {
+                serde_json::to_writer(out, acc).expect("accumulator state serializes as JSON");
+            });
+        };
+        if base {
+            self.op.forget_changes();
+            for (_, key, sessions) in self.op.store().iter() {
+                entries.put_with(key, |buf| encode(sessions, buf));
+            }
+        } else {
+            self.op.drain_changes(|key, sessions| match sessions {
+                Some(s) => entries.put_with(key, |buf| encode(s, buf)),
+                None => entries.tombstone(key),
+            });
+        }
+        if base != checkpoints.writer.next_is_base() {
+            // A job's first checkpoint into a directory with a chain it did not write:
+            // prevented above; the writer labels the file, so this must agree.
+            return Err(StateError::State {
+                dir: checkpoints.path.clone(),
+                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
+            });
+        }
+        let c = self.counts;
+        let manifest = Manifest {
+            options: state_options::<A, E>(self.op.config(), self.valid),
+            next_seq: self.seq,
+            watermark: WatermarkState {
+                max_event_time_ms: self.max_time.map(EventTime::millis),
+                watermark_ms: self.op.watermark().millis(),
+                largest_gap_ms: self.op.largest_gap().millis(),
+                new_key_floor_ms: Some(self.op.new_key_floor()),
+            },
+            counters: Counters {
+                records_read: c.events,
+                in_sessions: c.in_sessions,
+                late: c.late,
+                invalid: c.invalid,
+                sessions_emitted: c.sessions_emitted,
+                retractions: c.retractions,
+                ..Counters::default()
+            },
+            keys: self.op.keys() as u64,
+            open_sessions: self.op.open_sessions() as u64,
+            ..Manifest::default()
+        };
+        let state = EncodedState {
+            parts: entries.parts().collect(),
+            puts: entries.puts(),
+            tombstones: entries.tombstones(),
+        };
+        let committed = checkpoints.writer.commit(&state, manifest)?;
+        self.op.track_changes(true);
+        self.checkpointed = true;
+        checkpoints.restored = true;
+        checkpoints.found_epoch = Some(committed.epoch);
+        Ok(committed)
+    }
+
+    /// Continues from the newest checkpoint in `checkpoints` (`None` when there is
+    /// none: the job starts afresh). Call it before the first event; then skip the
+    /// [`Resumed::events`] the checkpoint covers. Refused, changing nothing, when the
+    /// checkpoint was taken with other options (gap, lateness, emit mode, valid time
+    /// range, aggregate state type) or its state cannot be read.
+    pub fn restore(&mut self, checkpoints: &mut Checkpoints) -> Result<Option<Resumed>, StateError>
+    where
+        G: GapFn<E>,
+    {
+        if self.counts.events > 0 {
+            return Err(StateError::NotFresh {
+                events: self.counts.events,
+            });
+        }
+        let Some((manifest, state)) = checkpoints.found.take() else {
+            return Ok(None);
+        };
+        let dir = checkpoints.path.clone();
+        let differences =
+            manifest.option_differences(&state_options::<A, E>(self.op.config(), self.valid));
+        if !differences.is_empty() {
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::OptionsChanged { dir, differences });
+        }
+        if state.format_version() != codec::FORMAT {
+            let reason = format!(
+                "its state is of checkpoint format {}, a library job reads format {}",
+                state.format_version(),
+                codec::FORMAT
+            );
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::State { dir, reason });
+        }
+        // Decode every key before changing anything.
+        let mut keys = Vec::new();
+        let decoded = state.for_each_live(|key, value| {
+            codec::decode_sessions_with(value, |bytes| {
+                serde_json::from_slice::<A::Acc>(bytes).map_err(|e| e.to_string())
+            })
+            .map(|sessions| keys.push((key.to_vec(), sessions)))
+            .map_err(|e| format!("key {}: {e}", String::from_utf8_lossy(key)))
+        });
+        if let Err(e) = decoded {
+            let reason = match e {
+                LiveError::Damaged(d) => d.to_string(),
+                LiveError::Apply(reason) => reason,
+            };
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::State { dir, reason });
+        }
+        let w = &manifest.watermark;
+        self.op.observe_gap(DurationMs(w.largest_gap_ms));
+        let watermark = Watermark(w.watermark_ms);
+        self.op.restore_watermark(watermark);
+        self.op.restore_new_key_floor(w.new_key_floor_ms);
+        self.watermark.resume_at(watermark);
+        self.max_time = w.max_event_time_ms.map(EventTime);
+        self.op.reserve_keys(keys.len());
+        for (key, sessions) in keys {
+            self.op.restore_key(&key, sessions);
+        }
+        let c = &manifest.counters;
+        self.counts = WindowCounts {
+            events: c.records_read,
+            in_sessions: c.in_sessions,
+            late: c.late,
+            invalid: c.invalid,
+            sessions_emitted: c.sessions_emitted,
+            retractions: c.retractions,
+        };
+        self.seq = manifest.next_seq;
+        self.op.forget_changes();
+        self.op.track_changes(true);
+        self.checkpointed = true;
+        checkpoints.restored = true;
+        Ok(Some(Resumed {
+            epoch: manifest.epoch,
+            events: c.records_read,
+            keys: manifest.keys,
+        }))
     }
 }

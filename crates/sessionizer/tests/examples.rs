@@ -117,9 +117,9 @@ fn tokio_service_example_output() {
             .expect("tokio_service runs")
     });
     let expected = [
-        r#"{"key":"v2","session_id":"6730662b07c663b9","start":"2024-01-01T00:01:00.000Z","end":"2024-01-01T00:01:00.000Z","duration_ms":0,"event_count":1,"revision":0,"complete":true,"value":[["/home"],1]}"#,
-        r#"{"key":"v1","session_id":"785e830f7400a97d","start":"2024-01-01T00:00:00.000Z","end":"2024-01-01T00:06:00.000Z","duration_ms":360000,"event_count":3,"revision":0,"complete":true,"value":[["/home","/products/7","/home"],2]}"#,
-        r#"{"key":"v2","session_id":"83237ac9955a7c18","start":"2024-01-01T00:30:00.000Z","end":"2024-01-01T00:30:00.000Z","duration_ms":0,"event_count":1,"revision":0,"complete":true,"value":[["/cart"],1]}"#,
+        r#"{"key":"v2","session_id":"6730662b07c663b9","start":"2024-01-01T00:01:00.000Z","end":"2024-01-01T00:01:00.000Z","duration_ms":0,"event_count":1,"revision":0,"complete":true,"pages":["/home"],"distinct_pages":1}"#,
+        r#"{"key":"v1","session_id":"785e830f7400a97d","start":"2024-01-01T00:00:00.000Z","end":"2024-01-01T00:06:00.000Z","duration_ms":360000,"event_count":3,"revision":0,"complete":true,"pages":["/home","/products/7","/home"],"distinct_pages":2}"#,
+        r#"{"key":"v2","session_id":"83237ac9955a7c18","start":"2024-01-01T00:30:00.000Z","end":"2024-01-01T00:30:00.000Z","duration_ms":0,"event_count":1,"revision":0,"complete":true,"pages":["/cart"],"distinct_pages":1}"#,
         r#"late: "v1""#,
         "service stopped: 6 events, 3 sessions",
     ];

@@ -127,16 +127,7 @@ fn the_library_window_and_the_cli_pipeline_emit_the_same_records() {
     let library: Vec<serde_json::Value> = out
         .into_iter()
         .map(|o| match o {
-            WindowOutput::Session(s) => WindowOutput::Session(SessionRecord {
-                key: s.key,
-                session_id: s.session_id,
-                start: s.start,
-                end: s.end,
-                event_count: s.event_count,
-                revision: s.revision,
-                complete: s.complete,
-                value: Pages { page: s.value },
-            }),
+            WindowOutput::Session(s) => WindowOutput::Session(s.map(|page| Pages { page })),
             WindowOutput::Retraction(r) => WindowOutput::Retraction(r),
         })
         .map(|o| without_complete(&serde_json::to_string(&o).expect("encode")))

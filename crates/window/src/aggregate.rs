@@ -25,7 +25,9 @@ use std::marker::PhantomData;
 /// Where an event stands among the events of its key: event time, then input order.
 /// Order-sensitive aggregates sort by it, which makes their result independent of the
 /// order in which sessions merged.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct Position {
     /// The event's time.
     pub time: EventTime,
@@ -107,6 +109,11 @@ pub trait Accumulate<I: ?Sized>: SessionAggregate {
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an aggregator of `{E}` events",
+    label = "not an `Aggregator<{E}>`",
+    note = "use a built-in of `sessionizer::aggregators` (`Count`, `Collect(|e: &{E}| Some(..))`, `First`, `Last`, `CountDistinct`, `Sum`, `Min`, `Max`), a tuple of up to four, or implement `Aggregator<{E}>`"
+)]
 pub trait Aggregator<E: ?Sized> {
     /// The per-session accumulator.
     type Acc;

@@ -6,9 +6,9 @@
 //! with the file format, and decoding checks every length against the bytes there are,
 //! so a value never panics the restore whatever it holds.
 //!
-//! Only the command line's sessions (JSON aggregates) are encoded; a window over a
-//! user's own aggregate keeps its state in memory (the library's stateful operator has
-//! its own snapshot).
+//! The command line's sessions (JSON aggregates) are encoded by [`encode_sessions`]; a
+//! window over a user's own aggregate (the library's `SessionWindowJob`) uses the same
+//! layout with its accumulator written by the caller ([`encode_sessions_with`]).
 
 use crate::aggregate::AggState;
 use crate::operator::WindowConfig;
@@ -59,6 +59,9 @@ pub enum CodecError {
         "session state of checkpoint format {0}, which this build does not read (it reads formats 1 to {FORMAT})"
     )]
     Format(u16),
+    /// A user accumulator ([`decode_sessions_with`]) could not be read.
+    #[error("cannot read a session's aggregate state: {0}")]
+    Accumulator(String),
 }
 
 /// Appends little-endian integers and length-prefixed bytes.
@@ -236,11 +239,51 @@ pub fn decode_sessions_any(bytes: &[u8], format: u16) -> Result<KeySessions, Cod
     Ok(KeySessions::from_parts(sessions, floor))
 }
 
+/// Appends one key's state (format [`FORMAT`]) of a window whose accumulators are of
+/// the caller's type: the layout of [`encode_sessions`], with each session's `aggs`
+/// replaced by `len:u32 bytes[len]`, the bytes that `acc` appends (the library writes
+/// the accumulator as JSON).
+pub fn encode_sessions_with<Acc>(
+    sessions: &KeySessions<Acc>,
+    out: &mut Vec<u8>,
+    acc: impl Fn(&Acc, &mut Vec<u8>),
+) {
+    let mut w = Writer(out);
+    w.i64(sessions.floor());
+    w.count(sessions.session_count());
+    for s in sessions.sessions() {
+        s.encode_with(&mut w, |a, w| {
+            let at = w.0.len();
+            w.u32(0);
+            acc(a, w.0);
+            let len = u32::try_from(w.0.len() - at - 4).expect("an accumulator of 4 GiB");
+            w.0[at..at + 4].copy_from_slice(&len.to_le_bytes());
+        });
+    }
+}
+
+/// Reads one key's state written by [`encode_sessions_with`], each accumulator from its
+/// bytes by `acc` (whose error becomes [`CodecError::Accumulator`]).
+pub fn decode_sessions_with<Acc>(
+    bytes: &[u8],
+    mut acc: impl FnMut(&[u8]) -> Result<Acc, String>,
+) -> Result<KeySessions<Acc>, CodecError> {
+    let mut r = Reader(bytes);
+    let floor = r.i64()?;
+    let sessions = read_sessions(&mut r, |r| {
+        Session::decode_with(r, |r| {
+            let len = r.u32()? as usize;
+            acc(r.take(len)?).map_err(CodecError::Accumulator)
+        })
+    })?;
+    Ok(KeySessions::from_parts(sessions, floor))
+}
+
 /// The session count and the sessions, each read by `one`; nothing may follow.
-fn read_sessions(
+fn read_sessions<Acc>(
     r: &mut Reader<'_>,
-    mut one: impl FnMut(&mut Reader<'_>) -> Result<Session, CodecError>,
-) -> Result<SessionList<Vec<AggState>>, CodecError> {
+    mut one: impl FnMut(&mut Reader<'_>) -> Result<Session<Acc>, CodecError>,
+) -> Result<SessionList<Acc>, CodecError> {
     let n = r.count(SESSION_MIN_BYTES)?;
     if n == 0 {
         return Err(CodecError::Empty);

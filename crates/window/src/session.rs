@@ -254,6 +254,29 @@ impl Session<Vec<AggState>> {
     /// Reads a session written by [`SessionRef::encode`]; its aggregates must be
     /// `kinds`, in order.
     pub(crate) fn decode(r: &mut Reader<'_>, kinds: &[AggKind]) -> Result<Self, CodecError> {
+        Session::decode_with(r, |r| {
+            let n = r.u8()? as usize;
+            if n != kinds.len() {
+                return Err(CodecError::Aggregates {
+                    expected: kinds.len(),
+                    found: n,
+                });
+            }
+            let mut aggs = Vec::with_capacity(n);
+            for &kind in kinds {
+                aggs.push(AggState::decode(r, kind)?);
+            }
+            Ok(aggs)
+        })
+    }
+}
+
+impl<Acc> Session<Acc> {
+    /// Reads a session written by [`SessionRef::encode_with`], its accumulator by `acc`.
+    pub(crate) fn decode_with(
+        r: &mut Reader<'_>,
+        mut acc: impl FnMut(&mut Reader<'_>) -> Result<Acc, CodecError>,
+    ) -> Result<Self, CodecError> {
         let (start, last, close) = (r.i64()?, r.i64()?, r.i64()?);
         let count = r.u64()?;
         let next_revision = r.u32()?;
@@ -266,18 +289,7 @@ impl Session<Vec<AggState>> {
         }
         let contents = if r.bool("contents marker")? {
             let acc = if r.bool("aggregates marker")? {
-                let n = r.u8()? as usize;
-                if n != kinds.len() {
-                    return Err(CodecError::Aggregates {
-                        expected: kinds.len(),
-                        found: n,
-                    });
-                }
-                let mut aggs = Vec::with_capacity(n);
-                for &kind in kinds {
-                    aggs.push(AggState::decode(r, kind)?);
-                }
-                Some(aggs)
+                Some(acc(r)?)
             } else {
                 None
             };
@@ -413,6 +425,19 @@ impl<'a> SessionRef<'a, Vec<AggState>> {
 
     /// Appends the checkpoint encoding of this session (`docs/checkpoint-format.md`).
     pub(crate) fn encode(&self, w: &mut Writer<'_>) {
+        self.encode_with(w, |aggs, w| {
+            w.u8(u8::try_from(aggs.len()).expect("at most 255 aggregates"));
+            for a in aggs {
+                a.encode(w);
+            }
+        });
+    }
+}
+
+impl<Acc> SessionRef<'_, Acc> {
+    /// Appends the checkpoint encoding of this session, its accumulator written by
+    /// `acc`.
+    pub(crate) fn encode_with(&self, w: &mut Writer<'_>, acc: impl Fn(&Acc, &mut Writer<'_>)) {
         w.i64(self.start);
         w.i64(self.last);
         w.i64(self.close);
@@ -425,12 +450,9 @@ impl<'a> SessionRef<'a, Vec<AggState>> {
                 w.bool(true);
                 match &c.acc {
                     None => w.bool(false),
-                    Some(aggs) => {
+                    Some(a) => {
                         w.bool(true);
-                        w.u8(u8::try_from(aggs.len()).expect("at most 255 aggregates"));
-                        for a in aggs {
-                            a.encode(w);
-                        }
+                        acc(a, w);
                     }
                 }
                 w.count(c.seen.len());

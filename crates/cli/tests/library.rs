@@ -1,0 +1,279 @@
+//! The library's jobs against the `sessionizer` binary on the generator's dirty data:
+//! the same sessions, and the same protection against corrupt event times.
+
+use serde::Deserialize;
+use sessionizer::core::decode::DEFAULT_VALID_RANGE;
+use sessionizer::prelude::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+/// Held while a test has a state directory open (locked), and while a child process is
+/// spawned: a child forked in between would inherit the lock's descriptor until its
+/// `exec`, and a state directory dropped meanwhile would still look locked to the
+/// `sessionizer run` that the test spawns next.
+static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn output(cmd: &mut Command) -> std::process::Output {
+    let child = {
+        let _spawning = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+        cmd.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn sessionizer")
+    };
+    child.wait_with_output().expect("sessionizer's output")
+}
+
+fn sessionizer(args: &[&str]) {
+    let out = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args(args));
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The generator's dirty data: out of order, late, duplicate and invalid lines (among
+/// them events in the year 2500).
+fn dirty_input(dir: &Path) -> PathBuf {
+    let input = dir.join("visits.jsonl");
+    sessionizer(&[
+        "generate",
+        "--events",
+        "20000",
+        "--keys",
+        "200",
+        "--out-of-order",
+        "40s",
+        "--late-fraction",
+        "0.01",
+        "--late-by",
+        "60s",
+        "--duplicate-fraction",
+        "0.01",
+        "--invalid-fraction",
+        "0.01",
+        "--output",
+        s(&input),
+    ]);
+    input
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct Visit {
+    visit_id: String,
+    #[serde(with = "sessionizer::time::rfc3339")]
+    event_time: EventTime,
+}
+
+fn far_future_lines(input: &Path) -> usize {
+    std::fs::read_to_string(input)
+        .expect("read input")
+        .lines()
+        .filter(|l| l.contains(r#""event_time":"2500-"#))
+        .count()
+}
+
+/// Regression (issue 12): the library had no valid-time guard, so the generator's
+/// far-future lines (year 2500) pushed the watermark past every open session and most
+/// later events were late. Now they are rejected as the CLI's `--valid-time-range`
+/// default rejects them: reported, counted invalid, and unseen by the watermark.
+#[test]
+fn far_future_events_are_rejected_and_never_move_the_watermark() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dirty_input(dir.path());
+    let far = far_future_lines(&input);
+    assert!(far > 0, "the generator writes year-2500 lines");
+
+    let run = |guard: bool| {
+        let mut dead = Vec::new();
+        let mut visits = JsonLines::<Visit, _>::files([&input], &mut dead).expect("readable");
+        let stream = Stream::<Visit>::new()
+            .key_by(|v| v.visit_id.clone())
+            .event_time(|v| v.event_time)
+            .watermark(BoundedOutOfOrderness::new(minutes(1)));
+        let stream = if guard {
+            stream
+        } else {
+            stream.valid_time_range(..)
+        };
+        let mut job = stream.session_windows(minutes(30)).build();
+        let (mut sessions, mut rejected) = (Vec::new(), Vec::new());
+        let mut highest = Watermark::MIN;
+        for v in visits.by_ref() {
+            job.push(v, &mut sessions, &mut rejected).expect("vectors");
+            highest = highest.max(job.watermark());
+        }
+        let counts = job.finish(&mut sessions, &mut rejected).expect("vectors");
+        visits.finish().expect("read to the end");
+        (counts, rejected, highest)
+    };
+
+    let (counts, rejected, highest) = run(true);
+    let out_of_range: Vec<_> = rejected
+        .iter()
+        .filter(|l| l.reason == "time_out_of_range")
+        .collect();
+    assert_eq!(
+        out_of_range.len(),
+        far,
+        "every far-future event is reported"
+    );
+    assert!(out_of_range.iter().all(|l| l.time >= DEFAULT_VALID_RANGE.1));
+    assert_eq!(counts.invalid, far as u64);
+    assert!(
+        highest < Watermark::at(DEFAULT_VALID_RANGE.1),
+        "the watermark never left the valid range: {highest}"
+    );
+    assert_eq!(counts.late, 0, "nothing is late on this input: {counts:?}");
+    assert_eq!(
+        counts.events,
+        counts.in_sessions + counts.late + counts.invalid
+    );
+
+    // Without the guard, the first far-future event makes most of what follows late.
+    let (unguarded, _, highest) = run(false);
+    assert!(highest >= Watermark::at(DEFAULT_VALID_RANGE.1));
+    assert!(
+        unguarded.late > unguarded.events / 10,
+        "without the guard: {unguarded:?}"
+    );
+}
+
+/// A library job's checkpoint is in the command line's format: `inspect` lists it, and
+/// a command-line run refuses to continue it (the options that shape the state differ)
+/// rather than mixing two jobs' state.
+#[test]
+fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let spawning = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+    let mut job = Stream::<(&str, EventTime)>::new()
+        .key_by(|e| e.0)
+        .event_time(|e| e.1)
+        .session_windows(minutes(30))
+        .aggregate(Count)
+        .build();
+    job.push(
+        ("v1", EventTime(1_704_067_200_000)),
+        &mut Vec::new(),
+        &mut Vec::new(),
+    )
+    .expect("vectors");
+    let written = job.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop((checkpoints, spawning));
+
+    let inspect = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args([
+        "inspect",
+        "--state-dir",
+        s(&state),
+    ]));
+    let shown = String::from_utf8_lossy(&inspect.stdout).into_owned()
+        + &String::from_utf8_lossy(&inspect.stderr);
+    assert!(inspect.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!("newest valid checkpoint {}", written.epoch)),
+        "{shown}"
+    );
+    assert!(shown.contains("job library session window"), "{shown}");
+    assert!(shown.contains("keys with state 1"), "{shown}");
+
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"visit_id\":\"v1\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n",
+    )
+    .expect("write");
+    let run = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args([
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&dir.path().join("out.jsonl")),
+        "--state-dir",
+        s(&state),
+    ]));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{err}");
+    assert!(err.contains("job was library session window"), "{err}");
+}
+
+#[path = "../../sessionizer/examples/flink_style.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod flink_style;
+
+/// A session record without what only one side writes (`complete`), the collected pages
+/// under one name.
+fn normalized(line: &str) -> serde_json::Value {
+    let mut v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+    let o = v.as_object_mut().expect("an object");
+    o.remove("complete");
+    if let Some(pages) = o.remove("page") {
+        o.insert("visited_pages".into(), pages);
+    }
+    v
+}
+
+/// The book's Flink job (`examples/flink_style.rs`), run on the generator's dirty data,
+/// emits the sessions the CLI emits with the same options, record for record.
+#[test]
+fn the_flink_style_example_and_the_cli_emit_the_same_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dirty_input(dir.path());
+    let cli_out = dir.path().join("sessions.jsonl");
+    let stats = dir.path().join("stats.json");
+    sessionizer(&[
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&cli_out),
+        "--gap",
+        "10m",
+        "--watermark-delay",
+        "1m",
+        "--allowed-lateness",
+        "15m",
+        "--collect",
+        "page",
+        "--stats-file",
+        s(&stats),
+    ]);
+    let mut printed = Vec::new();
+    flink_style::run_on(&input, &mut printed).expect("the example runs");
+    let printed = String::from_utf8(printed).expect("UTF-8");
+    let library: Vec<serde_json::Value> = printed
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(normalized)
+        .collect();
+    let cli: Vec<serde_json::Value> = std::fs::read_to_string(&cli_out)
+        .expect("CLI output")
+        .lines()
+        .map(normalized)
+        .collect();
+    assert!(cli.len() > 1000, "{} sessions", cli.len());
+    assert_eq!(library.len(), cli.len());
+    assert_eq!(library, cli);
+
+    // The same accounting: records = in sessions + late + invalid.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    let accounting = printed
+        .lines()
+        .find(|l| l.starts_with("records "))
+        .expect("the accounting line");
+    let cli_accounting = format!(
+        "records {} = in sessions {} + late {} + invalid {}",
+        stats["records_read"],
+        stats["in_sessions"].as_u64().unwrap_or(0) + stats["duplicates"].as_u64().unwrap_or(0),
+        stats["late"],
+        stats["invalid"]
+    );
+    assert_eq!(accounting, cli_accounting);
+}

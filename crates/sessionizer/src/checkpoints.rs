@@ -1,0 +1,157 @@
+//! Checkpoints of a library job, in the command line's checkpoint format (SPEC §4,
+//! `docs/checkpoint-format.md`): a state directory of manifests, bases and deltas,
+//! written atomically with checksums by `sessionizer-checkpoint`, one key's sessions
+//! encoded by `sessionizer_window::codec` — the files `sessionizer run --state-dir`
+//! writes, and `sessionizer inspect` lists.
+//!
+//! ```
+//! use sessionizer::prelude::*;
+//!
+//! let dir = tempfile::tempdir().expect("temp dir");
+//! let events = [("v1", 0), ("v1", 60_000), ("v2", 0), ("v1", 3_600_000)]
+//!     .map(|(k, t)| (k, EventTime(t)));
+//! let job = || {
+//!     Stream::<(&str, EventTime)>::new()
+//!         .key_by(|e| e.0)
+//!         .event_time(|e| e.1)
+//!         .session_windows(minutes(10))
+//!         .aggregate(Count)
+//!         .build()
+//! };
+//!
+//! // A first run: two events, a checkpoint, then it stops (or dies).
+//! let mut first = job();
+//! let mut checkpoints = Checkpoints::open(dir.path()).expect("a state directory");
+//! let mut out = Vec::new();
+//! for e in &events[..2] {
+//!     first.push(*e, &mut out, &mut Vec::new()).expect("vectors");
+//! }
+//! first.checkpoint(&mut checkpoints).expect("written");
+//! drop((first, checkpoints));
+//!
+//! // The next run resumes: it skips the events the checkpoint covers.
+//! let mut checkpoints = Checkpoints::open(dir.path()).expect("a state directory");
+//! let mut job = job();
+//! let resumed = job.restore(&mut checkpoints).expect("restored").expect("a checkpoint");
+//! assert_eq!(resumed.events, 2);
+//! let rest = events.into_iter().skip(resumed.events as usize);
+//! job.run(rest, &mut out, &mut Vec::new()).expect("vectors");
+//! let counts: Vec<u64> = out.iter().filter_map(WindowOutput::session).map(|s| s.value).collect();
+//! assert_eq!(counts, [1, 2, 1]); // v2 [0], v1 [0, 1 min], v1 [1 h]
+//! ```
+
+use sessionizer_checkpoint::{
+    CheckpointError, CheckpointWriter, Damage, LoadedState, Manifest, StateDir,
+};
+use std::path::{Path, PathBuf};
+
+/// What one checkpoint wrote, and whether its state file is a base or a delta.
+pub use sessionizer_checkpoint::{Committed, FileKind};
+
+/// A state directory a job checkpoints into and restores from.
+///
+/// Opening it finds the newest valid checkpoint (a damaged newer one is skipped and
+/// listed in [`skipped`](Self::skipped); a directory none of whose checkpoints is valid
+/// is refused). A directory is used by one job at a time (it is locked).
+#[derive(Debug)]
+pub struct Checkpoints {
+    pub(crate) path: PathBuf,
+    pub(crate) writer: CheckpointWriter,
+    /// The newest valid checkpoint, until a job restores it.
+    pub(crate) found: Option<(Manifest, LoadedState)>,
+    /// The epoch of the checkpoint found, whether or not it was restored.
+    pub(crate) found_epoch: Option<u64>,
+    pub(crate) restored: bool,
+    skipped: Vec<(u64, Damage)>,
+}
+
+impl Checkpoints {
+    /// Opens (creating it if needed) the state directory at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Checkpoints, CheckpointError> {
+        let path = path.as_ref().to_path_buf();
+        let dir = StateDir::open(&path)?;
+        let recovery = dir.recover()?;
+        let found = recovery.found.map(|r| (r.manifest, r.state));
+        let writer = CheckpointWriter::new(dir, found.as_ref().map(|(m, s)| (m, s)))?;
+        Ok(Checkpoints {
+            path,
+            writer,
+            found_epoch: found.as_ref().map(|(m, _)| m.epoch),
+            found,
+            restored: false,
+            skipped: recovery.skipped,
+        })
+    }
+
+    /// The state directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The epoch of the newest valid checkpoint found when opening, if any.
+    pub fn latest(&self) -> Option<u64> {
+        self.found_epoch
+    }
+
+    /// Newer checkpoints that were damaged and skipped when opening, newest first.
+    pub fn skipped(&self) -> &[(u64, Damage)] {
+        &self.skipped
+    }
+}
+
+/// Why a job cannot checkpoint or restore.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The state directory could not be read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The checkpoint was taken with other options than this job's.
+    #[error(
+        "cannot resume from {dir}: the job's options changed: {}. Use the options of the checkpoint, or another state directory",
+        differences.join("; ")
+    )]
+    OptionsChanged {
+        /// The state directory.
+        dir: PathBuf,
+        /// One line per option that differs, naming it.
+        differences: Vec<String>,
+    },
+    /// A key's state in the checkpoint could not be read (a changed accumulator type,
+    /// say).
+    #[error("cannot resume from {dir}: {reason}")]
+    State {
+        /// The state directory.
+        dir: PathBuf,
+        /// What could not be read, naming the key.
+        reason: String,
+    },
+    /// The directory holds a checkpoint that this job did not restore: checkpointing
+    /// over it would mix two jobs' state.
+    #[error(
+        "the state directory {dir} holds checkpoint {epoch}, which this job did not restore: call restore() before the first checkpoint, or use an empty directory"
+    )]
+    NotRestored {
+        /// The state directory.
+        dir: PathBuf,
+        /// The checkpoint found there.
+        epoch: u64,
+    },
+    /// Restore was called on a job that has already processed events.
+    #[error("restore() must come before the job's first event ({events} processed)")]
+    NotFresh {
+        /// Events the job has processed.
+        events: u64,
+    },
+}
+
+/// What a job resumed from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    /// The checkpoint's epoch.
+    pub epoch: u64,
+    /// Events the checkpoint covers (every event pushed before it): skip that many of a
+    /// replayable source, or resume the source at its own position stored alongside.
+    pub events: u64,
+    /// Keys with state at the checkpoint.
+    pub keys: u64,
+}
