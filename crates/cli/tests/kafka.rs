@@ -423,69 +423,37 @@ fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterru
     let data = dir.path().join("visits.jsonl");
     generate(&data, 60_000, 11);
     let t = Topics::new(4);
-    let produced = produce_lines(&t.input, &data, "visit_id");
+    // A live input, written over 12 s while the job runs and is killed again and
+    // again (so the number of kills does not depend on how fast the machine is); then
+    // a run with --stop-at-end finishes the job.
+    let producer = {
+        let (topic, data) = (t.input.clone(), data.clone());
+        std::thread::spawn(move || {
+            kafka::produce_lines_paced(&topic, &data, "visit_id", Duration::from_secs(12))
+        })
+    };
     let stats = dir.path().join("stats.json");
-    let mut args = t.args();
-    args.extend(
+    let mut live = t.args();
+    live.extend(
         [
-            "--stop-at-end",
             "--checkpoint-interval",
             "100ms",
             "--kafka-instance-id",
             "worker-1",
-            "--stats-file",
-            s(&stats),
         ]
         .map(String::from),
     );
     let mut rng = rand_pcg::Pcg64::seed_from_u64(2024);
     let mut kills = 0;
-    let mut finished = false;
-    for _ in 0..20 {
-        let mut child = bin()
-            .args(as_strs(&args))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let wait = Duration::from_millis(rng.random_range(300..2500));
-        let began = Instant::now();
-        let mut exited = None;
-        while began.elapsed() < wait {
-            if let Some(status) = child.try_wait().expect("wait") {
-                exited = Some(status);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        match exited {
-            Some(status) => {
-                let mut err = String::new();
-                use std::io::Read as _;
-                child
-                    .stderr
-                    .take()
-                    .expect("stderr")
-                    .read_to_string(&mut err)
-                    .ok();
-                assert!(status.success(), "run failed: {err}");
-                finished = true;
-                break;
-            }
-            None => {
-                child.kill().expect("kill -9");
-                child.wait().expect("reap");
-                kills += 1;
-            }
-        }
+    while !producer.is_finished() || kills < 10 {
+        let killed = run_then_kill(&live, Duration::from_millis(rng.random_range(300..1300)));
+        assert!(killed, "a live run ended by itself");
+        kills += 1;
     }
-    if !finished {
-        run_ok(&as_strs(&args));
-    }
-    assert!(
-        kills >= 10,
-        "only {kills} kills: the run was too short to test anything"
-    );
+    let produced = producer.join().expect("producer");
+    let mut last = live.clone();
+    last.extend(["--stop-at-end", "--stats-file", s(&stats)].map(String::from));
+    run_ok(&as_strs(&last));
     let records = assert_matches_file_runs(&t, dir.path(), 4);
     assert_eq!(records as usize, produced);
     // The last run reports the job's accounting, carried in the changelogs across
@@ -660,24 +628,21 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
     // survivors then take them over from the changelog.
     let records = assert_matches_file_runs(&t, dir.path(), 4);
     assert_eq!(records as usize, produced);
-    // The processes that ended hold the four partitions between them (a partition
-    // that moved after its holder ended is listed by both, with the same counters);
-    // the partitions' accounting, carried in their changelogs across every process
-    // that held them, adds up to the input.
-    let ended = [stats_of(&stats[0]), stats_of(&stats[3])];
-    let mut by_partition: BTreeMap<String, serde_json::Value> = BTreeMap::new();
-    for st in &ended {
-        assert_adds_up(st, st["records_read"].as_u64().expect("records_read"));
+    // Every partition's accounting, carried in its changelog's progress record across
+    // every process that held it (killed ones too), adds up to its input; a process
+    // that ended reports the same counters for the partitions it held at its end (a
+    // partition finished by a process killed afterwards is held by nobody at the end).
+    let by_partition = changelog_counters(&t);
+    assert_eq!(by_partition.len(), 4, "{by_partition:?}");
+    for st in [stats_of(&stats[0]), stats_of(&stats[3])] {
+        assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
         for (p, c) in st["kafka"]["job_by_partition"]
             .as_object()
             .expect("by partition")
         {
-            if let Some(seen) = by_partition.insert(p.clone(), c.clone()) {
-                assert_eq!(&seen, c, "one partition, two accounts");
-            }
+            assert_eq!(Some(c), by_partition.get(p), "partition {p}: two accounts");
         }
     }
-    assert_eq!(by_partition.len(), 4, "{by_partition:?}");
     let mut sum = serde_json::json!({});
     for k in [
         "records_read",
@@ -693,6 +658,24 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
             .into();
     }
     assert_adds_up(&sum, records);
+}
+
+/// Each task's counters from the last progress record of its changelog partition, by
+/// `topic/partition`.
+fn changelog_counters(t: &Topics) -> BTreeMap<String, serde_json::Value> {
+    let changelog = read_committed(&format!("{}-{}-changelog", t.group, t.input));
+    let mut out = BTreeMap::new();
+    for (p, records) in changelog.iter().enumerate() {
+        let meta = records
+            .iter()
+            .rev()
+            .find(|r| r.key.as_deref() == Some(b"m".as_slice()))
+            .and_then(|r| r.value.as_deref())
+            .expect("a progress record");
+        let meta: serde_json::Value = serde_json::from_slice(meta).expect("progress JSON");
+        out.insert(format!("{}/{p}", t.input), meta["counters"].clone());
+    }
+    out
 }
 
 /// Runs `args` and kills it (SIGKILL) after `after`, unless it ends first.

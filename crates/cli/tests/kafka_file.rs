@@ -340,17 +340,35 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
             s(&stats),
         ],
     );
+    // How long the whole job takes here, uninterrupted (into topics of its own): the
+    // kill instants are drawn within a third of it, so that the job is killed several
+    // times before it ends however fast the machine is.
+    let took = {
+        let other = Topics::new();
+        let other_state = dir.path().join("state-uninterrupted");
+        let began = Instant::now();
+        run_ok(&as_strs(&other.args(
+            &data,
+            &[
+                "--state-dir",
+                s(&other_state),
+                "--checkpoint-interval",
+                "100ms",
+            ],
+        )));
+        began.elapsed().as_millis() as u64
+    };
     let mut rng = rand_pcg::Pcg64::seed_from_u64(2025);
     let mut kills = 0;
     let mut finished = false;
-    for _ in 0..25 {
+    for _ in 0..40 {
         let mut child = bin()
             .args(as_strs(&args))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn");
-        let wait = Duration::from_millis(rng.random_range(150..1500));
+        let wait = Duration::from_millis(rng.random_range(took / 50..took / 3 + 1));
         let began = Instant::now();
         let mut exited = None;
         while began.elapsed() < wait {
@@ -384,6 +402,7 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
     if !finished {
         run_ok(&as_strs(&args));
     }
+    eprintln!("{kills} kills; the uninterrupted run took {took} ms");
     assert!(
         kills >= 5,
         "only {kills} kills: the run was too short to test anything"

@@ -135,16 +135,21 @@ fn futures_block_on<F: std::future::Future>(f: F) -> F::Output {
 /// when the line has it (invalid lines get no key), with Kafka's default (murmur2)
 /// partitioner as a Java producer would; returns the number of records.
 pub fn produce_lines(topic: &str, path: &Path, key_field: &str) -> usize {
-    produce(topic, path, Some(key_field))
+    produce(topic, path, Some(key_field), None)
+}
+
+/// As [`produce_lines`], spread evenly over about `over`: a live input.
+pub fn produce_lines_paced(topic: &str, path: &Path, key_field: &str, over: Duration) -> usize {
+    produce(topic, path, Some(key_field), Some(over))
 }
 
 /// Produces every line of `path` keyed by its line number: records of one visit end up
 /// in different partitions (an input not partitioned by the session key).
 pub fn produce_lines_unkeyed(topic: &str, path: &Path) -> usize {
-    produce(topic, path, None)
+    produce(topic, path, None, None)
 }
 
-fn produce(topic: &str, path: &Path, key_field: Option<&str>) -> usize {
+fn produce(topic: &str, path: &Path, key_field: Option<&str>, over: Option<Duration>) -> usize {
     let producer: BaseProducer = config()
         .set("partitioner", "murmur2_random")
         .set("linger.ms", "20")
@@ -153,10 +158,24 @@ fn produce(topic: &str, path: &Path, key_field: Option<&str>) -> usize {
         .create()
         .expect("producer");
     let data = std::fs::read(path).expect("read input");
+    // Paced: 50 parts, each sent then a pause.
+    const PARTS: usize = 50;
+    let lines = data
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    let part = lines.div_ceil(PARTS).max(1);
     let mut n = 0;
     for line in data.split(|&b| b == b'\n') {
         if line.is_empty() {
             continue;
+        }
+        if let Some(over) = over
+            && n > 0
+            && n % part == 0
+        {
+            producer.flush(Duration::from_secs(60)).expect("flush");
+            std::thread::sleep(over / PARTS as u32);
         }
         let key = match key_field {
             Some(key_field) => serde_json::from_slice::<serde_json::Value>(line)
