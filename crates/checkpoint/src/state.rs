@@ -253,9 +253,10 @@ impl LoadedState {
 
     /// Calls `f` once for every key that has state at the checkpoint, with its newest
     /// value, in no particular order. Stops at the first error of `f`.
-    pub fn for_each_live<E>(
-        &self,
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    /// The slices live as long as the state (a caller may hold on to a few of them).
+    pub fn for_each_live<'a, E>(
+        &'a self,
+        mut f: impl FnMut(&'a [u8], &'a [u8]) -> Result<(), E>,
     ) -> Result<(), LiveError<E>> {
         let damaged = |name: &str, reason: String| {
             LiveError::Damaged(Damage {

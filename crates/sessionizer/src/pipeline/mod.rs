@@ -787,17 +787,42 @@ impl<'c> Job<'c> {
         // Progress of a long restore, for the metrics.
         const PROGRESS_EVERY: u64 = 1 << 16;
         let (mut keys, mut reported) = (0u64, 0u64);
-        let restored = state.for_each_live(|key, value| {
+        // With a million keys every insert misses the cache on the shard's index: its
+        // entry is asked for RESTORE_AHEAD keys before the key is put in.
+        const RESTORE_AHEAD: usize = 16;
+        let mut ahead: std::collections::VecDeque<(usize, &[u8], &[u8])> =
+            std::collections::VecDeque::with_capacity(RESTORE_AHEAD + 1);
+        let shards_now = &mut self.shards;
+        let mut restored = state.for_each_live(|key, value| {
             let shard = parse::shard_of(key, shards) as usize;
             keys += 1;
             if keys % PROGRESS_EVERY == 0 {
                 telemetry.restore_progress(keys - reported);
                 reported = keys;
             }
-            self.shards[shard]
-                .restore_key(key, value, format)
-                .map_err(|reason| (key.to_vec(), reason))
+            shards_now[shard]
+                .op
+                .prefetch_index(sessionizer_window::keyed::key_hash(key));
+            ahead.push_back((shard, key, value));
+            if ahead.len() > RESTORE_AHEAD {
+                let (s, k, v) = ahead.pop_front().expect("a key waits");
+                shards_now[s]
+                    .restore_key(k, v, format)
+                    .map_err(|reason| (k.to_vec(), reason))?;
+            }
+            Ok(())
         });
+        if restored.is_ok() {
+            for (s, k, v) in ahead.drain(..) {
+                if let Err(reason) = shards_now[s].restore_key(k, v, format) {
+                    restored = Err(sessionizer_checkpoint::state::LiveError::Apply((
+                        k.to_vec(),
+                        reason,
+                    )));
+                    break;
+                }
+            }
+        }
         match restored {
             Ok(()) => {}
             Err(sessionizer_checkpoint::state::LiveError::Damaged(d)) => {
