@@ -11,9 +11,8 @@
 //! stood at its last commit. Compaction keeps the newest record of each key, so a full
 //! restore reads each key about once.
 
-use super::{KafkaError, KafkaSettings};
-use rdkafka::ClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use super::{KafkaError, KafkaSettings, Reader};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -30,26 +29,6 @@ pub fn state_key(key: &[u8], out: &mut Vec<u8>) {
     out.push(STATE_PREFIX);
     out.extend_from_slice(key);
 }
-
-/// The changelog reader's client context: the end of a partition is what a restore
-/// waits for, not an error to log.
-#[derive(Debug, Default)]
-struct Reader;
-
-impl ClientContext for Reader {
-    fn error(&self, error: ClientError, reason: &str) {
-        let eof = matches!(
-            error,
-            ClientError::PartitionEOF(_)
-                | ClientError::Global(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
-        );
-        if !eof {
-            tracing::error!(%error, reason, "changelog reader");
-        }
-    }
-}
-
-impl ConsumerContext for Reader {}
 
 /// One record of a changelog partition.
 #[derive(Debug)]
@@ -123,7 +102,7 @@ pub fn read_many(
         .set("max.partition.fetch.bytes", "16777216");
     let consumer: BaseConsumer<Reader> = settings
         .finish(c)
-        .create_with_context(Reader)
+        .create_with_context(Reader("changelog"))
         .map_err(KafkaError::client("create the changelog reader"))?;
     let mut tpl = TopicPartitionList::new();
     for &(partition, from) in parts {
@@ -234,7 +213,7 @@ impl Tail {
             .set("fetch.wait.max.ms", "100");
         let consumer: BaseConsumer<Reader> = settings
             .finish(c)
-            .create_with_context(Reader)
+            .create_with_context(Reader("changelog"))
             .map_err(KafkaError::client("create the standby reader"))?;
         Ok(Tail {
             consumer,

@@ -116,3 +116,26 @@ pub struct TopicPartition {
     /// The partition.
     pub partition: i32,
 }
+
+/// The client context of the job's own readers (changelogs, progress records): the end
+/// of a partition is what they wait for, not an error to log. Its field names the
+/// reader in the logs.
+#[derive(Debug)]
+pub(crate) struct Reader(pub(crate) &'static str);
+
+impl rdkafka::ClientContext for Reader {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        let eof = matches!(
+            error,
+            rdkafka::error::KafkaError::PartitionEOF(_)
+                | rdkafka::error::KafkaError::Global(
+                    rdkafka::error::RDKafkaErrorCode::PartitionEOF
+                )
+        );
+        if !eof {
+            tracing::error!(%error, reason, reader = self.0, "Kafka reader");
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Reader {}

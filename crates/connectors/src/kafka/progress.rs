@@ -8,9 +8,8 @@
 //! (librdkafka cannot commit a transaction begun by an earlier process, so the outcome
 //! is read back rather than completed).
 
-use super::{KafkaError, KafkaSettings};
-use rdkafka::ClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use super::{KafkaError, KafkaSettings, Reader};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::Message;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -29,25 +28,6 @@ pub struct Found {
     /// The partition's end when the read started.
     pub high: i64,
 }
-
-/// The reader's client context: the end of the partition is what it waits for.
-#[derive(Debug, Default)]
-struct Reader;
-
-impl ClientContext for Reader {
-    fn error(&self, error: ClientError, reason: &str) {
-        let eof = matches!(
-            error,
-            ClientError::PartitionEOF(_)
-                | ClientError::Global(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
-        );
-        if !eof {
-            tracing::error!(%error, reason, "progress reader");
-        }
-    }
-}
-
-impl ConsumerContext for Reader {}
 
 /// Reads partition `partition` of `topic` under `read_committed` from `offset` up to
 /// the partition's end as it is when called — waiting, if a transaction of another
@@ -70,7 +50,7 @@ pub fn read_from(
         .set("fetch.wait.max.ms", "10");
     let consumer: BaseConsumer<Reader> = settings
         .finish(c)
-        .create_with_context(Reader)
+        .create_with_context(Reader("progress"))
         .map_err(KafkaError::client("create the progress reader"))?;
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, settings.timeout)
