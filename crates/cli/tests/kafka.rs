@@ -8,35 +8,16 @@
 
 #[path = "support/kafka.rs"]
 mod kafka;
+#[path = "support/process.rs"]
+mod process;
 
 use kafka::{Read, broker, create_topics, produce_lines, read_committed, text, unique};
+use process::{bin, run, run_ok, s};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("spawn sessionizer")
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "sessionizer {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 /// The session options every run of a test shares.
 const OPTIONS: &[&str] = &[

@@ -1,0 +1,31 @@
+//! Running the real `sessionizer` binary from a test.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// The binary under test.
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+}
+
+/// A path as an argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+/// Runs the binary to its end.
+pub fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("spawn sessionizer")
+}
+
+/// Runs the binary to its end; it must succeed.
+pub fn run_ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "sessionizer {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
