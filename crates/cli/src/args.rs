@@ -180,8 +180,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub idle_timeout: Option<String>,
 
-    /// Worker threads; keys are shared among them by hash, decoding is parallel too.
-    /// The output is byte-identical for every N. [default: 1]
+    /// Worker threads; keys are shared among them by hash, decoding is parallel too
+    /// (with a Kafka input, the partitions' tasks are shared among them). The output is
+    /// byte-identical for every N. [default: 1]
     #[arg(long, value_name = "N")]
     pub workers: Option<usize>,
 
