@@ -330,6 +330,7 @@ fn assert_adds_up(stats: &serde_json::Value, records: u64) {
 
 #[test]
 fn kafka_output_per_partition_equals_the_file_run_of_each_partition_with_two_workers() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 20_000, 7);
@@ -400,6 +401,7 @@ fn kafka_output_per_partition_equals_the_file_run_of_each_partition_with_two_wor
 
 #[test]
 fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterrupted_one() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 60_000, 11);
@@ -449,6 +451,7 @@ fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterru
 
 #[test]
 fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 60_000, 13);
@@ -497,6 +500,7 @@ fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
 
 #[test]
 fn a_missing_topic_an_unreachable_broker_and_a_lost_changelog_are_clear_errors() {
+    let _one_at_a_time = kafka::exclusive();
     // A topic that does not exist.
     let out = run(&[
         "run",
@@ -565,6 +569,7 @@ fn wait_ok(child: std::process::Child, what: &str) {
 
 #[test]
 fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 80_000, 17);
@@ -689,6 +694,7 @@ fn changelog_records(t: &Topics) -> Vec<usize> {
 
 #[test]
 fn a_restart_with_state_dir_reads_only_the_changelog_tail_after_its_snapshot() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 60_000, 19);
@@ -787,6 +793,7 @@ fn stats_of_or_none(path: &Path) -> Option<serde_json::Value> {
 
 #[test]
 fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 200_000, 23);
@@ -976,6 +983,7 @@ fn final_sessions(records: &[Vec<Read>]) -> Vec<(String, String, String, u64, St
 
 #[test]
 fn a_randomly_keyed_input_with_repartition_gives_the_sessions_of_a_keyed_one() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     // Duplicates and invalid lines, but events in time order: with a watermark delay
@@ -1061,6 +1069,7 @@ fn a_randomly_keyed_input_with_repartition_gives_the_sessions_of_a_keyed_one() {
 
 #[test]
 fn inspect_shows_a_kafka_jobs_tasks_and_a_keys_sessions_from_its_changelog() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 5_000, 31);

@@ -227,6 +227,7 @@ fn assert_topics_equal_files(t: &Topics, expected: &FileRun) {
 
 #[test]
 fn a_file_written_to_a_kafka_topic_equals_the_file_run_per_partition() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 20_000, 7);
@@ -303,6 +304,7 @@ fn a_file_written_to_a_kafka_topic_equals_the_file_run_per_partition() {
 
 #[test]
 fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_uninterrupted_run() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 80_000, 11);
@@ -405,6 +407,7 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
 
 #[test]
 fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_before() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 40_000, 17);
@@ -484,6 +487,7 @@ fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_bef
 
 #[test]
 fn a_missing_topic_an_unreachable_broker_and_a_mismatched_job_are_clear_errors() {
+    let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 2_000, 5);

@@ -19,6 +19,16 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The bootstrap address of the test broker, started on first use.
+/// Held by a test for its whole run: the tests of one file run one at a time. Each
+/// starts several sessionizer processes next to the broker; nine of them at once on a
+/// two-core machine turn every timeout (group sessions, transactions) into a coin toss.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub fn broker() -> &'static str {
     static BROKER: OnceLock<String> = OnceLock::new();
     BROKER.get_or_init(|| {
