@@ -12,7 +12,7 @@ mod kafka;
 mod process;
 
 use kafka::{Read, broker, create_topics, produce_lines, read_committed, text, unique};
-use process::{bin, run, run_ok, s};
+use process::{bin, generate, run, run_ok, s};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,34 +31,6 @@ const OPTIONS: &[&str] = &[
     "--collect",
     "page",
 ];
-
-/// Dirty generated visits: out of order, late (some within the lateness, so there are
-/// revisions and retractions), duplicated and invalid lines.
-fn generate(path: &Path, events: u64, seed: u64) {
-    run_ok(&[
-        "generate",
-        "--events",
-        &events.to_string(),
-        "--keys",
-        "2000",
-        "--seed",
-        &seed.to_string(),
-        "--out-of-order",
-        "30s",
-        "--late-fraction",
-        "0.03",
-        "--late-by",
-        "4m",
-        "--duplicate-fraction",
-        "0.005",
-        "--invalid-fraction",
-        "0.002",
-        "--return-fraction",
-        "0.3",
-        "--output",
-        s(path),
-    ]);
-}
 
 /// The topics of one job.
 struct Topics {

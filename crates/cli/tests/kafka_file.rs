@@ -12,7 +12,7 @@ mod kafka;
 mod process;
 
 use kafka::{Read, broker, create_topics, read_committed, read_uncommitted, text, unique};
-use process::{bin, run, run_ok, s};
+use process::{bin, generate, run, run_ok, s};
 use rand::{Rng, SeedableRng};
 use sessionizer_connectors::kafka::partitioner::partition_for;
 use std::path::Path;
@@ -33,34 +33,6 @@ const OPTIONS: &[&str] = &[
     "--progress",
     "never",
 ];
-
-/// Dirty generated visits: out of order, late (some within the lateness, so there are
-/// revisions and retractions), duplicated and invalid lines.
-fn generate(path: &Path, events: u64, seed: u64) {
-    run_ok(&[
-        "generate",
-        "--events",
-        &events.to_string(),
-        "--keys",
-        "2000",
-        "--seed",
-        &seed.to_string(),
-        "--out-of-order",
-        "30s",
-        "--late-fraction",
-        "0.03",
-        "--late-by",
-        "4m",
-        "--duplicate-fraction",
-        "0.005",
-        "--invalid-fraction",
-        "0.002",
-        "--return-fraction",
-        "0.3",
-        "--output",
-        s(path),
-    ]);
-}
 
 /// The output topics of one job: sessions (4 partitions), dead letters and late
 /// events (one partition each, so that their order is the files').

@@ -29,3 +29,31 @@ pub fn run_ok(args: &[&str]) -> Output {
     );
     out
 }
+
+/// Dirty generated visits: out of order, late (some within the lateness, so there are
+/// revisions and retractions), duplicated and invalid lines.
+pub fn generate(path: &Path, events: u64, seed: u64) {
+    run_ok(&[
+        "generate",
+        "--events",
+        &events.to_string(),
+        "--keys",
+        "2000",
+        "--seed",
+        &seed.to_string(),
+        "--out-of-order",
+        "30s",
+        "--late-fraction",
+        "0.03",
+        "--late-by",
+        "4m",
+        "--duplicate-fraction",
+        "0.005",
+        "--invalid-fraction",
+        "0.002",
+        "--return-fraction",
+        "0.3",
+        "--output",
+        s(path),
+    ]);
+}
