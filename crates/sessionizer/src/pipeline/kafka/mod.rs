@@ -810,13 +810,6 @@ impl<'c> KafkaJob<'c> {
             Rebalance::Assign(parts) => {
                 self.assigned_events += 1;
                 self.assigned += parts.len() as u64;
-                // What the tasks held so far did goes out first: restoring the new
-                // ones may take longer than this process's transaction may stay open
-                // (it waits for a crashed owner's transaction to be aborted, then
-                // reads whole changelogs).
-                if self.durable && !self.tasks.is_empty() {
-                    self.commit()?;
-                }
                 let began = Instant::now();
                 let before = self.restored;
                 self.gain(&parts)?;
