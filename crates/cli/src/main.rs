@@ -169,6 +169,21 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
             }
         }
     }
+    // A Kafka input runs until stopped: SIGTERM or SIGINT (Ctrl-C) asks it to commit
+    // what it did and leave the group; a second signal ends the process at once. File
+    // and stdin runs keep the default (killed at once; --state-dir resumes them).
+    if cfg.pipeline.kafka.as_ref().is_some_and(|k| k.is_source()) {
+        let flag = telemetry.stop_flag();
+        for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            let registered =
+                signal_hook::flag::register_conditional_shutdown(signal, 1, flag.clone())
+                    .and_then(|_| signal_hook::flag::register(signal, flag.clone()));
+            if let Err(e) = registered {
+                eprintln!("sessionizer: cannot handle signal {signal}: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     let result = pipeline::run_with(&cfg.pipeline, cfg.checkpoint.as_ref(), &telemetry);
     progress.finish();
     let stats = match result {

@@ -541,6 +541,20 @@ fn wait_ok(child: std::process::Child, what: &str) {
 
 #[test]
 fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
+    three_processes_one_killed_one_restarted(&[]);
+}
+
+/// The same with every assignment and revocation preceded by an aborted transaction
+/// (the commit a rebalance fences): every task rewinds in the middle of each hand-over.
+#[test]
+fn three_processes_with_a_commit_aborted_at_every_rebalance_give_the_single_process_output() {
+    three_processes_one_killed_one_restarted(&[(ABORT_ON_REBALANCE, "1")]);
+}
+
+/// The test hook that aborts the open transaction at each rebalance.
+const ABORT_ON_REBALANCE: &str = "SESSIONIZER_TEST_ABORT_ON_REBALANCE";
+
+fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
     let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
@@ -557,6 +571,7 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
         a.extend(["--kafka-instance-id", id, "--stats-file", s(stats)].map(String::from));
         bin()
             .args(as_strs(&a))
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -566,7 +581,7 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
         .map(|i| dir.path().join(format!("stats-{i}.json")))
         .collect();
     // Three processes started at different times; the second is killed with SIGKILL
-    // mid-run, the third stopped (SIGTERM: no clean shutdown is attempted either) and
+    // mid-run, the third stopped (SIGTERM: it commits what it did and leaves) and
     // started again.
     let a = spawn("a", &stats[0]);
     std::thread::sleep(Duration::from_millis(800));
@@ -577,8 +592,19 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
     b.kill().expect("kill -9 b");
     b.wait().expect("reap b");
     std::thread::sleep(Duration::from_millis(300));
-    c.kill().expect("stop c");
-    c.wait().expect("reap c");
+    assert!(c.try_wait().expect("wait").is_none(), "c ended early");
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &c.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    wait_ok(c, "process c, stopped with SIGTERM");
+    let stopped = stats_of(&stats[2]);
+    assert_eq!(stopped["stopped"], true, "{stopped}");
+    assert_adds_up(
+        &stopped,
+        stopped["records_read"].as_u64().expect("records_read"),
+    );
     let c2 = spawn("c", &stats[3]);
     wait_ok(a, "process a");
     wait_ok(c2, "process c, restarted");
@@ -765,6 +791,18 @@ fn stats_of_or_none(path: &Path) -> Option<serde_json::Value> {
 
 #[test]
 fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
+    standby_takes_over(&[]);
+}
+
+/// The same with a transaction aborted at every assignment and revocation: the
+/// survivor's own tasks rewind from their changelogs while it takes over the dead
+/// owner's partitions from its copies.
+#[test]
+fn a_standby_takes_over_with_a_commit_aborted_at_every_rebalance() {
+    standby_takes_over(&[(ABORT_ON_REBALANCE, "1")]);
+}
+
+fn standby_takes_over(env: &[(&str, &str)]) {
     let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
@@ -794,6 +832,7 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
     // half of them and follows the changelogs of a's other half; then a is killed.
     let mut a = bin()
         .args(as_strs(&args("a")))
+        .envs(env.iter().copied())
         .env("RUST_LOG", "sessionizer=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -806,6 +845,7 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
     b_args.extend(["--stats-file".to_string(), s(&stats).to_string()]);
     let mut b = bin()
         .args(as_strs(&b_args))
+        .envs(env.iter().copied())
         .env("RUST_LOG", "sessionizer=debug")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -843,6 +883,11 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
         "{st}"
     );
     assert!(st["kafka"]["standby_records"].as_u64() > Some(0), "{st}");
+    if !env.is_empty() {
+        // b's assignments (at its start and at the takeover) were each preceded by an
+        // aborted transaction, and its own tasks then rewound from their changelogs.
+        assert!(st["kafka"]["aborts"].as_u64() >= Some(2), "{st}");
+    }
     let restores = st["kafka"]["restores"].as_array().expect("restores");
     let from_standby: Vec<&serde_json::Value> = restores
         .iter()

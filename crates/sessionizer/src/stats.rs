@@ -40,6 +40,10 @@ pub struct RunStats {
     /// then, and they still add up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_closed: Option<String>,
+    /// A Kafka job asked to stop (SIGTERM, SIGINT) that stopped cleanly before its end:
+    /// `true`. What it processed until then is committed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
     /// A Kafka input's tasks (`--kafka-topic` only). The counters above are then this
     /// process's share of the job: what it committed for the partitions it held, so
     /// that the processes of a group add up to the job.
@@ -83,6 +87,9 @@ pub struct KafkaStats {
     pub snapshots_written: u64,
     /// Bytes of the local task snapshots written.
     pub snapshot_bytes: u64,
+    /// Records handed out again at offsets a task had already processed (a fetch from
+    /// before a rewind's seek): skipped, never applied twice. Expected to stay 0.
+    pub stale_records_skipped: u64,
 }
 
 /// One task restore.
@@ -226,6 +233,12 @@ impl RunStats {
         );
         if self.blank_lines > 0 {
             let _ = write!(s, "\n  blank lines skipped {}", self.blank_lines);
+        }
+        if self.stopped {
+            let _ = write!(
+                s,
+                "\n  stopped on request: everything read was committed; the sessions in progress stay in the changelogs"
+            );
         }
         if let Some(c) = &self.checkpoints {
             if let Some(epoch) = c.resumed_from {

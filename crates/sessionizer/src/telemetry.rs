@@ -237,6 +237,9 @@ struct Inner {
     queries: Mutex<Vec<Query>>,
     /// Questions are waiting (checked between batches without taking the lock).
     asked: AtomicBool,
+    /// Set by whoever runs the job (the command line's SIGTERM and SIGINT handler) to
+    /// ask a long-running Kafka job to stop cleanly between two batches.
+    stop: Arc<AtomicBool>,
     /// Someone may ask (an HTTP endpoint is up): a quiet live input then wakes the
     /// pipeline now and then to answer.
     serving: AtomicBool,
@@ -510,6 +513,7 @@ impl Telemetry {
                 completed: Mutex::new(Vec::new()),
                 queries: Mutex::new(Vec::new()),
                 asked: AtomicBool::new(false),
+                stop: Arc::new(AtomicBool::new(false)),
                 serving: AtomicBool::new(false),
             }),
         }
@@ -522,6 +526,23 @@ impl Telemetry {
         let _ =
             prometheus_client::encoding::prometheus_text::encode(&mut out, &self.inner.registry);
         out
+    }
+
+    /// The flag that asks the job to stop cleanly: a Kafka job commits what it did,
+    /// writes its task snapshots, leaves the group and returns its stats (with
+    /// `stopped`). Hand it to a signal handler (`signal_hook::flag::register`).
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.inner.stop.clone()
+    }
+
+    /// Asks the job to stop cleanly (see [`stop_flag`](Self::stop_flag)).
+    pub fn request_stop(&self) {
+        self.inner.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether a clean stop was asked for.
+    pub fn stop_requested(&self) -> bool {
+        self.inner.stop.load(Ordering::Acquire)
     }
 
     /// Where the run stands.

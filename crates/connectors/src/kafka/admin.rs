@@ -4,7 +4,7 @@ use super::{KafkaError, KafkaSettings};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
 
 /// Metadata and topic management for one job.
@@ -170,11 +170,29 @@ impl Admin {
     }
 
     /// The first and next offsets of a partition (`low`, `high`).
+    /// A partition whose leader is moving, or that was created a moment ago and has no
+    /// leader yet, answers with a retriable error: asked again until `--kafka-timeout`.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
-        self.meta
-            .fetch_watermarks(topic, partition, self.settings.timeout)
-            .map_err(KafkaError::client(format!(
-                "read the end offsets of {topic}/{partition}"
-            )))
+        let began = std::time::Instant::now();
+        loop {
+            match self
+                .meta
+                .fetch_watermarks(topic, partition, self.settings.timeout)
+            {
+                Ok(w) => return Ok(w),
+                Err(ClientError::MetadataFetch(
+                    RDKafkaErrorCode::NotLeaderForPartition
+                    | RDKafkaErrorCode::LeaderNotAvailable
+                    | RDKafkaErrorCode::UnknownTopicOrPartition,
+                )) if began.elapsed() < self.settings.timeout => {
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => {
+                    return Err(KafkaError::client(format!(
+                        "read the end offsets of {topic}/{partition}"
+                    ))(e));
+                }
+            }
+        }
     }
 }

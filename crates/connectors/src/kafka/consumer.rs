@@ -14,6 +14,7 @@ use super::{KafkaError, KafkaSettings, TopicPartition};
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, ConsumerGroupMetadata};
 use rdkafka::error::KafkaError as ClientError;
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::topic_partition_list::TopicPartitionListElem;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -376,11 +377,51 @@ impl GroupConsumer {
         parts: &[TopicPartition],
     ) -> Result<Vec<Option<(i64, String)>>, KafkaError> {
         let with: Vec<_> = parts.iter().map(|&tp| (tp, None)).collect();
-        let tpl = self.tpl(&with)?;
-        let got = self
-            .consumer
-            .committed_offsets(tpl, self.settings.timeout)
-            .map_err(KafkaError::client("read the group's committed offsets"))?;
+        let began = std::time::Instant::now();
+        // While a transaction that commits offsets for a partition is open, the broker
+        // answers UNSTABLE_OFFSET_COMMIT for it (and no offset). librdkafka retries only
+        // a few times, then hands the error back beside an empty offset, which must not
+        // be taken for "never committed": the open transaction may be committing, and
+        // a task started from the changelog as it stands would process its records
+        // again. So ask until every answer is stable (a dead owner's transaction is
+        // aborted after its timeout) or `settings.timeout` passes.
+        let got = loop {
+            let tpl = self.tpl(&with)?;
+            let got = self
+                .consumer
+                .committed_offsets(tpl, self.settings.timeout)
+                .map_err(KafkaError::client("read the group's committed offsets"))?;
+            let mut unstable = Vec::new();
+            for e in got.elements() {
+                match e.error() {
+                    Ok(()) => {}
+                    Err(ClientError::OffsetFetch(RDKafkaErrorCode::UnstableOffsetCommit)) => {
+                        unstable.push(format!("{}/{}", e.topic(), e.partition()));
+                    }
+                    Err(source) => {
+                        return Err(KafkaError::Client {
+                            what: format!(
+                                "read the group's committed offset of {}/{}",
+                                e.topic(),
+                                e.partition()
+                            ),
+                            source,
+                        });
+                    }
+                }
+            }
+            if unstable.is_empty() {
+                break got;
+            }
+            if began.elapsed() > self.settings.timeout {
+                return Err(KafkaError::Invalid(format!(
+                    "the committed offsets of {} stayed unstable for {:?}: a transaction that commits them is still open; is its producer stuck, or --kafka-transaction-timeout longer than --kafka-timeout?",
+                    unstable.join(", "),
+                    self.settings.timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         Ok(parts
             .iter()
             .map(|tp| {

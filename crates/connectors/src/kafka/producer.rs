@@ -348,9 +348,10 @@ impl TxnProducer {
             let _ = self.producer.flush(self.timeout);
             match self.producer.abort_transaction(self.timeout) {
                 Ok(()) => {
-                    // Deliveries that failed belonged to the aborted transaction; the
-                    // next one starts clean.
+                    // Deliveries that failed, and the offsets of tracked records,
+                    // belonged to the aborted transaction; the next one starts clean.
                     self.producer.context().failed.store(0, Ordering::Relaxed);
+                    self.take_tracked();
                     return Ok(());
                 }
                 Err(ClientError::Transaction(t)) if t.is_fatal() => {

@@ -64,6 +64,16 @@ struct Restored {
 /// Transactions aborted one after the other before the job gives up.
 const MAX_ABORTS_IN_ROW: u32 = 5;
 
+/// Test hook: when set, the open transaction is aborted and every task rewound at
+/// each assignment and revocation, before it is handled — as when the group moving on
+/// fences a commit made in the middle of a rebalance (the tests of scale-out run with
+/// it to make that path happen every time, not once in a while).
+const ABORT_ON_REBALANCE_ENV: &str = "SESSIONIZER_TEST_ABORT_ON_REBALANCE";
+
+fn abort_on_rebalance() -> bool {
+    std::env::var_os(ABORT_ON_REBALANCE_ENV).is_some()
+}
+
 /// The offset metadata of a task that emitted every session at the end of a
 /// `--stop-at-end` run.
 const FLUSHED: &str = "flushed";
@@ -136,6 +146,8 @@ struct KafkaJob<'c> {
     snapshots: Option<Snapshots>,
     /// `--standby-replicas`: copies of other processes' tasks.
     standbys: Option<Standbys>,
+    /// Records at offsets their task had processed already, skipped.
+    stale_skipped: u64,
     /// Scratch.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
@@ -285,6 +297,7 @@ impl<'c> KafkaJob<'c> {
             telemetry: telemetry.clone(),
             snapshots,
             standbys,
+            stale_skipped: 0,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
             pool: super::worker_pool(cfg.workers.max(1))?,
@@ -335,8 +348,19 @@ impl<'c> KafkaJob<'c> {
             .map(|d| Duration::from_millis(u64::try_from(d.millis()).unwrap_or(0)));
         let interval = self.commit_interval();
         let mut staged = 0usize;
+        let mut stopped = false;
         'job: loop {
             loop {
+                if self.telemetry.stop_requested() {
+                    // A clean stop: what was processed is committed (an aborted commit
+                    // rewinds the tasks to the one before: nothing is lost either way),
+                    // the sessions in progress stay in the changelogs for whoever takes
+                    // the partitions next, and no session is emitted early.
+                    self.commit()?;
+                    stopped = true;
+                    tracing::info!("stopping on request: committed, leaving the group");
+                    break 'job;
+                }
                 for event in self.consumer.take_rebalances() {
                     self.process_staged()?;
                     self.rebalance(event)?;
@@ -396,6 +420,17 @@ impl<'c> KafkaJob<'c> {
                                         self.producer.as_mut().expect("re-keying has a producer");
                                     rekey.forward(p, &self.topics, &r).map_err(commit_error)?;
                                 }
+                            } else if let Some(task) = self.tasks.get_mut(&r.from)
+                                && task.is_stale(r.offset())
+                            {
+                                // Never applied twice, whatever the client hands out.
+                                self.stale_skipped += 1;
+                                tracing::warn!(
+                                    task = %task.names[0].name,
+                                    offset = r.offset(),
+                                    next_offset = task.next_offset,
+                                    "a record the task processed already was read again; skipped"
+                                );
                             } else if let Some(task) = self.tasks.get_mut(&r.from) {
                                 if task.flushed {
                                     return Err(more_after_flush(
@@ -452,7 +487,8 @@ impl<'c> KafkaJob<'c> {
             }
         }
         self.report();
-        let stats = self.stats();
+        let mut stats = self.stats();
+        stats.stopped = stopped;
         self.consumer.close();
         Ok(stats)
     }
@@ -806,6 +842,10 @@ impl<'c> KafkaJob<'c> {
             Rebalance::Lost(p) => ("lost", p),
         };
         self.telemetry.rebalance(kind, &self.names_of(parts));
+        if abort_on_rebalance() && !matches!(event, Rebalance::Lost(_)) {
+            // Test hook: the commit that a rebalance fences, at the worst instant.
+            self.abort_and_rewind(&"test hook: aborted at a rebalance")?;
+        }
         match event {
             Rebalance::Assign(parts) => {
                 self.assigned_events += 1;
@@ -839,20 +879,24 @@ impl<'c> KafkaJob<'c> {
                 // Another member may own them already: nothing of theirs may be
                 // committed. The open transaction holds their changes and the others':
                 // abort it and rewind the others to their last commit.
-                if let Some(p) = &mut self.producer {
-                    p.abort().map_err(commit_error)?;
-                }
-                self.telemetry
-                    .transaction_aborted(&"partitions lost in a rebalance");
-                self.aborts += 1;
                 self.revoked += parts.len() as u64;
                 for tp in &parts {
                     self.release(tp);
                 }
                 self.consumer.unassign(&parts)?;
-                self.rewind()
+                self.abort_and_rewind(&"partitions lost in a rebalance")
             }
         }
+    }
+
+    /// Aborts the open transaction and puts every task back to its last commit.
+    fn abort_and_rewind(&mut self, why: &dyn std::fmt::Display) -> Result<(), RunError> {
+        if let Some(p) = &mut self.producer {
+            p.abort().map_err(commit_error)?;
+        }
+        self.telemetry.transaction_aborted(why);
+        self.aborts += 1;
+        self.rewind()
     }
 
     /// Puts every task back to its last commit (after an aborted transaction): drops
@@ -1141,6 +1185,7 @@ impl<'c> KafkaJob<'c> {
             standby_records: self.standbys.as_ref().map_or(0, |s| s.applied),
             snapshots_written: self.snapshots.as_ref().map_or(0, |s| s.written),
             snapshot_bytes: self.snapshots.as_ref().map_or(0, |s| s.bytes),
+            stale_records_skipped: self.stale_skipped,
         });
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();

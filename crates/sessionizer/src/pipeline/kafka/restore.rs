@@ -12,6 +12,10 @@ use sessionizer_connectors::kafka::changelog::{self, Entry, ReadStats};
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// How long a restore reads on for the changelog records of a commit whose offsets are
+/// already stable (its markers are written within milliseconds).
+const MARKER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A task's state being put together, as its changelog records say it: each key's
 /// latest encoded state and the latest progress record, up to a changelog offset.
 #[derive(Debug, Default)]
@@ -126,31 +130,38 @@ impl KafkaJob<'_> {
             }
             states.push(state);
         }
-        // Every changelog partition of one topic read by one reader.
         let mut reads = vec![ReadStats::default(); tasks.len()];
-        let mut topics: Vec<u32> = tasks.iter().map(|t| t.tp.topic).collect();
-        topics.sort_unstable();
-        topics.dedup();
-        for t in topics {
-            let idx: Vec<usize> = (0..tasks.len())
-                .filter(|&i| tasks[i].tp.topic == t && !nothing_to_read[i])
-                .collect();
-            if idx.is_empty() {
-                continue;
+        let all: Vec<usize> = (0..tasks.len()).filter(|&i| !nothing_to_read[i]).collect();
+        self.read_changelogs(tasks, &mut states, &all, &mut reads)?;
+        // The group's offsets and the changelog are written in one transaction, but its
+        // markers reach the partitions one at a time: a read made just after the offsets
+        // became stable may stop before the last commit's changelog records, which are
+        // there but not yet readable. Read on until the progress record agrees with the
+        // committed offset, or no record is left beyond the read (a changelog that is
+        // really behind is reported by finish_restore).
+        let deadline = Instant::now() + MARKER_WAIT.min(self.settings.timeout);
+        loop {
+            let mut behind = Vec::new();
+            for (i, task) in tasks.iter().enumerate() {
+                let Some(o) = committed[i] else { continue };
+                if states[i].meta.as_ref().is_some_and(|m| m.next_offset >= o) {
+                    continue;
+                }
+                let topic = &self.changelogs[task.tp.topic as usize];
+                let (_, high) = self.admin.watermarks(topic, task.tp.partition)?;
+                if states[i].offset.is_some_and(|at| at < high) {
+                    behind.push(i);
+                }
             }
-            let parts: Vec<(i32, Option<i64>)> = idx
-                .iter()
-                .map(|&i| (tasks[i].tp.partition, states[i].offset))
-                .collect();
-            let topic = &self.changelogs[t as usize];
-            let read = changelog::read_many(&self.settings, topic, &parts, |j, e| {
-                states[idx[j]].apply(e)
-            })?;
-            for (j, r) in read.into_iter().enumerate() {
-                let i = idx[j];
-                states[i].offset = Some(r.end_offset);
-                reads[i] = r;
+            if behind.is_empty() || Instant::now() >= deadline {
+                break;
             }
+            tracing::debug!(
+                tasks = behind.len(),
+                "changelog not yet readable up to the committed offset; reading on"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            self.read_changelogs(tasks, &mut states, &behind, &mut reads)?;
         }
         for (i, n) in nothing_to_read.iter().enumerate() {
             if *n {
@@ -169,6 +180,43 @@ impl KafkaJob<'_> {
             out.push(self.finish_restore(task, state, read, committed, took)?);
         }
         Ok(out)
+    }
+
+    /// Reads the changelog partitions of tasks `which` on from where each state stands
+    /// to their ends (every partition of one topic by one reader), adding to `reads`.
+    fn read_changelogs(
+        &self,
+        tasks: &[Task],
+        states: &mut [Restoring],
+        which: &[usize],
+        reads: &mut [ReadStats],
+    ) -> Result<(), RunError> {
+        let mut topics: Vec<u32> = which.iter().map(|&i| tasks[i].tp.topic).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        for t in topics {
+            let idx: Vec<usize> = which
+                .iter()
+                .copied()
+                .filter(|&i| tasks[i].tp.topic == t)
+                .collect();
+            let parts: Vec<(i32, Option<i64>)> = idx
+                .iter()
+                .map(|&i| (tasks[i].tp.partition, states[i].offset))
+                .collect();
+            let topic = &self.changelogs[t as usize];
+            let read = changelog::read_many(&self.settings, topic, &parts, |j, e| {
+                states[idx[j]].apply(e)
+            })?;
+            for (j, r) in read.into_iter().enumerate() {
+                let i = idx[j];
+                states[i].offset = Some(r.end_offset);
+                reads[i].records += r.records;
+                reads[i].bytes += r.bytes;
+                reads[i].end_offset = r.end_offset;
+            }
+        }
+        Ok(())
     }
 
     /// Puts one task's restored state into its operator, after checking it against the

@@ -127,6 +127,11 @@ impl Task {
         total.counters()
     }
 
+    /// Whether a record at `offset` is one this task processed or staged already.
+    pub(super) fn is_stale(&self, offset: i64) -> bool {
+        offset < self.next_offset || (!self.batch.lines.is_empty() && offset <= self.last_offset)
+    }
+
     pub(super) fn done(&self) -> bool {
         self.end.is_some_and(|e| self.next_offset >= e)
     }
