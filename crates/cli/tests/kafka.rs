@@ -243,23 +243,57 @@ fn assert_matches_file_runs(t: &Topics, dir: &Path, partitions: usize) -> u64 {
         }
         let mut file_dead = expected.dead.clone();
         file_dead.sort();
-        assert_eq!(
-            dead.get(&(p as i32)).cloned().unwrap_or_default(),
-            file_dead,
-            "partition {p}: dead letters"
+        assert_same_side(
+            &dead.get(&(p as i32)).cloned().unwrap_or_default(),
+            &file_dead,
+            &format!("partition {p}: dead letters"),
         );
         let mut file_late = expected.late.clone();
         file_late.sort();
-        assert_eq!(
-            late.get(&(p as i32)).cloned().unwrap_or_default(),
-            file_late,
-            "partition {p}: late events"
+        assert_same_side(
+            &late.get(&(p as i32)).cloned().unwrap_or_default(),
+            &file_late,
+            &format!("partition {p}: late events"),
         );
         total += expected.stats["records_read"]
             .as_u64()
             .expect("records_read");
     }
     total
+}
+
+/// Side records read from Kafka equal the file run's; on failure the message lists
+/// only the records that differ (each with how many times it was read).
+fn assert_same_side(got: &[(i64, String, String)], want: &[(i64, String, String)], what: &str) {
+    if got == want {
+        return;
+    }
+    let count = |v: &[(i64, String, String)]| {
+        let mut m: BTreeMap<(i64, String, String), usize> = BTreeMap::new();
+        for r in v {
+            *m.entry(r.clone()).or_default() += 1;
+        }
+        m
+    };
+    let (g, w) = (count(got), count(want));
+    let keys: std::collections::BTreeSet<_> = g.keys().chain(w.keys()).collect();
+    let diff: Vec<String> = keys
+        .into_iter()
+        .filter(|k| g.get(*k) != w.get(*k))
+        .map(|k| {
+            format!(
+                "{k:?}: read {} times, expected {}",
+                g.get(k).copied().unwrap_or(0),
+                w.get(k).copied().unwrap_or(0)
+            )
+        })
+        .collect();
+    panic!(
+        "{what}: {} read, {} expected; differing:\n{}",
+        got.len(),
+        want.len(),
+        diff.join("\n")
+    );
 }
 
 fn stats_of(path: &Path) -> serde_json::Value {
