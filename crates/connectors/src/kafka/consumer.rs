@@ -379,12 +379,13 @@ impl GroupConsumer {
         let with: Vec<_> = parts.iter().map(|&tp| (tp, None)).collect();
         let began = std::time::Instant::now();
         // While a transaction that commits offsets for a partition is open, the broker
-        // answers UNSTABLE_OFFSET_COMMIT for it (and no offset). librdkafka retries only
-        // a few times, then hands the error back beside an empty offset, which must not
-        // be taken for "never committed": the open transaction may be committing, and
-        // a task started from the changelog as it stands would process its records
-        // again. So ask until every answer is stable (a dead owner's transaction is
-        // aborted after its timeout) or `settings.timeout` passes.
+        // answers UNSTABLE_OFFSET_COMMIT for it (and no offset). librdkafka retries that
+        // answer within its request timeout, but a partition can still come back with
+        // the error beside an empty offset, which must not be taken for "never
+        // committed": the open transaction may be committing, and a task started from
+        // the changelog as it stands would process its records again. So ask until
+        // every answer is stable (a dead owner's transaction is aborted after its
+        // timeout) or `settings.timeout` passes; any other error is an error.
         let got = loop {
             let tpl = self.tpl(&with)?;
             let got = self
