@@ -46,6 +46,7 @@ pub struct StatefulBuilder<E, K, T, W, S, F, C> {
     clock: C,
     late_policy: LatePolicy,
     batching: Batching,
+    state_ttl: Option<sessionizer_core::DurationMs>,
     _state: std::marker::PhantomData<fn() -> S>,
 }
 
@@ -58,6 +59,7 @@ impl<E, K, T, W: fmt::Debug, S, F, C: fmt::Debug> fmt::Debug
             .field("clock", &self.clock)
             .field("late_policy", &self.late_policy)
             .field("batching", &self.batching)
+            .field("state_ttl", &self.state_ttl)
             .finish()
     }
 }
@@ -70,6 +72,7 @@ impl<E, K, T, W, S, F> StatefulBuilder<E, K, T, W, S, F, SystemClock> {
             clock: SystemClock,
             late_policy: LatePolicy::Drop,
             batching: Batching::PerEvent,
+            state_ttl: None,
             _state: std::marker::PhantomData,
         }
     }
@@ -85,6 +88,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             clock,
             late_policy: self.late_policy,
             batching: self.batching,
+            state_ttl: self.state_ttl,
             _state: std::marker::PhantomData,
         }
     }
@@ -93,6 +97,16 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
     /// [`LatePolicy::Drop`]: they go to the late sink).
     pub fn late_events(mut self, policy: LatePolicy) -> Self {
         self.late_policy = policy;
+        self
+    }
+
+    /// Lets a key's state expire once `ttl` of processing time has passed since a call
+    /// last wrote it (`update`, `get_mut`), as Flink's `StateTtlConfig`
+    /// (`OnCreateAndWrite`, never returning expired state): expired state is not handed
+    /// to the function and is cleared at the first batch end that reaches its expiry,
+    /// without a call. Off by default.
+    pub fn state_ttl(mut self, ttl: sessionizer_core::DurationMs) -> Self {
+        self.state_ttl = Some(ttl);
         self
     }
 
@@ -109,9 +123,13 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
         W: WatermarkStrategy,
         C: Clock,
     {
+        let mut op = StatefulOperator::new(self.stream.watermark, self.clock)
+            .with_late_policy(self.late_policy);
+        if let Some(ttl) = self.state_ttl {
+            op = op.with_state_ttl(ttl);
+        }
         StatefulJob {
-            op: StatefulOperator::new(self.stream.watermark, self.clock)
-                .with_late_policy(self.late_policy),
+            op,
             key: self.stream.key,
             time: self.stream.time,
             valid: self.stream.valid,

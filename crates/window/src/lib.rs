@@ -44,5 +44,5 @@ pub use operator::{
     Verdict, WindowConfig,
 };
 pub use session::session_id;
-pub use stateful::{GroupState, LatePolicy, StatefulOperator, TimeoutKind};
+pub use stateful::{GroupState, LatePolicy, StatefulOperator, TimeoutKind, Timer};
 pub use watermark::{BoundedOutOfOrderness, WatermarkStrategy};

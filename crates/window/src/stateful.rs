@@ -34,7 +34,26 @@
 //! Every call starts with **no timeout** set (Spark's rule: a timeout lasts until the
 //! key's next call), so the function sets it again on each call that wants one. A key
 //! may have one event-time and one processing-time timeout at a time.
-//! A key whose state was removed and that has no timeout is forgotten.
+//!
+//! **Registered timers** (Flink's `KeyedProcessFunction` timers) are the other style:
+//! [`GroupState::register_event_time_timer`] and
+//! [`register_processing_time_timer`](GroupState::register_processing_time_timer) add a
+//! timer that stays until it fires or is deleted, across calls; a key may hold any
+//! number (one per timestamp and domain). Each due timer is a call of its own, with
+//! `has_timed_out()`, [`timed_out_by`](GroupState::timed_out_by) its domain and
+//! [`fired_timer`](GroupState::fired_timer) its timestamp; they fire at step 5 with the
+//! timeouts, in the same order (event time first, then by deadline and key; at one
+//! deadline a key's timeout before its timers).
+//!
+//! **State TTL** ([`StatefulOperator::with_state_ttl`], Flink's `StateTtlConfig` with
+//! `OnCreateAndWrite` in processing time): a key's state expires once `ttl` of
+//! processing time has passed since a call last wrote it
+//! ([`update`](GroupState::update) or [`get_mut`](GroupState::get_mut)); expired state
+//! is never handed to a call (`get()` is `None`), and it is cleared without a call at
+//! the first batch end whose processing time reaches its expiry.
+//!
+//! A key whose state was removed (or expired) and that has no timeout and no timer is
+//! forgotten.
 //!
 //! An event-time timeout fires when the watermark *reaches* it (`W >= deadline`, as
 //! Flink's timers and the session window's `W >= close`); Spark waits until the
@@ -73,14 +92,42 @@ pub enum LatePolicy {
     Deliver,
 }
 
-/// Which timeout fired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which timeout fired (or the domain of the registered timer that fired).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TimeoutKind {
     /// The watermark reached the timestamp set with
     /// [`GroupState::set_timeout_timestamp`].
     EventTime,
     /// The clock reached the deadline set with [`GroupState::set_timeout_duration`].
     ProcessingTime,
+}
+
+/// A registered timer ([`GroupState::register_event_time_timer`],
+/// [`GroupState::register_processing_time_timer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Timer {
+    /// Fires when the watermark reaches it.
+    EventTime(EventTime),
+    /// Fires when the clock reaches it.
+    ProcessingTime(ProcessingTime),
+}
+
+impl Timer {
+    /// Its domain.
+    pub fn kind(self) -> TimeoutKind {
+        match self {
+            Timer::EventTime(_) => TimeoutKind::EventTime,
+            Timer::ProcessingTime(_) => TimeoutKind::ProcessingTime,
+        }
+    }
+
+    /// Its timestamp in milliseconds (event time or processing time).
+    pub fn millis(self) -> i64 {
+        match self {
+            Timer::EventTime(t) => t.millis(),
+            Timer::ProcessingTime(t) => t.millis(),
+        }
+    }
 }
 
 /// An event that was not given to the function because it was at or behind the
@@ -117,6 +164,11 @@ pub struct GroupState<'a, S> {
     now: ProcessingTime,
     event_timeout: Option<EventTime>,
     proc_timeout: Option<ProcessingTime>,
+    /// The key's registered timers, sorted, one per timestamp and domain.
+    timers: Vec<Timer>,
+    fired: Option<Timer>,
+    /// The call wrote the state (`update`, `get_mut`): its TTL starts again.
+    written: bool,
 }
 
 impl<S: fmt::Debug> fmt::Debug for GroupState<'_, S> {
@@ -128,6 +180,8 @@ impl<S: fmt::Debug> fmt::Debug for GroupState<'_, S> {
             .field("now", &self.now)
             .field("event_timeout", &self.event_timeout)
             .field("proc_timeout", &self.proc_timeout)
+            .field("timers", &self.timers)
+            .field("fired", &self.fired)
             .finish()
     }
 }
@@ -143,6 +197,9 @@ impl<'a, S> GroupState<'a, S> {
             now: ProcessingTime(0),
             event_timeout: None,
             proc_timeout: None,
+            timers: Vec::new(),
+            fired: None,
+            written: false,
         }
     }
 
@@ -151,8 +208,9 @@ impl<'a, S> GroupState<'a, S> {
         self.state.as_ref()
     }
 
-    /// The key's state, mutably, if it has one.
+    /// The key's state, mutably, if it has one (counts as a write for the state TTL).
     pub fn get_mut(&mut self) -> Option<&mut S> {
+        self.written |= self.state.is_some();
         self.state.as_mut()
     }
 
@@ -161,9 +219,10 @@ impl<'a, S> GroupState<'a, S> {
         self.state.is_some()
     }
 
-    /// Sets the key's state.
+    /// Sets the key's state (with a state TTL, its expiry starts again).
     pub fn update(&mut self, state: S) {
         *self.state = Some(state);
+        self.written = true;
     }
 
     /// Removes the key's state and hands it back. Once the call returns, a key with
@@ -172,14 +231,57 @@ impl<'a, S> GroupState<'a, S> {
         self.state.take()
     }
 
-    /// Whether this call is a timeout call (no events).
+    /// Whether this call is a timeout call (no events): a timeout or a registered timer
+    /// fired.
     pub fn has_timed_out(&self) -> bool {
         self.timed_out.is_some()
     }
 
-    /// Which timeout fired, in a timeout call.
+    /// Which timeout fired (or the domain of the registered timer that fired), in a
+    /// timeout call.
     pub fn timed_out_by(&self) -> Option<TimeoutKind> {
         self.timed_out
+    }
+
+    /// The registered timer this call is for (`None` in data calls and in calls for a
+    /// timeout set with `set_timeout_*`). It is no longer registered.
+    pub fn fired_timer(&self) -> Option<Timer> {
+        self.fired
+    }
+
+    /// Registers a timer that calls the function, with `has_timed_out()` and
+    /// [`fired_timer`](Self::fired_timer), once the watermark reaches `t`. It stays
+    /// registered across calls until it fires or is deleted; registering the same
+    /// timestamp again changes nothing (Flink's timers).
+    pub fn register_event_time_timer(&mut self, t: EventTime) {
+        self.register(Timer::EventTime(t));
+    }
+
+    /// Registers a timer that fires once the clock reaches `t` (see
+    /// [`register_event_time_timer`](Self::register_event_time_timer)).
+    pub fn register_processing_time_timer(&mut self, t: ProcessingTime) {
+        self.register(Timer::ProcessingTime(t));
+    }
+
+    /// Deletes the event-time timer registered for `t`, if any.
+    pub fn delete_event_time_timer(&mut self, t: EventTime) {
+        self.timers.retain(|x| *x != Timer::EventTime(t));
+    }
+
+    /// Deletes the processing-time timer registered for `t`, if any.
+    pub fn delete_processing_time_timer(&mut self, t: ProcessingTime) {
+        self.timers.retain(|x| *x != Timer::ProcessingTime(t));
+    }
+
+    /// The key's registered timers, event-time ones first, each domain in time order.
+    pub fn timers(&self) -> &[Timer] {
+        &self.timers
+    }
+
+    fn register(&mut self, t: Timer) {
+        if let Err(at) = self.timers.binary_search(&t) {
+            self.timers.insert(at, t);
+        }
     }
 
     /// The watermark of this call: the batch's watermark in a data call (computed at
@@ -232,6 +334,10 @@ struct KeyState<S> {
     state: Option<S>,
     event_timeout: Option<EventTime>,
     proc_timeout: Option<ProcessingTime>,
+    /// Registered timers, sorted (event-time ones first), no duplicates.
+    timers: Vec<Timer>,
+    /// When the state expires (a state TTL is set and the state exists).
+    expires: Option<ProcessingTime>,
     /// The batch (1-based) in which the key last had an event, and its rank among the
     /// keys of that batch by first appearance.
     batch: u64,
@@ -246,10 +352,47 @@ impl<S> Default for KeyState<S> {
             state: None,
             event_timeout: None,
             proc_timeout: None,
+            timers: Vec::new(),
+            expires: None,
             batch: 0,
             rank: 0,
             timer: crate::keyed::NO_TIMER,
         }
+    }
+}
+
+impl<S> KeyState<S> {
+    /// The earliest event-time deadline: the timeout or a registered timer.
+    fn next_event_deadline(&self) -> Option<EventTime> {
+        let timer = self.timers.iter().find_map(|t| match t {
+            Timer::EventTime(t) => Some(*t),
+            Timer::ProcessingTime(_) => None,
+        });
+        match (self.event_timeout, timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The earliest processing-time deadline: the timeout, a registered timer or the
+    /// state's expiry.
+    fn next_processing_deadline(&self) -> Option<ProcessingTime> {
+        let timer = self.timers.iter().find_map(|t| match t {
+            Timer::ProcessingTime(t) => Some(*t),
+            Timer::EventTime(_) => None,
+        });
+        [self.proc_timeout, timer, self.expires]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Nothing left to keep the key for.
+    fn is_empty(&self) -> bool {
+        self.state.is_none()
+            && self.event_timeout.is_none()
+            && self.proc_timeout.is_none()
+            && self.timers.is_empty()
     }
 }
 
@@ -321,15 +464,19 @@ pub enum SnapshotError {
 ///
 /// ```text
 /// magic       8 bytes  "SZKEYED\0"
-/// version     u16      1
+/// version     u16      2 (version 1, without timers and expiry, is read too)
 /// reserved    u16      0
 /// watermark   i64      i64::MIN = unset, i64::MAX = +inf
 /// batches     u64      batches ended so far
 /// entries     u64      number of keys
 /// per key, in key order:
 ///   key_len   u32, key bytes (UTF-8)
-///   flags     u8       bit 0: state, bit 1: event-time timeout, bit 2: processing-time timeout
+///   flags     u8       bit 0: state, bit 1: event-time timeout, bit 2: processing-time
+///                      timeout, bit 3: registered timers, bit 4: state expiry
 ///   [i64 event-time timeout] [i64 processing-time timeout]   when flagged
+///   [u32 count, count × (u8 domain: 0 event time, 1 processing time; i64 time)]
+///                                                             registered timers, when flagged
+///   [i64 processing time the state expires at]                when flagged
 ///   [u32 state_len, state as JSON]                            when flagged
 /// checksum    u64      xxh3-64 of every byte before it
 /// ```
@@ -338,7 +485,7 @@ pub enum SnapshotError {
 /// fails with serde's message naming the field rather than misreading bytes.
 pub const SNAPSHOT_MAGIC: &[u8; 8] = b"SZKEYED\0";
 /// The snapshot format version written by this build.
-pub const SNAPSHOT_VERSION: u16 = 1;
+pub const SNAPSHOT_VERSION: u16 = 2;
 
 /// The stateful operator: per-key user state with event-time and processing-time
 /// timeouts, fed in batches (see the [module docs](self) for the exact rules).
@@ -392,7 +539,30 @@ pub struct StatefulOperator<E, S, W, C> {
     open: Option<OpenBatch>,
     /// The open batch's events: (rank of the key, slot, event), in input order.
     pending: Vec<(u32, SlotId, E)>,
-    due: Vec<(TimeoutKind, i64, SlotId)>,
+    due: Vec<(Due, i64, SlotId)>,
+    /// The state TTL ([`with_state_ttl`](StatefulOperator::with_state_ttl)).
+    ttl: Option<DurationMs>,
+}
+
+/// Something due for a key at a batch end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// The timeout set with `set_timeout_*`.
+    Timeout(TimeoutKind),
+    /// A registered timer.
+    Timer(Timer),
+    /// The state's TTL ran out (no call).
+    Expire,
+}
+
+impl Due {
+    fn domain(self) -> TimeoutKind {
+        match self {
+            Due::Timeout(k) => k,
+            Due::Timer(t) => t.kind(),
+            Due::Expire => TimeoutKind::ProcessingTime,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -430,12 +600,21 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             open: None,
             pending: Vec::new(),
             due: Vec::new(),
+            ttl: None,
         }
     }
 
     /// Sets what happens to late events.
     pub fn with_late_policy(mut self, policy: LatePolicy) -> Self {
         self.late_policy = policy;
+        self
+    }
+
+    /// Lets a key's state expire once `ttl` of processing time has passed since a call
+    /// last wrote it (see the [module docs](self)): the state of keys that stop coming
+    /// does not stay forever, without a timer in the function.
+    pub fn with_state_ttl(mut self, ttl: DurationMs) -> Self {
+        self.ttl = Some(ttl);
         self
     }
 
@@ -539,16 +718,14 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             while let Some((_, _, e)) = events.next_if(|p| p.0 == rank) {
                 group.push(e);
             }
-            self.call(
-                id,
-                group,
-                None,
-                self.watermark,
-                batch.now,
-                f,
-                emit,
-                &mut report,
-            );
+            let call = Call {
+                timed_out: None,
+                fired: None,
+                watermark: self.watermark,
+                now: batch.now,
+                keep: false,
+            };
+            self.call(id, group, call, f, emit, &mut report);
             report.data_calls += 1;
         }
         drop(events);
@@ -619,7 +796,8 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         report
     }
 
-    /// Calls every key whose timeout is due at the current watermark or at `now`.
+    /// Calls every key whose timeout or registered timer is due at the current
+    /// watermark or at `now`, and clears the state whose TTL ran out.
     fn fire_timeouts<F, R>(
         &mut self,
         now: ProcessingTime,
@@ -634,45 +812,122 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         let mut due = std::mem::take(&mut self.due);
         due.clear();
         while let Some(id) = self.store.pop_due(w) {
-            match self.store.state(id).event_timeout {
-                Some(d) if w.has_reached(d) => due.push((TimeoutKind::EventTime, d.millis(), id)),
-                // Moved later since it was scheduled: re-arm at the real deadline.
-                Some(d) => self.store.schedule(id, d),
-                None => {}
+            let ks = self.store.state(id);
+            let mut later: Option<EventTime> = None;
+            if let Some(d) = ks.event_timeout {
+                if w.has_reached(d) {
+                    due.push((Due::Timeout(TimeoutKind::EventTime), d.millis(), id));
+                } else {
+                    later = Some(d);
+                }
+            }
+            for &t in &ks.timers {
+                if let Timer::EventTime(d) = t {
+                    if w.has_reached(d) {
+                        due.push((Due::Timer(t), d.millis(), id));
+                    } else {
+                        later = Some(later.map_or(d, |l| l.min(d)));
+                    }
+                }
+            }
+            // What is not due yet (a timeout moved later since it was scheduled, later
+            // timers) is scheduled again.
+            if let Some(d) = later {
+                self.store.schedule(id, d);
             }
         }
         while let Some(id) = self.store.pop_due_processing(now) {
             let ks = self.store.state(id);
-            if ks.event_timeout.is_some_and(|d| w.has_reached(d)) {
-                continue; // already due by event time: one call per key
-            }
+            let mut later: Option<ProcessingTime> = None;
+            let mut keep_later = |d: ProcessingTime| later = Some(later.map_or(d, |l| l.min(d)));
             match ks.proc_timeout {
-                Some(d) if d <= now => due.push((TimeoutKind::ProcessingTime, d.millis(), id)),
-                Some(d) => self.store.schedule_processing(id, d),
+                // One timeout call per key: one due by event time already has it.
+                Some(_) if ks.event_timeout.is_some_and(|d| w.has_reached(d)) => {}
+                Some(d) if d <= now => {
+                    due.push((Due::Timeout(TimeoutKind::ProcessingTime), d.millis(), id));
+                }
+                Some(d) => keep_later(d),
                 None => {}
+            }
+            for &t in &ks.timers {
+                if let Timer::ProcessingTime(d) = t {
+                    if d <= now {
+                        due.push((Due::Timer(t), d.millis(), id));
+                    } else {
+                        keep_later(d);
+                    }
+                }
+            }
+            match ks.expires {
+                Some(d) if d <= now => due.push((Due::Expire, d.millis(), id)),
+                Some(d) => keep_later(d),
+                None => {}
+            }
+            if let Some(d) = later {
+                self.store.schedule_processing(id, d);
             }
         }
         let store = &self.store;
         due.sort_by(|a, b| {
-            let kind = |k: TimeoutKind| k == TimeoutKind::ProcessingTime;
-            (kind(a.0), a.1, store.key(a.2)).cmp(&(kind(b.0), b.1, store.key(b.2)))
+            (a.0.domain(), a.1, store.key(a.2), a.0).cmp(&(b.0.domain(), b.1, store.key(b.2), b.0))
         });
-        for &(kind, _, id) in &due {
-            self.call(id, Vec::new(), Some(kind), w, now, f, emit, report);
-            report.timeout_calls += 1;
+        // A key with more due after this one is not forgotten in between.
+        let mut left: std::collections::HashMap<SlotId, u32> = std::collections::HashMap::new();
+        for &(_, _, id) in &due {
+            *left.entry(id).or_default() += 1;
+        }
+        for &(what, _, id) in &due {
+            let n = left.get_mut(&id).expect("counted");
+            *n -= 1;
+            let keep = *n > 0;
+            let call = |timed_out, fired| Call {
+                timed_out: Some(timed_out),
+                fired,
+                watermark: w,
+                now,
+                keep,
+            };
+            match what {
+                Due::Timeout(kind) => {
+                    self.call(id, Vec::new(), call(kind, None), f, emit, report);
+                    report.timeout_calls += 1;
+                }
+                Due::Timer(t) => {
+                    // Deleted by a call made since it became due: it does not fire.
+                    let timers = &mut self.store.state_mut(id).timers;
+                    let Ok(at) = timers.binary_search(&t) else {
+                        self.forget_if_empty(id, keep);
+                        continue;
+                    };
+                    timers.remove(at);
+                    self.call(id, Vec::new(), call(t.kind(), Some(t)), f, emit, report);
+                    report.timeout_calls += 1;
+                }
+                Due::Expire => {
+                    let ks = self.store.state_mut(id);
+                    if ks.expires.is_some_and(|d| d <= now) {
+                        ks.state = None;
+                        ks.expires = None;
+                    }
+                    self.forget_if_empty(id, keep);
+                }
+            }
         }
         self.due = due;
     }
 
+    fn forget_if_empty(&mut self, id: SlotId, keep: bool) {
+        if !keep && self.store.state(id).is_empty() {
+            self.store.remove(id);
+        }
+    }
+
     /// One call of the user function for the key in slot `id`.
-    #[allow(clippy::too_many_arguments)]
     fn call<F, R>(
         &mut self,
         id: SlotId,
         events: Vec<E>,
-        timed_out: Option<TimeoutKind>,
-        watermark: Watermark,
-        now: ProcessingTime,
+        call: Call,
         f: &mut F,
         emit: &mut impl FnMut(R::Item),
         report: &mut BatchReport,
@@ -680,38 +935,65 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
         R: IntoIterator,
     {
+        let ttl = self.ttl;
         let (key, ks) = self.store.key_and_state_mut(id);
         let key = String::from_utf8_lossy(key);
+        // Expired state is never handed to a call.
+        if ks.expires.is_some_and(|d| d <= call.now) {
+            ks.state = None;
+            ks.expires = None;
+        }
         // A timeout lasts until the key's next call (Spark's rule).
         ks.event_timeout = None;
         ks.proc_timeout = None;
         let mut handle = GroupState {
             state: &mut ks.state,
-            timed_out,
-            watermark,
-            now,
+            timed_out: call.timed_out,
+            watermark: call.watermark,
+            now: call.now,
             event_timeout: None,
             proc_timeout: None,
+            timers: std::mem::take(&mut ks.timers),
+            fired: call.fired,
+            written: false,
         };
         for out in f(&key, events, &mut handle) {
             report.outputs += 1;
             emit(out);
         }
-        let (event_timeout, proc_timeout) = (handle.event_timeout, handle.proc_timeout);
+        let (event_timeout, proc_timeout, written) =
+            (handle.event_timeout, handle.proc_timeout, handle.written);
+        ks.timers = handle.timers;
         ks.event_timeout = event_timeout;
         ks.proc_timeout = proc_timeout;
-        let forget = ks.state.is_none() && event_timeout.is_none() && proc_timeout.is_none();
-        if forget {
+        ks.expires = match (ttl, &ks.state) {
+            (Some(ttl), Some(_)) if written || ks.expires.is_none() => Some(call.now.plus(ttl)),
+            (Some(_), Some(_)) => ks.expires,
+            _ => None,
+        };
+        if ks.is_empty() && !call.keep {
             self.store.remove(id);
             return;
         }
-        if let Some(t) = event_timeout {
+        let (event, processing) = (ks.next_event_deadline(), ks.next_processing_deadline());
+        if let Some(t) = event {
             self.store.schedule(id, t);
         }
-        if let Some(t) = proc_timeout {
+        if let Some(t) = processing {
             self.store.schedule_processing(id, t);
         }
     }
+}
+
+/// How one call is made.
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    timed_out: Option<TimeoutKind>,
+    fired: Option<Timer>,
+    watermark: Watermark,
+    now: ProcessingTime,
+    /// More is due for the key in this round: keep it even if it has nothing left.
+    keep: bool,
 }
 
 impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
@@ -741,12 +1023,24 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
             out.extend_from_slice(key);
             let flags = u8::from(ks.state.is_some())
                 | u8::from(ks.event_timeout.is_some()) << 1
-                | u8::from(ks.proc_timeout.is_some()) << 2;
+                | u8::from(ks.proc_timeout.is_some()) << 2
+                | u8::from(!ks.timers.is_empty()) << 3
+                | u8::from(ks.expires.is_some()) << 4;
             out.push(flags);
             if let Some(t) = ks.event_timeout {
                 out.extend_from_slice(&t.millis().to_le_bytes());
             }
             if let Some(t) = ks.proc_timeout {
+                out.extend_from_slice(&t.millis().to_le_bytes());
+            }
+            if !ks.timers.is_empty() {
+                put_len(&mut out, ks.timers.len());
+                for t in &ks.timers {
+                    out.push(u8::from(t.kind() == TimeoutKind::ProcessingTime));
+                    out.extend_from_slice(&t.millis().to_le_bytes());
+                }
+            }
+            if let Some(t) = ks.expires {
                 out.extend_from_slice(&t.millis().to_le_bytes());
             }
             if let Some(s) = &ks.state {
@@ -778,7 +1072,7 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         };
         let mut r = Reader { bytes: body, at: 8 };
         let version = u16::from_le_bytes(r.array()?);
-        if version != SNAPSHOT_VERSION {
+        if version != SNAPSHOT_VERSION && version != 1 {
             return Err(SnapshotError::UnsupportedVersion(version));
         }
         if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(*sum) {
@@ -801,6 +1095,23 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
             let proc_timeout = (flags & 4 != 0)
                 .then(|| r.array().map(|b| ProcessingTime(i64::from_le_bytes(b))))
                 .transpose()?;
+            let mut timers = Vec::new();
+            if flags & 8 != 0 {
+                for _ in 0..r.len()? {
+                    let domain = r.array::<1>()?[0];
+                    let t = i64::from_le_bytes(r.array()?);
+                    timers.push(match domain {
+                        0 => Timer::EventTime(EventTime(t)),
+                        1 => Timer::ProcessingTime(ProcessingTime(t)),
+                        _ => return Err(SnapshotError::Truncated),
+                    });
+                }
+                timers.sort_unstable();
+                timers.dedup();
+            }
+            let expires = (flags & 16 != 0)
+                .then(|| r.array().map(|b| ProcessingTime(i64::from_le_bytes(b))))
+                .transpose()?;
             let state = if flags & 1 != 0 {
                 let len = r.len()?;
                 let json = r.take(len)?;
@@ -818,10 +1129,13 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
             ks.state = state;
             ks.event_timeout = event_timeout;
             ks.proc_timeout = proc_timeout;
-            if let Some(t) = event_timeout {
+            ks.timers = timers;
+            ks.expires = expires;
+            let (event, processing) = (ks.next_event_deadline(), ks.next_processing_deadline());
+            if let Some(t) = event {
                 store.schedule(id, t);
             }
-            if let Some(t) = proc_timeout {
+            if let Some(t) = processing {
                 store.schedule_processing(id, t);
             }
         }
