@@ -40,6 +40,23 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
     let checkpoints = dir.checkpoints()?;
     let newest = checkpoints.iter().find_map(|c| c.status.as_ref().ok());
     let listing = args.keys || args.key.is_some();
+    // A library stateful job's checkpoint holds its keys' records, not sessions.
+    let stateful = newest.is_some_and(|m| {
+        m.options
+            .iter()
+            .any(|(k, v)| k == "job" && v == "library stateful")
+    });
+    if let (Some(m), true) = (newest, stateful) {
+        let keys = if listing {
+            let state = dir
+                .load_state(m)
+                .map_err(|d| anyhow::anyhow!("checkpoint {}: {d}", m.epoch))?;
+            collect_stateful(&state, args.key.as_deref())?
+        } else {
+            Vec::new()
+        };
+        return write_stateful(args, path, &checkpoints, m, &keys, out);
+    }
     let sessions = match newest {
         Some(m) if listing => {
             let state = dir
@@ -207,6 +224,79 @@ fn checkpoint_json(c: &CheckpointInfo) -> Value {
         }),
         Err(d) => json!({"epoch": c.epoch, "valid": false, "damage": d.to_string()}),
     }
+}
+
+/// Every key's record (or one key's) of a library stateful job's checkpoint, sorted by
+/// key, as JSON (`sessionizer_window::stateful::describe_record`).
+fn collect_stateful(state: &LoadedState, only: Option<&str>) -> anyhow::Result<Vec<Value>> {
+    let mut all = Vec::new();
+    state
+        .for_each_live(|key, value| {
+            if only.is_some_and(|k| k.as_bytes() != key) {
+                return Ok(());
+            }
+            let record = sessionizer_window::stateful::describe_record(key, value)
+                .map_err(|e| format!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
+            let mut entry = json!({"key": String::from_utf8_lossy(key)});
+            if let (Some(e), Some(r)) = (entry.as_object_mut(), record.as_object()) {
+                e.extend(r.clone());
+            }
+            all.push(entry);
+            Ok::<(), String>(())
+        })
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    all.sort_by(|a, b| a["key"].as_str().cmp(&b["key"].as_str()));
+    Ok(all)
+}
+
+/// The report of a library stateful job's state directory.
+fn write_stateful(
+    args: &InspectArgs,
+    path: &std::path::Path,
+    checkpoints: &[CheckpointInfo],
+    newest: &sessionizer_checkpoint::Manifest,
+    keys: &[Value],
+    out: &mut impl Write,
+) -> anyhow::Result<()> {
+    let listing = args.keys || args.key.is_some();
+    if args.json {
+        let mut report = json!({
+            "state_dir": path.display().to_string(),
+            "checkpoints": checkpoints.iter().map(checkpoint_json).collect::<Vec<_>>(),
+            "newest_valid": newest,
+            "keys_with_state": newest.keys,
+        });
+        if listing {
+            report["keys"] = Value::Array(keys.to_vec());
+        }
+        let mut text = serde_json::to_vec_pretty(&report)?;
+        text.push(b'\n');
+        out.write_all(&text)?;
+        return Ok(());
+    }
+    writeln!(out, "state directory {}", path.display())?;
+    writeln!(out, "checkpoints, newest first:")?;
+    for c in checkpoints {
+        write_checkpoint_line(c, out)?;
+    }
+    write_manifest(newest, out)?;
+    match &args.key {
+        Some(k) if keys.is_empty() => writeln!(out, "key {k:?}: no state")?,
+        Some(_) => writeln!(out, "state of the key:")?,
+        None if args.keys => writeln!(out, "state of every key ({}):", keys.len())?,
+        None => writeln!(
+            out,
+            "list the state of every key with --keys, or of one with --key K"
+        )?,
+    }
+    for k in keys {
+        let mut record = k.clone();
+        if let Some(o) = record.as_object_mut() {
+            o.remove("key");
+        }
+        writeln!(out, "  {}: {record}", k["key"])?;
+    }
+    Ok(())
 }
 
 /// Every key's floor and sessions (or one key's), sorted by key, as JSON: the floor as

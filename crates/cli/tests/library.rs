@@ -203,6 +203,87 @@ fn a_library_checkpoint_is_listed_by_inspect_and_refused_by_run() {
     assert!(err.contains("job was library session window"), "{err}");
 }
 
+/// A library stateful job's checkpoint: `inspect --keys --json` shows each key's state,
+/// timeout, timers and expiry; a command-line run refuses the directory.
+#[test]
+fn a_stateful_library_checkpoint_is_shown_by_inspect_and_refused_by_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let spawning = SPAWNING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+    let t0 = 1_704_067_200_000;
+    let mut job = Stream::<(&str, EventTime)>::new()
+        .key_by(|e| e.0)
+        .event_time(|e| e.1)
+        .flat_map_groups_with_state(
+            |_: &str, events: Vec<(&str, EventTime)>, state: &mut GroupState<'_, u32>| {
+                state.update(events.len() as u32);
+                state.register_event_time_timer(EventTime(t0 + 3_600_000));
+                state.set_timeout_timestamp(EventTime(t0 + 60_000));
+                None::<()>
+            },
+        )
+        .clock(ManualClock::new(ProcessingTime(t0)))
+        .state_ttl(minutes(5))
+        .build();
+    job.process_batch(
+        [
+            ("v1", EventTime(t0)),
+            ("v1", EventTime(t0 + 1)),
+            ("v2", EventTime(t0)),
+        ],
+        &mut Vec::new(),
+        &mut Vec::new(),
+    )
+    .expect("vectors");
+    job.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop((checkpoints, spawning));
+
+    let inspect = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args([
+        "inspect",
+        "--state-dir",
+        s(&state),
+        "--keys",
+        "--json",
+    ]));
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("JSON");
+    assert_eq!(report["keys_with_state"], 2, "{report}");
+    let v1 = &report["keys"][0];
+    assert_eq!(v1["key"], "v1", "{report}");
+    assert_eq!(v1["state"], 2);
+    assert_eq!(v1["event_timeout"], "2024-01-01T00:01:00.000Z");
+    assert_eq!(
+        v1["timers"],
+        serde_json::json!([{"event_time": "2024-01-01T01:00:00.000Z"}])
+    );
+    assert_eq!(v1["expires"], "2024-01-01T00:05:00.000Z");
+    assert_eq!(report["keys"][1]["state"], 1);
+
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"visit_id\":\"v1\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n",
+    )
+    .expect("write");
+    let run = output(Command::new(env!("CARGO_BIN_EXE_sessionizer")).args([
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&dir.path().join("out.jsonl")),
+        "--state-dir",
+        s(&state),
+    ]));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{err}");
+    assert!(err.contains("job was library stateful"), "{err}");
+}
+
 #[path = "../../sessionizer/examples/flink_style.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod flink_style;

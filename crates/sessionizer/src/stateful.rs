@@ -5,11 +5,14 @@
 //! are those of [`sessionizer_window::stateful`]; this module adds the key and time
 //! extractors, the batching of an input into micro-batches ([`Batching`]) and the sinks.
 
+use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sessionizer_checkpoint::state::LiveError;
+use sessionizer_checkpoint::{Counters, EncodedState, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::Watermark;
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::{Clock, SystemClock};
@@ -137,6 +140,9 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             batching: self.batching,
             key_buf: String::new(),
             counts: StatefulCounts::default(),
+            late_policy: self.late_policy,
+            state_ttl: self.state_ttl,
+            checkpointed: false,
         }
     }
 }
@@ -199,6 +205,10 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     batching: Batching,
     key_buf: String,
     counts: StatefulCounts,
+    late_policy: LatePolicy,
+    state_ttl: Option<sessionizer_core::DurationMs>,
+    /// A checkpoint was written or restored: the next one may be a delta.
+    checkpointed: bool,
 }
 
 impl<E, K, T, W: fmt::Debug, S: fmt::Debug, F, C: fmt::Debug> fmt::Debug
@@ -386,5 +396,173 @@ where
     /// Continues from a [`snapshot`](Self::snapshot).
     pub fn restore(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {
         self.op.restore(bytes)
+    }
+
+    /// Writes a checkpoint of the job into `checkpoints`, in the command line's format
+    /// (`docs/checkpoint-format.md`): every key's state, timeouts and timers, the
+    /// watermark, the counts and the number of events it covers — the first a full
+    /// base, later ones deltas of the keys changed since (with a new base now and
+    /// then). Between batches only ([`end_batch`](Self::end_batch) first).
+    ///
+    /// A job that stops after a checkpoint and is
+    /// [`restore_checkpoint`](Self::restore_checkpoint)ed from it continues exactly as
+    /// if it had not stopped, given the events after those the checkpoint covers. What
+    /// the job emitted after the checkpoint is emitted again: write your outputs, then
+    /// checkpoint, for exactly once.
+    pub fn checkpoint(
+        &mut self,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<sessionizer_checkpoint::Committed, StateError> {
+        if let Some(epoch) = checkpoints.found_epoch
+            && !checkpoints.restored
+        {
+            return Err(StateError::NotRestored {
+                dir: checkpoints.path.clone(),
+                epoch,
+            });
+        }
+        let base = checkpoints.writer.next_is_base() || !self.checkpointed;
+        let mut entries = StateEntries::default();
+        self.op
+            .encode_state(base, |key, record| match record {
+                Some(r) => entries.put_with(key, |buf| buf.extend_from_slice(r)),
+                None => entries.tombstone(key),
+            })
+            .map_err(|e| StateError::State {
+                dir: checkpoints.path.clone(),
+                reason: e.to_string(),
+            })?;
+        if base != checkpoints.writer.next_is_base() {
+            return Err(StateError::State {
+                dir: checkpoints.path.clone(),
+                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
+            });
+        }
+        let c = self.counts;
+        let manifest = Manifest {
+            options: self.state_options(),
+            next_seq: c.events,
+            watermark: WatermarkState {
+                max_event_time_ms: None,
+                watermark_ms: self.op.watermark().millis(),
+                largest_gap_ms: 0,
+                new_key_floor_ms: None,
+            },
+            counters: Counters {
+                records_read: c.events,
+                in_sessions: c.events - c.late - c.invalid,
+                late: c.late,
+                invalid: c.invalid,
+                sessions_emitted: c.outputs,
+                ..Counters::default()
+            },
+            keys: self.op.keys() as u64,
+            ..Manifest::default()
+        };
+        let state = EncodedState {
+            parts: entries.parts().collect(),
+            puts: entries.puts(),
+            tombstones: entries.tombstones(),
+        };
+        let committed = checkpoints.writer.commit(&state, manifest)?;
+        self.op.track_changes(true);
+        self.checkpointed = true;
+        checkpoints.restored = true;
+        checkpoints.found_epoch = Some(committed.epoch);
+        Ok(committed)
+    }
+
+    /// Continues from the newest checkpoint in `checkpoints` (`None` when there is
+    /// none: the job starts afresh). Call it before the first event; then skip the
+    /// [`Resumed::events`] the checkpoint covers. Refused, changing nothing, when the
+    /// checkpoint was taken with other options (valid time range, late events, state
+    /// TTL, state type) or by another kind of job, or its state cannot be read. The
+    /// counts of events, late, invalid and outputs go on from the checkpoint's; calls
+    /// and batches count this run.
+    pub fn restore_checkpoint(
+        &mut self,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<Option<Resumed>, StateError> {
+        if self.counts.events > 0 {
+            return Err(StateError::NotFresh {
+                events: self.counts.events,
+            });
+        }
+        let Some((manifest, state)) = checkpoints.found.take() else {
+            return Ok(None);
+        };
+        let dir = checkpoints.path.clone();
+        let differences = manifest.option_differences(&self.state_options());
+        if !differences.is_empty() {
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::OptionsChanged { dir, differences });
+        }
+        let mut keys: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let read = state.for_each_live(|key, value| {
+            keys.push((key.to_vec(), value.to_vec()));
+            Ok(())
+        });
+        let restored = match read {
+            Err(LiveError::Damaged(d)) => Err(d.to_string()),
+            Err(LiveError::Apply(reason)) => Err(reason),
+            Ok(()) => self
+                .op
+                .restore_state(
+                    Watermark(manifest.watermark.watermark_ms),
+                    0,
+                    keys.iter().map(|(k, v)| (&k[..], &v[..])),
+                )
+                .map_err(|e| e.to_string()),
+        };
+        if let Err(reason) = restored {
+            checkpoints.found = Some((manifest, state));
+            return Err(StateError::State { dir, reason });
+        }
+        let c = &manifest.counters;
+        self.counts = StatefulCounts {
+            events: c.records_read,
+            late: c.late,
+            invalid: c.invalid,
+            outputs: c.sessions_emitted,
+            ..StatefulCounts::default()
+        };
+        self.op.track_changes(true);
+        self.checkpointed = true;
+        checkpoints.restored = true;
+        Ok(Some(Resumed {
+            epoch: manifest.epoch,
+            events: c.records_read,
+            keys: manifest.keys,
+        }))
+    }
+
+    /// The options a checkpoint of this job records (a restore with others is refused).
+    fn state_options(&self) -> Vec<(String, String)> {
+        let pair = |k: &str, v: String| (k.to_string(), v);
+        vec![
+            pair("job", "library stateful".into()),
+            pair(
+                "state record",
+                sessionizer_window::stateful::SNAPSHOT_VERSION.to_string(),
+            ),
+            pair(
+                "--valid-time-range",
+                self.valid
+                    .map_or("any".into(), |(a, b)| format!("{a}..{b}")),
+            ),
+            pair(
+                "late events",
+                match self.late_policy {
+                    LatePolicy::Drop => "drop",
+                    LatePolicy::Deliver => "deliver",
+                }
+                .into(),
+            ),
+            pair(
+                "state ttl",
+                self.state_ttl.map_or("none".into(), |d| d.to_string()),
+            ),
+            pair("state type", std::any::type_name::<S>().to_string()),
+        ]
     }
 }

@@ -542,6 +542,8 @@ pub struct StatefulOperator<E, S, W, C> {
     due: Vec<(Due, i64, SlotId)>,
     /// The state TTL ([`with_state_ttl`](StatefulOperator::with_state_ttl)).
     ttl: Option<DurationMs>,
+    /// Changed keys are remembered (incremental checkpoints).
+    tracking: bool,
 }
 
 /// Something due for a key at a batch end.
@@ -601,6 +603,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             pending: Vec::new(),
             due: Vec::new(),
             ttl: None,
+            tracking: false,
         }
     }
 
@@ -1017,41 +1020,10 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         out.extend_from_slice(&self.watermark.millis().to_le_bytes());
         out.extend_from_slice(&self.batches.to_le_bytes());
         out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-        let mut json = Vec::new();
         for (key, ks) in entries {
             put_len(&mut out, key.len());
             out.extend_from_slice(key);
-            let flags = u8::from(ks.state.is_some())
-                | u8::from(ks.event_timeout.is_some()) << 1
-                | u8::from(ks.proc_timeout.is_some()) << 2
-                | u8::from(!ks.timers.is_empty()) << 3
-                | u8::from(ks.expires.is_some()) << 4;
-            out.push(flags);
-            if let Some(t) = ks.event_timeout {
-                out.extend_from_slice(&t.millis().to_le_bytes());
-            }
-            if let Some(t) = ks.proc_timeout {
-                out.extend_from_slice(&t.millis().to_le_bytes());
-            }
-            if !ks.timers.is_empty() {
-                put_len(&mut out, ks.timers.len());
-                for t in &ks.timers {
-                    out.push(u8::from(t.kind() == TimeoutKind::ProcessingTime));
-                    out.extend_from_slice(&t.millis().to_le_bytes());
-                }
-            }
-            if let Some(t) = ks.expires {
-                out.extend_from_slice(&t.millis().to_le_bytes());
-            }
-            if let Some(s) = &ks.state {
-                json.clear();
-                serde_json::to_writer(&mut json, s).map_err(|source| SnapshotError::State {
-                    key: String::from_utf8_lossy(key).into_owned(),
-                    source,
-                })?;
-                put_len(&mut out, json.len());
-                out.extend_from_slice(&json);
-            }
+            encode_key_record(key, ks, &mut out)?;
         }
         let checksum = xxhash_rust::xxh3::xxh3_64(&out);
         out.extend_from_slice(&checksum.to_le_bytes());
@@ -1087,64 +1059,96 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         for _ in 0..count {
             let len = r.len()?;
             let key = r.take(len)?;
-            let key_text = std::str::from_utf8(key).map_err(|_| SnapshotError::BadKey)?;
-            let flags = r.array::<1>()?[0];
-            let event_timeout = (flags & 2 != 0)
-                .then(|| r.array().map(|b| EventTime(i64::from_le_bytes(b))))
-                .transpose()?;
-            let proc_timeout = (flags & 4 != 0)
-                .then(|| r.array().map(|b| ProcessingTime(i64::from_le_bytes(b))))
-                .transpose()?;
-            let mut timers = Vec::new();
-            if flags & 8 != 0 {
-                for _ in 0..r.len()? {
-                    let domain = r.array::<1>()?[0];
-                    let t = i64::from_le_bytes(r.array()?);
-                    timers.push(match domain {
-                        0 => Timer::EventTime(EventTime(t)),
-                        1 => Timer::ProcessingTime(ProcessingTime(t)),
-                        _ => return Err(SnapshotError::Truncated),
-                    });
-                }
-                timers.sort_unstable();
-                timers.dedup();
-            }
-            let expires = (flags & 16 != 0)
-                .then(|| r.array().map(|b| ProcessingTime(i64::from_le_bytes(b))))
-                .transpose()?;
-            let state = if flags & 1 != 0 {
-                let len = r.len()?;
-                let json = r.take(len)?;
-                Some(
-                    serde_json::from_slice(json).map_err(|source| SnapshotError::State {
-                        key: key_text.to_owned(),
-                        source,
-                    })?,
-                )
-            } else {
-                None
-            };
-            let id = store.slot_for(key);
-            let ks = store.state_mut(id);
-            ks.state = state;
-            ks.event_timeout = event_timeout;
-            ks.proc_timeout = proc_timeout;
-            ks.timers = timers;
-            ks.expires = expires;
-            let (event, processing) = (ks.next_event_deadline(), ks.next_processing_deadline());
-            if let Some(t) = event {
-                store.schedule(id, t);
-            }
-            if let Some(t) = processing {
-                store.schedule_processing(id, t);
-            }
+            let ks = decode_key_record(key, &mut r)?;
+            put_key(&mut store, key, ks);
         }
         if r.at != body.len() {
             return Err(SnapshotError::Truncated);
         }
+        self.install(store, Watermark(watermark), batches);
+        Ok(())
+    }
 
+    /// Starts (or stops) remembering which keys change, for incremental checkpoints
+    /// ([`encode_state`](Self::encode_state) with `base == false`).
+    pub fn track_changes(&mut self, on: bool) {
+        self.tracking = on;
+        self.store.track_changes(on);
+    }
+
+    /// The keyed state for a checkpoint, key by key, between batches: every key
+    /// (`base`), or the keys changed since the last call (`None`: removed). Each value
+    /// is one key's record of the snapshot layout (flags, timeouts, timers, expiry,
+    /// state as JSON: see [`SNAPSHOT_MAGIC`]); [`restore_state`](Self::restore_state)
+    /// reads them back.
+    pub fn encode_state(
+        &mut self,
+        base: bool,
+        mut put: impl FnMut(&[u8], Option<&[u8]>),
+    ) -> Result<(), SnapshotError> {
+        if self.open.is_some() {
+            return Err(SnapshotError::BatchOpen);
+        }
+        let mut buf = Vec::new();
+        let mut failed = None;
+        let mut one = |key: &[u8], ks: Option<&KeyState<S>>| {
+            if failed.is_some() {
+                return;
+            }
+            match ks {
+                None => put(key, None),
+                Some(ks) => {
+                    buf.clear();
+                    match encode_key_record(key, ks, &mut buf) {
+                        Ok(()) => put(key, Some(&buf)),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+            }
+        };
+        if base {
+            self.store.forget_changes();
+            for (_, key, ks) in self.store.iter() {
+                one(key, Some(ks));
+            }
+        } else {
+            self.store.drain_changes(|key, ks| one(key, ks));
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Replaces the keyed state with `keys` (key, record as
+    /// [`encode_state`](Self::encode_state) wrote it), the watermark and the number of
+    /// batches ended. On error the operator is left unchanged.
+    pub fn restore_state<'k>(
+        &mut self,
+        watermark: Watermark,
+        batches: u64,
+        keys: impl IntoIterator<Item = (&'k [u8], &'k [u8])>,
+    ) -> Result<(), SnapshotError> {
+        if self.open.is_some() {
+            return Err(SnapshotError::BatchOpen);
+        }
+        let mut store: KeyedStore<KeyState<S>> = KeyedStore::default();
+        for (key, record) in keys {
+            let mut r = Reader {
+                bytes: record,
+                at: 0,
+            };
+            let ks = decode_key_record(key, &mut r)?;
+            if r.at != record.len() {
+                return Err(SnapshotError::Truncated);
+            }
+            put_key(&mut store, key, ks);
+        }
+        self.install(store, watermark, batches);
+        Ok(())
+    }
+
+    fn install(&mut self, mut store: KeyedStore<KeyState<S>>, watermark: Watermark, batches: u64) {
+        store.track_changes(self.tracking);
         self.store = store;
-        self.watermark = match watermark {
+        self.watermark = match watermark.millis() {
             i64::MIN => Watermark::MIN,
             i64::MAX => Watermark::MAX,
             ms => Watermark::at(EventTime(ms)),
@@ -1152,7 +1156,143 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         self.strategy.resume_at(self.watermark);
         self.batches = batches;
         self.pending.clear();
-        Ok(())
+    }
+}
+
+/// One key's record: flags, timeouts, timers, expiry, state as JSON (the per-key part
+/// of the layout of [`SNAPSHOT_MAGIC`], after the key).
+fn encode_key_record<S: Serialize>(
+    key: &[u8],
+    ks: &KeyState<S>,
+    out: &mut Vec<u8>,
+) -> Result<(), SnapshotError> {
+    let flags = u8::from(ks.state.is_some())
+        | u8::from(ks.event_timeout.is_some()) << 1
+        | u8::from(ks.proc_timeout.is_some()) << 2
+        | u8::from(!ks.timers.is_empty()) << 3
+        | u8::from(ks.expires.is_some()) << 4;
+    out.push(flags);
+    if let Some(t) = ks.event_timeout {
+        out.extend_from_slice(&t.millis().to_le_bytes());
+    }
+    if let Some(t) = ks.proc_timeout {
+        out.extend_from_slice(&t.millis().to_le_bytes());
+    }
+    if !ks.timers.is_empty() {
+        put_len(out, ks.timers.len());
+        for t in &ks.timers {
+            out.push(u8::from(t.kind() == TimeoutKind::ProcessingTime));
+            out.extend_from_slice(&t.millis().to_le_bytes());
+        }
+    }
+    if let Some(t) = ks.expires {
+        out.extend_from_slice(&t.millis().to_le_bytes());
+    }
+    if let Some(s) = &ks.state {
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        serde_json::to_writer(&mut *out, s).map_err(|source| SnapshotError::State {
+            key: String::from_utf8_lossy(key).into_owned(),
+            source,
+        })?;
+        let len = u32::try_from(out.len() - at - 4).unwrap_or(u32::MAX);
+        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Reads one key's record (see [`encode_key_record`]).
+fn decode_key_record<S: DeserializeOwned>(
+    key: &[u8],
+    r: &mut Reader<'_>,
+) -> Result<KeyState<S>, SnapshotError> {
+    let key_text = std::str::from_utf8(key).map_err(|_| SnapshotError::BadKey)?;
+    let flags = r.array::<1>()?[0];
+    let event_timeout = (flags & 2 != 0)
+        .then(|| r.array().map(|b| EventTime(i64::from_le_bytes(b))))
+        .transpose()?;
+    let proc_timeout = (flags & 4 != 0)
+        .then(|| r.array().map(|b| ProcessingTime(i64::from_le_bytes(b))))
+        .transpose()?;
+    let mut timers = Vec::new();
+    if flags & 8 != 0 {
+        for _ in 0..r.len()? {
+            let domain = r.array::<1>()?[0];
+            let t = i64::from_le_bytes(r.array()?);
+            timers.push(match domain {
+                0 => Timer::EventTime(EventTime(t)),
+                1 => Timer::ProcessingTime(ProcessingTime(t)),
+                _ => return Err(SnapshotError::Truncated),
+            });
+        }
+        timers.sort_unstable();
+        timers.dedup();
+    }
+    let expires = (flags & 16 != 0)
+        .then(|| r.array().map(|b| ProcessingTime(i64::from_le_bytes(b))))
+        .transpose()?;
+    let state = if flags & 1 != 0 {
+        let len = r.len()?;
+        let json = r.take(len)?;
+        Some(
+            serde_json::from_slice(json).map_err(|source| SnapshotError::State {
+                key: key_text.to_owned(),
+                source,
+            })?,
+        )
+    } else {
+        None
+    };
+    Ok(KeyState {
+        state,
+        event_timeout,
+        proc_timeout,
+        timers,
+        expires,
+        ..KeyState::default()
+    })
+}
+
+/// One key's checkpoint record (as [`StatefulOperator::encode_state`] writes it) as
+/// JSON, for `sessionizer inspect`: the state as the job wrote it, the timeouts, the
+/// registered timers and the expiry, times as RFC 3339.
+pub fn describe_record(key: &[u8], record: &[u8]) -> Result<serde_json::Value, SnapshotError> {
+    use serde_json::json;
+    let mut r = Reader {
+        bytes: record,
+        at: 0,
+    };
+    let ks: KeyState<serde_json::Value> = decode_key_record(key, &mut r)?;
+    if r.at != record.len() {
+        return Err(SnapshotError::Truncated);
+    }
+    let time = |ms: i64| sessionizer_core::timefmt::format_rfc3339_ms(EventTime(ms));
+    let timers: Vec<serde_json::Value> = ks
+        .timers
+        .iter()
+        .map(|t| match t {
+            Timer::EventTime(t) => json!({"event_time": time(t.millis())}),
+            Timer::ProcessingTime(t) => json!({"processing_time": time(t.millis())}),
+        })
+        .collect();
+    Ok(json!({
+        "state": ks.state,
+        "event_timeout": ks.event_timeout.map(|t| time(t.millis())),
+        "processing_timeout": ks.proc_timeout.map(|t| time(t.millis())),
+        "timers": timers,
+        "expires": ks.expires.map(|t| time(t.millis())),
+    }))
+}
+
+/// Puts a decoded key into `store` with its timers scheduled.
+fn put_key<S>(store: &mut KeyedStore<KeyState<S>>, key: &[u8], ks: KeyState<S>) {
+    let (event, processing) = (ks.next_event_deadline(), ks.next_processing_deadline());
+    let id = store.restore(key, ks);
+    if let Some(t) = event {
+        store.schedule(id, t);
+    }
+    if let Some(t) = processing {
+        store.schedule_processing(id, t);
     }
 }
 

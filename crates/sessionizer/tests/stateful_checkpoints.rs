@@ -1,0 +1,227 @@
+//! The stateful style as a restartable service: a `StatefulJob` checkpoints into a
+//! state directory in the command line's format (bases, then deltas) and a job
+//! restored from any of its checkpoints continues exactly as one that never stopped —
+//! with its state, Spark-style timeouts, registered timers and state TTL.
+
+use serde::{Deserialize, Serialize};
+use sessionizer::checkpoints::FileKind;
+use sessionizer::prelude::*;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Click {
+    user: u32,
+    at: EventTime,
+}
+
+/// A dirty stream of clicks, out of order by up to 30 s, in a fixed pseudo-random
+/// order: five busy users, and sixty who click now and then (their state expires in
+/// between).
+fn clicks(n: i64) -> Vec<Click> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (0..n)
+        .map(|i| Click {
+            user: match next() % 4 {
+                0 => 5 + (next() % 60) as u32,
+                _ => (next() % 5) as u32,
+            },
+            at: EventTime(i * 5_000 - (next() % 30_000) as i64),
+        })
+        .collect()
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+struct Seen {
+    clicks: u64,
+    last: Option<i64>,
+}
+
+/// Per user: a registered event-time timer one minute after each first click of a
+/// burst (reports the burst), a Spark-style timeout ten minutes after the last click
+/// (reports and drops the state), a processing-time timer 30 s of clock after a burst
+/// starts; the state expires after 25 s of clock without a write (a user whose state
+/// is gone is reported `new`).
+fn f(user: &str, clicks: Vec<Click>, state: &mut GroupState<'_, Seen>) -> Vec<String> {
+    let mut out = Vec::new();
+    match state.fired_timer() {
+        Some(Timer::EventTime(t)) => {
+            let n = state.get().map_or(0, |s| s.clicks);
+            out.push(format!("{user} burst@{} {n}", t.millis()));
+            return out;
+        }
+        Some(Timer::ProcessingTime(t)) => {
+            out.push(format!("{user} clock@{}", t.millis()));
+            return out;
+        }
+        None => {}
+    }
+    if state.has_timed_out() {
+        let seen = state.remove().unwrap_or_default();
+        out.push(format!("{user} quiet {}", seen.clicks));
+        return out;
+    }
+    let mut seen = match state.get() {
+        Some(s) => s.clone(),
+        None => {
+            out.push(format!("{user} new"));
+            Seen::default()
+        }
+    };
+    for c in &clicks {
+        if seen.last.is_none_or(|l| c.at.millis() > l + 120_000) {
+            state.register_event_time_timer(c.at.plus(minutes(1)));
+            let now = state.current_processing_time();
+            state.register_processing_time_timer(now.plus(seconds(30)));
+        }
+        seen.clicks += 1;
+        seen.last = Some(seen.last.map_or(c.at.millis(), |l| l.max(c.at.millis())));
+    }
+    if let Some(last) = seen.last {
+        state.set_timeout_timestamp(EventTime(last).plus(minutes(10)));
+    }
+    state.update(seen);
+    out
+}
+
+type F = fn(&str, Vec<Click>, &mut GroupState<'_, Seen>) -> Vec<String>;
+type Job = StatefulJob<
+    Click,
+    fn(&Click) -> u32,
+    fn(&Click) -> EventTime,
+    BoundedOutOfOrderness,
+    Seen,
+    F,
+    ManualClock,
+>;
+
+fn job(clock: &ManualClock) -> Job {
+    Stream::<Click>::new()
+        .key_by((|c| c.user) as fn(&Click) -> u32)
+        .event_time((|c| c.at) as fn(&Click) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(seconds(20)))
+        .flat_map_groups_with_state(f as F)
+        .clock(clock.clone())
+        .state_ttl(seconds(25))
+        .build()
+}
+
+const BATCH: usize = 40;
+
+/// Runs batches `from..` of `input` (the clock at 10 s per batch), checkpointing after
+/// each batch when `checkpoints` is given; returns the outputs and, per batch, how many
+/// outputs there were when it ended.
+fn drive(
+    job: &mut Job,
+    clock: &ManualClock,
+    input: &[Click],
+    from: usize,
+    mut checkpoints: Option<&mut Checkpoints>,
+) -> (Vec<String>, Vec<usize>) {
+    let mut out = Vec::new();
+    let mut marks = Vec::new();
+    for (b, batch) in input.chunks(BATCH).enumerate().skip(from) {
+        clock.set(ProcessingTime(b as i64 * 10_000));
+        job.process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
+            .expect("vectors never refuse");
+        if let Some(c) = checkpoints.as_deref_mut() {
+            job.checkpoint(c).expect("checkpoint");
+        }
+        marks.push(out.len());
+    }
+    clock.set(ProcessingTime(1_000_000));
+    job.finish(&mut out, &mut Vec::new()).expect("vectors");
+    (out, marks)
+}
+
+#[test]
+fn a_stateful_job_restored_from_any_checkpoint_gives_the_uninterrupted_output() {
+    let input = clicks(600);
+    let batches = input.len().div_ceil(BATCH);
+    let clock = ManualClock::default();
+    let (want, _) = drive(&mut job(&clock), &clock, &input, 0, None);
+    assert!(want.iter().any(|o| o.contains("burst@")), "{want:?}");
+    assert!(want.iter().any(|o| o.contains("clock@")), "{want:?}");
+    assert!(want.iter().any(|o| o.contains("quiet")), "{want:?}");
+    // Some users came back after their state expired (more `new` than users).
+    let new = want.iter().filter(|o| o.ends_with(" new")).count();
+    assert!(new > 65, "{new} new: {want:?}");
+
+    for stop in [0, 3, batches / 2, batches - 2] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // A first run checkpointing after every batch, stopped after batch `stop`.
+        let clock = ManualClock::default();
+        let mut first = job(&clock);
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let mut out = Vec::new();
+        let mut kinds = Vec::new();
+        for (b, batch) in input.chunks(BATCH).enumerate().take(stop + 1) {
+            clock.set(ProcessingTime(b as i64 * 10_000));
+            first
+                .process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
+                .expect("vectors");
+            kinds.push(first.checkpoint(&mut checkpoints).expect("checkpoint").kind);
+        }
+        drop((first, checkpoints));
+        assert_eq!(kinds[0], FileKind::Base);
+        if stop > 0 {
+            assert_eq!(kinds[1], FileKind::Delta, "later checkpoints are deltas");
+        }
+
+        // The next run resumes from the newest checkpoint.
+        let clock = ManualClock::default();
+        let mut second = job(&clock);
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let resumed = second
+            .restore_checkpoint(&mut checkpoints)
+            .expect("restored")
+            .expect("a checkpoint");
+        let covered = ((stop + 1) * BATCH).min(input.len());
+        assert_eq!(resumed.events as usize, covered);
+        let (rest, _) = drive(&mut second, &clock, &input, stop + 1, None);
+        out.extend(rest);
+        assert_eq!(out, want, "stopped after batch {stop}");
+    }
+}
+
+#[test]
+fn a_stateful_checkpoint_is_refused_by_other_options_and_by_a_session_window_job() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = ManualClock::default();
+    let mut first = job(&clock);
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    first
+        .process_batch(clicks(50), &mut Vec::new(), &mut Vec::new())
+        .expect("vectors");
+    first.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop((first, checkpoints));
+
+    // Another state TTL shapes the state differently: refused, naming it.
+    let mut other = Stream::<Click>::new()
+        .key_by((|c| c.user) as fn(&Click) -> u32)
+        .event_time((|c| c.at) as fn(&Click) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(seconds(20)))
+        .flat_map_groups_with_state(f as F)
+        .clock(clock.clone())
+        .state_ttl(seconds(30))
+        .build();
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let err = other
+        .restore_checkpoint(&mut checkpoints)
+        .expect_err("refused");
+    assert!(err.to_string().contains("state ttl"), "{err}");
+
+    // A session window job is another kind of job.
+    let mut window = Stream::<Click>::new()
+        .key_by(|c| c.user)
+        .event_time(|c| c.at)
+        .session_windows(minutes(10))
+        .aggregate(Count)
+        .build();
+    let err = window.restore(&mut checkpoints).expect_err("refused");
+    assert!(err.to_string().contains("job"), "{err}");
+}
