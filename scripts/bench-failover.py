@@ -53,7 +53,7 @@ def wait_for(lines, pred, what, timeout=120, after=0.0):
 a, a_log = start("a")
 wait_for(a_log, lambda l: "partitions assigned" in l, "A to join")
 b, b_log = start("b")
-wait_for(b_log, lambda l: "standby copies followed" in l and "partitions=[]" not in l,
+wait_for(b_log, lambda l: "standby copies followed" in l and "changelogs=[]" not in l,
          "B to follow A's changelogs")
 # Caught up: no copy update for 3 s.
 while True:

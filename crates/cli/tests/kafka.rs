@@ -887,7 +887,7 @@ fn standby_takes_over(env: &[(&str, &str)]) {
         .expect("spawn b");
     let b_log = LogLines::of(b.stderr.take().expect("stderr"));
     b_log.wait_for(
-        |l| l.contains("standby copies followed") && !l.contains("partitions=[]"),
+        |l| l.contains("standby copies followed") && !l.contains("changelogs=[]"),
         "b followed a's changelogs",
     );
     b_log.wait_for(

@@ -1020,6 +1020,17 @@ impl<'c> KafkaJob<'c> {
 
     fn commit_now(&mut self) -> Result<(), RunError> {
         self.last_commit = Instant::now();
+        // Nothing read, emitted or forwarded since the last commit: the offsets and the
+        // changelogs already say where every task stands, and an idle job does not
+        // write an empty transaction every interval.
+        let idle = !self.tasks.values().any(|t| t.dirty)
+            && !self
+                .producer
+                .as_ref()
+                .is_some_and(TxnProducer::in_transaction);
+        if idle && self.producer.is_some() {
+            return Ok(());
+        }
         let KafkaJob {
             tasks,
             producer,

@@ -149,7 +149,11 @@ impl Standbys {
             });
         }
         if self.followed != wanted {
-            tracing::info!(partitions = ?wanted, "standby copies followed");
+            let names: Vec<String> = wanted
+                .iter()
+                .map(|tp| format!("{}/{}", self.changelogs[tp.topic as usize], tp.partition))
+                .collect();
+            tracing::info!(changelogs = ?names, "standby copies followed");
             self.followed = wanted.clone();
         }
         let follow: Vec<(String, i32, Option<i64>)> = wanted
