@@ -592,7 +592,9 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
     let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
-    generate(&data, 80_000, 17);
+    // Enough input that the first process is still at work when the others join, one
+    // is killed and one stopped (the debug binary does about 100K events/s).
+    generate(&data, 300_000, 17);
     let t = Topics::new(4);
     let produced = produce_lines(&t.input, &data, "visit_id");
     let base = {
@@ -626,7 +628,14 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
     b.kill().expect("kill -9 b");
     b.wait().expect("reap b");
     std::thread::sleep(Duration::from_millis(300));
-    assert!(c.try_wait().expect("wait").is_none(), "c ended early");
+    if c.try_wait().expect("wait").is_some() {
+        let out = c.wait_with_output().expect("c's output");
+        panic!(
+            "c ended before it was stopped ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let term = std::process::Command::new("kill")
         .args(["-TERM", &c.id().to_string()])
         .status()

@@ -73,7 +73,9 @@ pub fn read_to_end(
 /// Reads several partitions of changelog `topic` to their ends at once (as
 /// [`read_to_end`] does one): `parts` are `(partition, from)`, and `apply` gets the
 /// index in `parts` of each record's partition. One reader for all: a restore of many
-/// partitions waits for the end of the slowest, not for the sum of them.
+/// partitions waits for the end of the slowest, not for the sum of them. Give `from`
+/// as an offset when it is known (the partition's low watermark for a full read):
+/// `None` makes librdkafka look the beginning up first, about half a second.
 pub fn read_many(
     settings: &KafkaSettings,
     topic: &str,

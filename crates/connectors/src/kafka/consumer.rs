@@ -47,7 +47,20 @@ pub struct GroupContext {
     closing: AtomicBool,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn error(&self, error: ClientError, reason: &str) {
+        // The end of a partition is news for the job (it comes back from `poll`), not an
+        // error; librdkafka reports it here too when the partition was assigned at its
+        // end.
+        let eof = matches!(
+            error,
+            ClientError::PartitionEOF(_) | ClientError::Global(RDKafkaErrorCode::PartitionEOF)
+        );
+        if !eof {
+            tracing::error!(%error, reason, "Kafka consumer");
+        }
+    }
+}
 
 impl GroupContext {
     fn partitions(&self, tpl: &TopicPartitionList) -> Vec<TopicPartition> {
