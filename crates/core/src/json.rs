@@ -415,6 +415,18 @@ impl Extractor {
     ///
     /// If `found` is shorter than [`len`](Extractor::len).
     pub fn scan(&self, line: &[u8], found: &mut [Option<Span>]) -> Result<(), JsonError> {
+        self.scan_noting_escapes(line, found).map(drop)
+    }
+
+    /// [`scan`](Extractor::scan), also saying whether a string of the line may hold an
+    /// escape: `Ok(false)` only when no byte of the line is a backslash, so that every
+    /// string found is its raw text between the quotes (the structural pass knows it for
+    /// free; after the byte-at-a-time scanner the answer is always `true`).
+    pub fn scan_noting_escapes(
+        &self,
+        line: &[u8],
+        found: &mut [Option<Span>],
+    ) -> Result<bool, JsonError> {
         assert!(
             found.len() >= self.n_paths,
             "`found` must hold at least {} entries",
@@ -427,12 +439,14 @@ impl Extractor {
         if let Some(level) = self.fast
             && line.len() <= FAST_MAX_LINE
         {
-            if TOKENS.with_borrow_mut(|idx| fast::scan(self, level, line, found, idx)) {
-                return Ok(());
+            if let Some(backslash) =
+                TOKENS.with_borrow_mut(|idx| fast::scan(self, level, line, found, idx))
+            {
+                return Ok(backslash);
             }
             found.fill(None);
         }
-        self.scan_bytewise(line, found)
+        self.scan_bytewise(line, found).map(|()| true)
     }
 
     /// [`scan`](Extractor::scan) one byte at a time: the portable path, and the one that

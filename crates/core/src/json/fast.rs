@@ -458,20 +458,19 @@ impl Walk<'_> {
 }
 
 /// Scans `line` for `ex`'s paths with the structural pass at `level`, listing the
-/// tokens in `idx` (scratch space, grown as needed). `true` when the line is a valid
+/// tokens in `idx` (scratch space, grown as needed). `Some` when the line is a valid
 /// JSON object (then `found` holds the spans, exactly as the byte-at-a-time scanner
-/// would set them); `false` when it is not, or when this pass leaves the line to that
-/// scanner. `found` must hold `ex.len()` entries, all `None`.
+/// would set them), holding whether the line has a backslash; `None` when it is not
+/// valid, or when this pass leaves the line to that scanner. `found` must hold
+/// `ex.len()` entries, all `None`.
 pub(super) fn scan(
     ex: &Extractor,
     level: Level,
     line: &[u8],
     found: &mut [Option<Span>],
     idx: &mut Vec<u32>,
-) -> bool {
-    let Some(st) = level.stage1(line, idx) else {
-        return false;
-    };
+) -> Option<bool> {
+    let st = level.stage1(line, idx)?;
     let w = Walk {
         s: line,
         ex,
@@ -488,7 +487,7 @@ pub(super) fn scan(
         Some(b'{') => w.skip_object(1, 0),
         _ => None,
     };
-    end == Some(st.count)
+    (end == Some(st.count)).then_some(st.backslash)
 }
 
 #[cfg(test)]
@@ -512,7 +511,11 @@ mod tests {
         let verdict = ex.scan_bytewise(line, &mut want);
         for level in Level::all_supported() {
             let mut got = vec![None; ex.len()];
-            let ok = scan(ex, level, line, &mut got, &mut Vec::new());
+            let answer = scan(ex, level, line, &mut got, &mut Vec::new());
+            let ok = answer.is_some();
+            if let Some(backslash) = answer {
+                prop_assert_eq!(backslash, line.contains(&b'\\'), "{:?}", level);
+            }
             prop_assert_eq!(
                 ok,
                 verdict.is_ok(),
@@ -559,8 +562,9 @@ mod tests {
         check_all(&ex, VISIT.as_bytes());
         for level in Level::all_supported() {
             let mut found = vec![None; ex.len()];
-            assert!(
+            assert_eq!(
                 scan(&ex, level, VISIT.as_bytes(), &mut found, &mut Vec::new()),
+                Some(false),
                 "{level:?}"
             );
             let text = |i: usize| found[i].map(|s| &VISIT[s.range()]);
