@@ -390,7 +390,22 @@ impl Walk<'_> {
                 self.other_value(i + 3, v, vc, depth)?
             } else {
                 let ends = level.map_or(0, |l| l.ends) & hit;
-                self.matched_value(found, i + 3, v, vc, depth, hit, ends)?
+                if vc == b'"' && ends == hit {
+                    // The common case inline: a string that ends every path it is on
+                    // (so nothing below it needs clearing).
+                    let span = Some(Span {
+                        start: v as u32,
+                        end: self.string_end(v, i + 3)? as u32,
+                    });
+                    let mut m = hit;
+                    while m != 0 {
+                        *found.get_mut(m.trailing_zeros() as usize)? = span;
+                        m &= m - 1;
+                    }
+                    i + 3
+                } else {
+                    self.matched_value(found, i + 3, v, vc, depth, hit, ends)?
+                }
             };
             match self.byte(i)? {
                 b',' => {
@@ -622,6 +637,24 @@ mod tests {
                     check_all(&ex, line.as_bytes());
                 }
             }
+        }
+    }
+
+    /// A repeated member whose value is a string (taken inline by the walk) or not.
+    #[test]
+    fn repeated_members_with_string_values() {
+        let ex = extractor(&["a", "b", "b.c", "d.e"]);
+        for line in [
+            r#"{"a":"s","a":"t"}"#,
+            r#"{"a":{"z":1},"a":"s"}"#,
+            r#"{"a":"s","a":{"z":1}}"#,
+            r#"{"a":"s","a":7}"#,
+            r#"{"b":{"c":"x"},"b":"s"}"#,
+            r#"{"b":"s","b":{"c":"x"}}"#,
+            r#"{"d":{"e":"x"},"d":{"e":"y","e":{}}}"#,
+            r#"{"a":"s" , "a" : "t\"" }"#,
+        ] {
+            check_all(&ex, line.as_bytes());
         }
     }
 
