@@ -514,7 +514,7 @@ impl Level {
             if name.head == head
                 && name.tail == tail
                 && name.bytes.len() == len
-                && (len <= 16 || name.bytes.get(16..) == s.get(start + 16..end))
+                && (len <= 16 || same_after_16(&name.bytes, s, start, end))
             {
                 return name.mask & active;
             }
@@ -522,6 +522,14 @@ impl Level {
         }
         0
     }
+}
+
+/// Whether the bytes of `name` past the 16th equal those of `s[start..end]` (kept out of
+/// the matching loop: names that long are rare).
+#[cold]
+#[inline(never)]
+fn same_after_16(name: &[u8], s: &[u8], start: usize, end: usize) -> bool {
+    name.get(16..) == s.get(start + 16..end)
 }
 
 /// [`Extractor::match_key`] for a member name `raw` that holds escapes.
