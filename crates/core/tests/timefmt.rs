@@ -266,6 +266,34 @@ fn duration_formatting() {
     assert_eq!(DurationMs(61_000).to_string(), "1m1s");
 }
 
+/// After a date has filled the cache, shorter and odd forms on that date still get the
+/// answers of the plain parser.
+#[test]
+fn parse_timestamp_cached_on_short_forms() {
+    let mut cache = DateCache::default();
+    for s in [
+        "2024-03-05T10:00:00Z",
+        "2024-03-05",
+        "2024-03-05T",
+        "2024-03-05T10:00",
+        "2024-03-05T10:00:00",
+        "2024-03-05 23:59:59.5+01:00",
+        "2024-03-05T24:00:00Z",
+        "2024-03-05T10:00:60Z",
+        "2024-03-05T10:00:00.Z",
+        "2024-03-05T10:00:00.123Zx",
+        "2024-03-05x10:00:00Z",
+        "2024-03-0",
+        "",
+    ] {
+        assert_eq!(
+            parse_timestamp_cached(s.as_bytes(), &mut cache),
+            parse_timestamp(s.as_bytes()),
+            "{s}"
+        );
+    }
+}
+
 /// A valid RFC 3339 string: date 1970..2200, random time, fraction of 0-9 digits, zone.
 fn rfc3339_strategy() -> impl Strategy<Value = String> {
     (
