@@ -254,15 +254,28 @@ impl<'a> Decoded<'a> {
     }
 }
 
+/// The content of the raw JSON string `raw` (valid, with its quotes) when it has no
+/// escapes; `escapes` is false when the line it is from holds no backslash at all (see
+/// [`Extractor::scan_noting_escapes`]), and then it is not looked for again.
+#[inline(always)]
+fn plain_content(raw: &[u8], escapes: bool) -> Option<&[u8]> {
+    if escapes {
+        json::string_content(raw)
+    } else {
+        raw.strip_prefix(b"\"")?.strip_suffix(b"\"")
+    }
+}
+
 /// A key's text from its raw JSON value: a string's content (unescaped into `buf` when
 /// it has escapes) or an integer's digits; anything else is invalid.
 fn read_key<'s>(
     raw: &'s [u8],
+    escapes: bool,
     field: &FieldPath,
     buf: &'s mut Vec<u8>,
 ) -> Result<&'s [u8], Invalid> {
     match json::kind(raw) {
-        JsonKind::String => match json::string_content(raw) {
+        JsonKind::String => match plain_content(raw, escapes) {
             Some(content) => Ok(content),
             None => {
                 buf.clear();
@@ -306,11 +319,11 @@ impl KeyReader {
 
     /// The key of `line`, or why the line has none.
     pub fn key<'s>(&'s mut self, line: &'s [u8]) -> Result<&'s [u8], Invalid> {
-        self.extractor.scan(line, &mut self.found)?;
+        let escapes = self.extractor.scan_noting_escapes(line, &mut self.found)?;
         let Some(span) = self.found[0] else {
             return Err(Invalid::MissingKey(self.field.clone()));
         };
-        read_key(span.of(line), &self.field, &mut self.buf)
+        read_key(span.of(line), escapes, &self.field, &mut self.buf)
     }
 }
 
@@ -326,6 +339,7 @@ pub struct Decoder {
     value_slots: Vec<usize>,
     key_buf: Vec<u8>,
     tmp_buf: Vec<u8>,
+    dates: timefmt::DateCache,
 }
 
 /// Adds `p` to `paths` unless present; its index.
@@ -371,6 +385,7 @@ impl Decoder {
             value_slots,
             key_buf: Vec::new(),
             tmp_buf: Vec::new(),
+            dates: timefmt::DateCache::default(),
         }
     }
 
@@ -388,14 +403,14 @@ impl Decoder {
     /// unless the record is invalid (or a key or time needs unescaping into a buffer that
     /// is not yet large enough).
     pub fn decode<'s>(&'s mut self, line: &'s [u8]) -> Result<Decoded<'s>, Invalid> {
-        self.extractor.scan(line, &mut self.found)?;
+        let escapes = self.extractor.scan_noting_escapes(line, &mut self.found)?;
         let found = &self.found;
 
         // Key.
         let Some(key_span) = found[0] else {
             return Err(Invalid::MissingKey(self.cfg.key.clone()));
         };
-        let key = read_key(key_span.of(line), &self.cfg.key, &mut self.key_buf)?;
+        let key = read_key(key_span.of(line), escapes, &self.cfg.key, &mut self.key_buf)?;
 
         // Time.
         let Some(time_span) = found[self.time_slot] else {
@@ -404,7 +419,9 @@ impl Decoder {
         let time = read_time(
             time_span.of(line),
             self.cfg.time_format,
+            escapes,
             &mut self.tmp_buf,
+            &mut self.dates,
             &self.cfg.time,
         )?;
         if !in_valid_range(time, self.cfg.valid_range) {
@@ -419,9 +436,11 @@ impl Decoder {
             (Some(field), Some(slot)) => match found[slot] {
                 None => None,
                 Some(span) => {
-                    read_gap(span.of(line), &mut self.tmp_buf).map_err(|error| Invalid::BadGap {
-                        field: field.clone(),
-                        error,
+                    read_gap(span.of(line), escapes, &mut self.tmp_buf).map_err(|error| {
+                        Invalid::BadGap {
+                            field: field.clone(),
+                            error,
+                        }
                     })?
                 }
             },
@@ -454,8 +473,8 @@ impl Decoder {
 
 /// The content of a raw JSON string, unescaped into `tmp` when needed.
 #[inline]
-fn content<'a>(raw: &'a [u8], tmp: &'a mut Vec<u8>) -> Result<&'a [u8], JsonError> {
-    match json::string_content(raw) {
+fn content<'a>(raw: &'a [u8], escapes: bool, tmp: &'a mut Vec<u8>) -> Result<&'a [u8], JsonError> {
+    match plain_content(raw, escapes) {
         Some(c) => Ok(c),
         None => {
             tmp.clear();
@@ -469,7 +488,9 @@ fn content<'a>(raw: &'a [u8], tmp: &'a mut Vec<u8>) -> Result<&'a [u8], JsonErro
 fn read_time(
     raw: &[u8],
     format: TimeFormat,
+    escapes: bool,
     tmp: &mut Vec<u8>,
+    dates: &mut timefmt::DateCache,
     field: &FieldPath,
 ) -> Result<EventTime, Invalid> {
     let bad = |error| Invalid::BadTime {
@@ -482,7 +503,9 @@ fn read_time(
     }
     match format {
         TimeFormat::Rfc3339 => match kind {
-            JsonKind::String => timefmt::parse_timestamp(content(raw, tmp)?).map_err(bad),
+            JsonKind::String => {
+                timefmt::parse_timestamp_cached(content(raw, escapes, tmp)?, dates).map_err(bad)
+            }
             JsonKind::Number => Err(Invalid::TimeIsNumber(field.clone())),
             k => Err(Invalid::TimeKind {
                 field: field.clone(),
@@ -498,7 +521,9 @@ fn read_time(
             };
             match kind {
                 JsonKind::Number => timefmt::parse_epoch(raw, unit).map_err(bad),
-                JsonKind::String => timefmt::parse_epoch(content(raw, tmp)?, unit).map_err(bad),
+                JsonKind::String => {
+                    timefmt::parse_epoch(content(raw, escapes, tmp)?, unit).map_err(bad)
+                }
                 k => Err(Invalid::TimeKind {
                     field: field.clone(),
                     expected: "a number",
@@ -511,11 +536,12 @@ fn read_time(
 
 /// `Ok(None)` for null.
 #[inline]
-fn read_gap(raw: &[u8], tmp: &mut Vec<u8>) -> Result<Option<DurationMs>, GapError> {
+fn read_gap(raw: &[u8], escapes: bool, tmp: &mut Vec<u8>) -> Result<Option<DurationMs>, GapError> {
     match json::kind(raw) {
         JsonKind::Null => Ok(None),
         JsonKind::String => {
-            let text = content(raw, tmp).map_err(|_| GapError::Kind("a malformed string"))?;
+            let text =
+                content(raw, escapes, tmp).map_err(|_| GapError::Kind("a malformed string"))?;
             Ok(Some(timefmt::parse_duration_bytes(text)?))
         }
         JsonKind::Number => {

@@ -270,16 +270,29 @@ struct Name {
     tail: u64,
     /// The paths whose segment at this level is `bytes`.
     mask: u64,
+    /// One more than the index of the next name with the same `by_len` entry; 0: none.
+    next_same_len: u8,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Level {
     /// Distinct segment names at this level.
     names: Vec<Name>,
     /// The paths that end at this level.
     ends: u64,
-    /// Bit `min(len, 63)` is set for the byte length `len` of every name: a quick reject.
-    lengths: u64,
+    /// `by_len[min(len, 63)]` is one more than the index of the first name of byte length
+    /// `len` (chained by [`Name::next_same_len`]); 0: no name has it, the quick reject.
+    by_len: [u8; 64],
+}
+
+impl Default for Level {
+    fn default() -> Level {
+        Level {
+            names: Vec::new(),
+            ends: 0,
+            by_len: [0; 64],
+        }
+    }
 }
 
 /// Finds the values of up to [`MAX_PATHS`] field paths in JSON-lines records; see
@@ -343,14 +356,19 @@ impl Extractor {
                 let seg = seg.as_bytes();
                 match level.names.iter_mut().find(|n| &*n.bytes == seg) {
                     Some(n) => n.mask |= bit,
-                    None => level.names.push(Name {
-                        bytes: seg.into(),
-                        head: head_at(seg, 0, seg.len()),
-                        tail: head_at(seg, 8, seg.len().saturating_sub(8)),
-                        mask: bit,
-                    }),
+                    None => {
+                        // At most MAX_PATHS names per level: `u8` indices fit.
+                        let bucket = &mut level.by_len[seg.len().min(63)];
+                        level.names.push(Name {
+                            bytes: seg.into(),
+                            head: head_at(seg, 0, seg.len()),
+                            tail: head_at(seg, 8, seg.len().saturating_sub(8)),
+                            mask: bit,
+                            next_same_len: *bucket,
+                        });
+                        *bucket = level.names.len() as u8;
+                    }
                 }
-                level.lengths |= 1u64 << seg.len().min(63);
                 if d + 1 == depth {
                     level.ends |= bit;
                 }
@@ -397,6 +415,18 @@ impl Extractor {
     ///
     /// If `found` is shorter than [`len`](Extractor::len).
     pub fn scan(&self, line: &[u8], found: &mut [Option<Span>]) -> Result<(), JsonError> {
+        self.scan_noting_escapes(line, found).map(drop)
+    }
+
+    /// [`scan`](Extractor::scan), also saying whether a string of the line may hold an
+    /// escape: `Ok(false)` only when no byte of the line is a backslash, so that every
+    /// string found is its raw text between the quotes (the structural pass knows it for
+    /// free; after the byte-at-a-time scanner the answer is always `true`).
+    pub fn scan_noting_escapes(
+        &self,
+        line: &[u8],
+        found: &mut [Option<Span>],
+    ) -> Result<bool, JsonError> {
         assert!(
             found.len() >= self.n_paths,
             "`found` must hold at least {} entries",
@@ -409,12 +439,14 @@ impl Extractor {
         if let Some(level) = self.fast
             && line.len() <= FAST_MAX_LINE
         {
-            if TOKENS.with_borrow_mut(|idx| fast::scan(self, level, line, found, idx)) {
-                return Ok(());
+            if let Some(backslash) =
+                TOKENS.with_borrow_mut(|idx| fast::scan(self, level, line, found, idx))
+            {
+                return Ok(backslash);
             }
             found.fill(None);
         }
-        self.scan_bytewise(line, found)
+        self.scan_bytewise(line, found).map(|()| true)
     }
 
     /// [`scan`](Extractor::scan) one byte at a time: the portable path, and the one that
@@ -451,14 +483,24 @@ impl Extractor {
         escaped: bool,
         active: u64,
     ) -> u64 {
-        let Some(level) = self.levels.get(depth) else {
-            return 0;
-        };
+        match self.levels.get(depth) {
+            Some(level) => level.match_name(s, start, end, escaped, active),
+            None => 0,
+        }
+    }
+}
+
+impl Level {
+    /// The paths among `active` whose segment at this level equals the member name
+    /// `s[start..end]` (raw, between the quotes; `escaped` if it holds a backslash).
+    #[inline(always)]
+    fn match_name(&self, s: &[u8], start: usize, end: usize, escaped: bool, active: u64) -> u64 {
         if escaped {
-            return match_escaped(level, s.get(start..end).unwrap_or_default(), active);
+            return match_escaped(self, s.get(start..end).unwrap_or_default(), active);
         }
         let len = end - start;
-        if level.lengths & (1u64 << len.min(63)) == 0 {
+        let mut k = self.by_len[len.min(63)];
+        if k == 0 {
             return 0;
         }
         let head = head_at(s, start, len);
@@ -468,17 +510,26 @@ impl Extractor {
             0
         };
         // The names of a level are distinct: at most one matches.
-        for name in &level.names {
+        while let Some(name) = self.names.get(usize::from(k).wrapping_sub(1)) {
             if name.head == head
                 && name.tail == tail
                 && name.bytes.len() == len
-                && (len <= 16 || name.bytes.get(16..) == s.get(start + 16..end))
+                && (len <= 16 || same_after_16(&name.bytes, s, start, end))
             {
                 return name.mask & active;
             }
+            k = name.next_same_len;
         }
         0
     }
+}
+
+/// Whether the bytes of `name` past the 16th equal those of `s[start..end]` (kept out of
+/// the matching loop: names that long are rare).
+#[cold]
+#[inline(never)]
+fn same_after_16(name: &[u8], s: &[u8], start: usize, end: usize) -> bool {
+    name.get(16..) == s.get(start + 16..end)
 }
 
 /// [`Extractor::match_key`] for a member name `raw` that holds escapes.

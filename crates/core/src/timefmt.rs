@@ -157,30 +157,58 @@ pub fn parse_timestamp(s: &[u8]) -> Result<EventTime, TimeError> {
     };
     check_date(year, month, day)?;
     check_time(hour, minute, second)?;
-    finish_timestamp(s, year, month, day, hour, minute, second)
+    let days = days_from_civil(i64::from(year), month, day);
+    finish_timestamp(s, days, hour, minute, second)
+}
+
+/// The date of the last timestamp that [`parse_timestamp_cached`] found valid, and its
+/// day number: the events of one stream mostly fall on the day of the event before.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DateCache {
+    /// Bytes 0..8 (`YYYY-MM-`) and 8..10 (`DD`) of that timestamp, little endian; both 0
+    /// while empty (a valid date is digits and dashes).
+    head: u64,
+    day: u16,
+    days: i64,
+}
+
+/// [`parse_timestamp`], the same result and the same errors, with the day number of a
+/// date equal to the one `cache` holds taken from there instead of checked and computed
+/// again.
+#[inline]
+pub fn parse_timestamp_cached(s: &[u8], cache: &mut DateCache) -> Result<EventTime, TimeError> {
+    let Some((head, rest)) = s.split_first_chunk::<8>() else {
+        return parse_timestamp_slow(s);
+    };
+    let Some(day) = rest.first_chunk::<2>() else {
+        return parse_timestamp_slow(s);
+    };
+    let (head, day) = (u64::from_le_bytes(*head), u16::from_le_bytes(*day));
+    if head == cache.head && day == cache.day {
+        // The date is one already found valid: `fixed_prefix` would accept its bytes and
+        // `check_date` pass, so only the time of day is left to check.
+        let Some([hour, minute, second]) = fixed_time(s) else {
+            return parse_timestamp_slow(s);
+        };
+        check_time(hour, minute, second)?;
+        return finish_timestamp(s, cache.days, hour, minute, second);
+    }
+    let [year, month, d, hour, minute, second] = match fixed_prefix(s) {
+        Some(fields) => fields,
+        None => return parse_timestamp_slow(s),
+    };
+    check_date(year, month, d)?;
+    let days = days_from_civil(i64::from(year), month, d);
+    *cache = DateCache { head, day, days };
+    check_time(hour, minute, second)?;
+    finish_timestamp(s, days, hour, minute, second)
 }
 
 /// The fields of the fixed-width `YYYY-MM-DDTHH:MM:SS` prefix when all its digits and
 /// separators are in place (the common case), checked eight bytes at a time.
 #[inline(always)]
 fn fixed_prefix(s: &[u8]) -> Option<[u32; 6]> {
-    /// Whether the bytes of `w` selected by `mask` (0xFF per byte) are all ASCII digits.
-    #[inline(always)]
-    fn digits_at(w: u64, mask: u64) -> bool {
-        let high = 0xF0F0_F0F0_F0F0_F0F0 & mask;
-        let zeros = 0x3030_3030_3030_3030 & mask;
-        let six = 0x0606_0606_0606_0606 & mask;
-        // 0x30..=0x39 keep their high nibble 3 when 6 is added; 0x3A..=0x3F do not.
-        (w & high) == zeros && (w.wrapping_add(six) & high) == zeros
-    }
-    #[inline(always)]
-    fn byte(w: u64, i: u32) -> u8 {
-        (w >> (8 * i)) as u8
-    }
-    #[inline(always)]
-    fn d(w: u64, i: u32) -> u32 {
-        u32::from(byte(w, i) & 0x0F)
-    }
+    let (digits_at, byte, d) = (digits_in, byte_of, digit_of);
     let p: &[u8; 19] = s.first_chunk::<19>()?;
     let (a, rest) = p.split_first_chunk::<8>()?;
     let (b, _) = rest.split_first_chunk::<8>()?;
@@ -210,6 +238,50 @@ fn fixed_prefix(s: &[u8]) -> Option<[u32; 6]> {
         d(b, 6) * 10 + d(b, 7),
         d(c, 6) * 10 + d(c, 7),
     ])
+}
+
+/// The hour, minute and second of `s` when bytes 8..19 are `DDTHH:MM:SS` with all their
+/// digits and separators in place (the checks of [`fixed_prefix`] past the month).
+#[inline(always)]
+fn fixed_time(s: &[u8]) -> Option<[u32; 3]> {
+    let p: &[u8; 19] = s.first_chunk::<19>()?;
+    let (_, rest) = p.split_first_chunk::<8>()?;
+    let (b, _) = rest.split_first_chunk::<8>()?;
+    let (_, c) = p.split_last_chunk::<8>()?;
+    let (b, c) = (u64::from_le_bytes(*b), u64::from_le_bytes(*c));
+    let ok = digits_in(b, 0xFFFF_00FF_FF00_FFFF)
+        & matches!(byte_of(b, 2), b'T' | b't' | b' ')
+        & (byte_of(b, 5) == b':')
+        & digits_in(c, 0xFFFF_0000_0000_0000)
+        & (byte_of(c, 5) == b':');
+    ok.then(|| {
+        [
+            digit_of(b, 3) * 10 + digit_of(b, 4),
+            digit_of(b, 6) * 10 + digit_of(b, 7),
+            digit_of(c, 6) * 10 + digit_of(c, 7),
+        ]
+    })
+}
+
+/// Whether the bytes of `w` selected by `mask` (0xFF per byte) are all ASCII digits.
+#[inline(always)]
+fn digits_in(w: u64, mask: u64) -> bool {
+    let high = 0xF0F0_F0F0_F0F0_F0F0 & mask;
+    let zeros = 0x3030_3030_3030_3030 & mask;
+    let six = 0x0606_0606_0606_0606 & mask;
+    // 0x30..=0x39 keep their high nibble 3 when 6 is added; 0x3A..=0x3F do not.
+    (w & high) == zeros && (w.wrapping_add(six) & high) == zeros
+}
+
+#[inline(always)]
+fn byte_of(w: u64, i: u32) -> u8 {
+    (w >> (8 * i)) as u8
+}
+
+/// The value of byte `i` of `w`, an ASCII digit.
+#[inline(always)]
+fn digit_of(w: u64, i: u32) -> u32 {
+    u32::from(byte_of(w, i) & 0x0F)
 }
 
 fn check_date(year: u32, month: u32, day: u32) -> Result<(), TimeError> {
@@ -277,21 +349,32 @@ fn parse_timestamp_slow(s: &[u8]) -> Result<EventTime, TimeError> {
     expect_byte(s, 16, b':', "':' after the minutes")?;
     let second = digits::<2>(s, 17, "2-digit seconds")?;
     check_time(hour, minute, second)?;
-    finish_timestamp(s, year, month, day, hour, minute, second)
+    let days = days_from_civil(i64::from(year), month, day);
+    finish_timestamp(s, days, hour, minute, second)
 }
 
-/// The fraction and zone after a valid `YYYY-MM-DDTHH:MM:SS` prefix, and the result.
+/// The fraction and zone after a valid `YYYY-MM-DDTHH:MM:SS` prefix whose date is day
+/// `days` since the epoch, and the result.
 #[inline(always)]
 fn finish_timestamp(
     s: &[u8],
-    year: u32,
-    month: u32,
-    day: u32,
+    days: i64,
     hour: u32,
     minute: u32,
     second: u32,
 ) -> Result<EventTime, TimeError> {
-    let days = days_from_civil(i64::from(year), month, day);
+    let time_of_day = i64::from(hour) * MS_PER_HOUR
+        + i64::from(minute) * MS_PER_MIN
+        + i64::from(second) * MS_PER_SEC;
+    // The common form `.mmmZ`, at once.
+    if let Some(&[b'.', m0, m1, m2, b'Z' | b'z']) = s.get(19..)
+        && m0.is_ascii_digit()
+        && m1.is_ascii_digit()
+        && m2.is_ascii_digit()
+    {
+        let millis = i64::from(m0 - b'0') * 100 + i64::from(m1 - b'0') * 10 + i64::from(m2 - b'0');
+        return Ok(EventTime(days * MS_PER_DAY + time_of_day + millis));
+    }
     let mut pos = 19;
     let mut millis = 0i64;
     if s.get(pos) == Some(&b'.') {
@@ -362,11 +445,7 @@ fn finish_timestamp(
     if pos != s.len() {
         return Err(TimeError::Trailing);
     }
-    let local = days * MS_PER_DAY
-        + i64::from(hour) * MS_PER_HOUR
-        + i64::from(minute) * MS_PER_MIN
-        + i64::from(second) * MS_PER_SEC
-        + millis;
+    let local = days * MS_PER_DAY + time_of_day + millis;
     Ok(EventTime(local - offset_ms))
 }
 

@@ -193,6 +193,16 @@ fn long_names_and_many_paths() {
     for (i, g) in got.iter().enumerate() {
         assert_eq!(*g, Some(i.to_string().as_str()));
     }
+    // Names of 63 bytes and more share one length bucket; names of one length chain.
+    let (n63, n70, n80) = ("q".repeat(63), "q".repeat(70), "q".repeat(80));
+    let line = format!(
+        r#"{{"{n80}":8,"{n63}":6,"{}":0,"{n70}":7,"ab":1,"cd":2}}"#,
+        "q".repeat(64)
+    );
+    assert_eq!(
+        extract(&line, &[&n70, "cd", &n63, "ab", &n80, "ef"]).expect("valid"),
+        [Some("7"), Some("2"), Some("6"), Some("1"), Some("8"), None]
+    );
 }
 
 #[test]

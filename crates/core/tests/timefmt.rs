@@ -3,8 +3,9 @@
 use chrono::{DateTime, SecondsFormat};
 use proptest::prelude::*;
 use sessionizer_core::timefmt::{
-    DurationError, EpochUnit, MAX_DURATION, TimeError, format_duration, format_rfc3339_ms,
-    parse_duration, parse_epoch, parse_timestamp, write_rfc3339_ms,
+    DateCache, DurationError, EpochUnit, MAX_DURATION, TimeError, format_duration,
+    format_rfc3339_ms, parse_duration, parse_epoch, parse_timestamp, parse_timestamp_cached,
+    write_rfc3339_ms,
 };
 use sessionizer_core::{DurationMs, EventTime};
 
@@ -265,6 +266,34 @@ fn duration_formatting() {
     assert_eq!(DurationMs(61_000).to_string(), "1m1s");
 }
 
+/// After a date has filled the cache, shorter and odd forms on that date still get the
+/// answers of the plain parser.
+#[test]
+fn parse_timestamp_cached_on_short_forms() {
+    let mut cache = DateCache::default();
+    for s in [
+        "2024-03-05T10:00:00Z",
+        "2024-03-05",
+        "2024-03-05T",
+        "2024-03-05T10:00",
+        "2024-03-05T10:00:00",
+        "2024-03-05 23:59:59.5+01:00",
+        "2024-03-05T24:00:00Z",
+        "2024-03-05T10:00:60Z",
+        "2024-03-05T10:00:00.Z",
+        "2024-03-05T10:00:00.123Zx",
+        "2024-03-05x10:00:00Z",
+        "2024-03-0",
+        "",
+    ] {
+        assert_eq!(
+            parse_timestamp_cached(s.as_bytes(), &mut cache),
+            parse_timestamp(s.as_bytes()),
+            "{s}"
+        );
+    }
+}
+
 /// A valid RFC 3339 string: date 1970..2200, random time, fraction of 0-9 digits, zone.
 fn rfc3339_strategy() -> impl Strategy<Value = String> {
     (
@@ -304,6 +333,37 @@ proptest! {
         let ours = parse_timestamp(s.as_bytes()).map(EventTime::millis);
         let theirs = DateTime::parse_from_rfc3339(&s).map(|t| t.timestamp_millis());
         prop_assert_eq!(ours.ok(), theirs.ok(), "{}", s);
+    }
+
+    /// The cached parser gives what the plain one gives, line after line with one cache:
+    /// timestamps on a few dates, some broken by an edit (in the date too), some with
+    /// bytes past the date that the cache must still check.
+    #[test]
+    fn parse_timestamp_cached_agrees(
+        steps in proptest::collection::vec(
+            (
+                0usize..4,
+                proptest::option::of((any::<proptest::sample::Index>(), any::<u8>())),
+                rfc3339_strategy(),
+            ),
+            1..40,
+        ),
+    ) {
+        let dates = ["2024-01-01", "2024-02-29", "2023-02-29", "2024-13-01"];
+        let mut cache = DateCache::default();
+        for (date, edit, other) in steps {
+            let mut s = format!("{}{}", dates[date], &other[10..]).into_bytes();
+            if let Some((at, byte)) = edit {
+                let i = at.index(s.len());
+                s[i] = byte;
+            }
+            prop_assert_eq!(
+                parse_timestamp_cached(&s, &mut cache),
+                parse_timestamp(&s),
+                "{:?}",
+                String::from_utf8_lossy(&s)
+            );
+        }
     }
 
     #[test]

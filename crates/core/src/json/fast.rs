@@ -184,15 +184,14 @@ pub(super) fn stage1(
     Some(Stage1 { count, backslash })
 }
 
-/// Stage 2: the walk over the tokens.
-struct Walk<'a, 'f> {
+/// Stage 2: the walk over the tokens. The cursor (the index of the next token to take)
+/// is passed and returned by value, so that it stays in a register across the calls of
+/// the recursion, and the walk itself is never written to.
+struct Walk<'a> {
     s: &'a [u8],
     ex: &'a Extractor,
-    found: &'f mut [Option<Span>],
     /// The token positions.
     idx: &'a [u32],
-    /// The next token to take.
-    next: usize,
     /// Whether the line holds a backslash.
     backslash: bool,
 }
@@ -244,20 +243,30 @@ fn number_end(s: &[u8], mut i: usize) -> Option<usize> {
     Some(i)
 }
 
-impl Walk<'_, '_> {
-    /// The next token: its position and byte.
+impl Walk<'_> {
+    /// Token `i`: its position and byte.
     #[inline(always)]
-    fn token(&mut self) -> Option<(usize, u8)> {
-        let p = *self.idx.get(self.next)? as usize;
-        self.next += 1;
+    fn token(&self, i: usize) -> Option<(usize, u8)> {
+        let p = *self.idx.get(i)? as usize;
         Some((p, *self.s.get(p)?))
     }
 
-    /// The index after the closing quote of the string whose opening quote at `p` was
-    /// the last token taken: the last byte before the next token that is not whitespace.
+    /// The byte of token `i`.
     #[inline(always)]
-    fn string_end(&self, p: usize) -> Option<usize> {
-        let mut end = *self.idx.get(self.next)? as usize;
+    fn byte(&self, i: usize) -> Option<u8> {
+        Some(self.token(i)?.1)
+    }
+
+    /// The index after the closing quote of the string whose opening quote at `p` is the
+    /// token before token `next`: the last byte before token `next` that is not
+    /// whitespace.
+    #[inline(always)]
+    fn string_end(&self, p: usize, next: usize) -> Option<usize> {
+        let mut end = *self.idx.get(next)? as usize;
+        // Most often the next token follows the closing quote.
+        if end > p + 1 && self.s.get(end - 1) == Some(&b'"') {
+            return Some(end);
+        }
         while end > p + 1 && matches!(self.s.get(end - 1), Some(b' ' | b'\t' | b'\n' | b'\r')) {
             end -= 1;
         }
@@ -278,128 +287,177 @@ impl Walk<'_, '_> {
         s.get(end).is_none_or(|&b| ends_scalar(b)).then_some(end)
     }
 
-    /// Checks the object whose `{` was the last token, at nesting `depth`.
-    fn skip_object(&mut self, depth: usize) -> Option<()> {
-        let (_, mut c) = self.token()?;
+    /// Checks the object whose `{` is the token before token `i`, at nesting `depth`;
+    /// the index of the token after its `}`.
+    fn skip_object(&self, mut i: usize, depth: usize) -> Option<usize> {
+        let mut c = self.byte(i)?;
         if c == b'}' {
-            return Some(());
+            return Some(i + 1);
         }
         loop {
             // A member name (one token), then `:`.
-            if c != b'"' || self.token()?.1 != b':' {
+            if c != b'"' || self.byte(i + 1)? != b':' {
                 return None;
             }
-            let (v, vc) = self.token()?;
-            self.other_value(v, vc, depth)?;
-            match self.token()?.1 {
-                b',' => c = self.token()?.1,
-                b'}' => return Some(()),
+            let (v, vc) = self.token(i + 2)?;
+            i = self.other_value(i + 3, v, vc, depth)?;
+            match self.byte(i)? {
+                b',' => {
+                    c = self.byte(i + 1)?;
+                    i += 1;
+                }
+                b'}' => return Some(i + 1),
                 _ => return None,
             }
         }
     }
 
-    /// Checks the array whose `[` was the last token, at nesting `depth`.
-    fn skip_array(&mut self, depth: usize) -> Option<()> {
-        let (mut p, mut c) = self.token()?;
+    /// Checks the array whose `[` is the token before token `i`, at nesting `depth`; the
+    /// index of the token after its `]`.
+    fn skip_array(&self, mut i: usize, depth: usize) -> Option<usize> {
+        let (mut p, mut c) = self.token(i)?;
         if c == b']' {
-            return Some(());
+            return Some(i + 1);
         }
         loop {
-            self.other_value(p, c, depth)?;
-            match self.token()?.1 {
-                b',' => (p, c) = self.token()?,
-                b']' => return Some(()),
+            i = self.other_value(i + 1, p, c, depth)?;
+            match self.byte(i)? {
+                b',' => {
+                    (p, c) = self.token(i + 1)?;
+                    i += 1;
+                }
+                b']' => return Some(i + 1),
                 _ => return None,
             }
         }
     }
 
-    /// Checks a value no path wants, whose first token `(p, c)` was just taken, in a
-    /// container at nesting `depth`.
+    /// Checks a value no path wants, whose first token `(p, c)` is the token before
+    /// token `i`, in a container at nesting `depth`; the index of the token after it.
     #[inline(always)]
-    fn other_value(&mut self, p: usize, c: u8, depth: usize) -> Option<()> {
+    fn other_value(&self, i: usize, p: usize, c: u8, depth: usize) -> Option<usize> {
         match c {
             // A string is one token.
-            b'"' => Some(()),
+            b'"' => Some(i),
             b'{' | b'[' if depth + 1 >= MAX_DEPTH - 1 => None,
-            b'{' => self.skip_object(depth + 1),
-            b'[' => self.skip_array(depth + 1),
-            _ => self.scalar(p, c).map(drop),
+            b'{' => self.skip_object(i, depth + 1),
+            b'[' => self.skip_array(i, depth + 1),
+            _ => self.scalar(p, c).map(|_| i),
         }
     }
 
-    /// The end of the closing bracket of the container whose opening bracket was the
-    /// token before the one that is now next.
+    /// The index after the closing bracket of a container whose last token is the one
+    /// before token `next`.
     #[inline(always)]
-    fn container_end(&self) -> Option<usize> {
-        Some(*self.idx.get(self.next.checked_sub(1)?)? as usize + 1)
+    fn container_end(&self, next: usize) -> Option<usize> {
+        Some(*self.idx.get(next.checked_sub(1)?)? as usize + 1)
     }
 
-    /// The value whose first token `(p, c)` was just taken, in a container at nesting
-    /// `depth`, where the paths `active` continue; the index after it.
-    #[inline(always)]
-    fn value(&mut self, p: usize, c: u8, depth: usize, active: u64) -> Option<usize> {
-        match c {
-            b'"' => self.string_end(p),
-            b'{' | b'[' if depth + 1 >= MAX_DEPTH - 1 => None,
-            b'{' if active != 0 => self.object(depth + 1, active),
-            b'{' => {
-                self.skip_object(depth + 1)?;
-                self.container_end()
-            }
-            b'[' => {
-                self.skip_array(depth + 1)?;
-                self.container_end()
-            }
-            _ => self.scalar(p, c),
-        }
-    }
-
-    /// The members of an object on a path whose `{` was the last token, at nesting
-    /// `depth`, where the paths `active` continue; the index after its `}`.
-    fn object(&mut self, depth: usize, active: u64) -> Option<usize> {
+    /// The members of an object on a path whose `{` is the token before token `i`, at
+    /// nesting `depth`, where the paths `active` continue; the index of the token after
+    /// its `}`.
+    fn object(
+        &self,
+        found: &mut [Option<Span>],
+        mut i: usize,
+        depth: usize,
+        active: u64,
+    ) -> Option<usize> {
         let s = self.s;
-        let (mut p, mut c) = self.token()?;
+        let level = self.ex.levels.get(depth);
+        let (mut p, mut c) = self.token(i)?;
         if c == b'}' {
-            return Some(p + 1);
+            return Some(i + 1);
         }
         loop {
             if c != b'"' {
                 return None;
             }
-            let key_end = self.string_end(p)? - 1;
-            let escaped = self.backslash && has_backslash(s.get(p + 1..key_end)?);
-            let hit = self.ex.match_key(depth, s, p + 1, key_end, escaped, active);
-            if self.token()?.1 != b':' {
+            // The member name's closing quote is right before its `:` (token `i + 1`).
+            let key_end = self.string_end(p, i + 1)? - 1;
+            let hit = match level {
+                Some(level) => {
+                    let escaped = self.backslash && has_backslash(s.get(p + 1..key_end)?);
+                    level.match_name(s, p + 1, key_end, escaped, active)
+                }
+                None => 0,
+            };
+            if self.byte(i + 1)? != b':' {
                 return None;
             }
-            let (v, vc) = self.token()?;
-            if hit == 0 {
-                self.other_value(v, vc, depth)?;
+            let (v, vc) = self.token(i + 2)?;
+            i = if hit == 0 {
+                self.other_value(i + 3, v, vc, depth)?
             } else {
-                self.matched_value(v, vc, depth, hit)?;
-            }
-            match self.token()? {
-                (_, b',') => (p, c) = self.token()?,
-                (q, b'}') => return Some(q + 1),
+                let ends = level.map_or(0, |l| l.ends) & hit;
+                if vc == b'"' && ends == hit {
+                    // The common case inline: a string that ends every path it is on
+                    // (so nothing below it needs clearing).
+                    let span = Some(Span {
+                        start: v as u32,
+                        end: self.string_end(v, i + 3)? as u32,
+                    });
+                    let mut m = hit;
+                    while m != 0 {
+                        *found.get_mut(m.trailing_zeros() as usize)? = span;
+                        m &= m - 1;
+                    }
+                    i + 3
+                } else {
+                    self.matched_value(found, i + 3, v, vc, depth, hit, ends)?
+                }
+            };
+            match self.byte(i)? {
+                b',' => {
+                    (p, c) = self.token(i + 1)?;
+                    i += 1;
+                }
+                b'}' => return Some(i + 1),
                 _ => return None,
             }
         }
     }
 
-    /// The value at `p` of a member whose name matched the paths `hit`.
+    /// The value of a member whose name matched the paths `hit` (of which `ends` end
+    /// here), whose first token `(p, c)` is the token before token `i`; the index of the
+    /// token after it.
     #[inline(never)]
-    fn matched_value(&mut self, p: usize, c: u8, depth: usize, hit: u64) -> Option<usize> {
+    #[allow(clippy::too_many_arguments)]
+    fn matched_value(
+        &self,
+        found: &mut [Option<Span>],
+        i: usize,
+        p: usize,
+        c: u8,
+        depth: usize,
+        hit: u64,
+        ends: u64,
+    ) -> Option<usize> {
         // A repeated member replaces the earlier one, with everything below it.
         let mut m = hit;
         while m != 0 {
             let b = m.trailing_zeros() as usize;
             m &= m - 1;
-            self.found[b] = None;
+            *found.get_mut(b)? = None;
         }
-        let ends = self.ex.levels.get(depth).map_or(0, |l| l.ends) & hit;
-        let end = self.value(p, c, depth, hit & !ends)?;
+        let active = hit & !ends;
+        let (next, end) = match c {
+            b'"' => (i, self.string_end(p, i)?),
+            b'{' | b'[' if depth + 1 >= MAX_DEPTH - 1 => return None,
+            b'{' if active != 0 => {
+                let next = self.object(found, i, depth + 1, active)?;
+                (next, self.container_end(next)?)
+            }
+            b'{' => {
+                let next = self.skip_object(i, depth + 1)?;
+                (next, self.container_end(next)?)
+            }
+            b'[' => {
+                let next = self.skip_array(i, depth + 1)?;
+                (next, self.container_end(next)?)
+            }
+            _ => (i, self.scalar(p, c)?),
+        };
         let span = Some(Span {
             start: p as u32,
             end: end as u32,
@@ -408,33 +466,30 @@ impl Walk<'_, '_> {
         while m != 0 {
             let b = m.trailing_zeros() as usize;
             m &= m - 1;
-            self.found[b] = span;
+            *found.get_mut(b)? = span;
         }
-        Some(end)
+        Some(next)
     }
 }
 
 /// Scans `line` for `ex`'s paths with the structural pass at `level`, listing the
-/// tokens in `idx` (scratch space, grown as needed). `true` when the line is a valid
+/// tokens in `idx` (scratch space, grown as needed). `Some` when the line is a valid
 /// JSON object (then `found` holds the spans, exactly as the byte-at-a-time scanner
-/// would set them); `false` when it is not, or when this pass leaves the line to that
-/// scanner. `found` must hold `ex.len()` entries, all `None`.
+/// would set them), holding whether the line has a backslash; `None` when it is not
+/// valid, or when this pass leaves the line to that scanner. `found` must hold
+/// `ex.len()` entries, all `None`.
 pub(super) fn scan(
     ex: &Extractor,
     level: Level,
     line: &[u8],
     found: &mut [Option<Span>],
     idx: &mut Vec<u32>,
-) -> bool {
-    let Some(st) = level.stage1(line, idx) else {
-        return false;
-    };
-    let mut w = Walk {
+) -> Option<bool> {
+    let st = level.stage1(line, idx)?;
+    let w = Walk {
         s: line,
         ex,
-        found,
         idx: idx.get(..st.count).unwrap_or_default(),
-        next: 0,
         backslash: st.backslash,
     };
     let all = if ex.n_paths == MAX_PATHS {
@@ -442,12 +497,12 @@ pub(super) fn scan(
     } else {
         (1u64 << ex.n_paths) - 1
     };
-    let ok = match w.token() {
-        Some((_, b'{')) if all != 0 => w.object(0, all).is_some(),
-        Some((_, b'{')) => w.skip_object(0).is_some(),
-        _ => false,
+    let end = match w.byte(0) {
+        Some(b'{') if all != 0 => w.object(found, 1, 0, all),
+        Some(b'{') => w.skip_object(1, 0),
+        _ => None,
     };
-    ok && w.next == st.count
+    (end == Some(st.count)).then_some(st.backslash)
 }
 
 #[cfg(test)]
@@ -471,7 +526,11 @@ mod tests {
         let verdict = ex.scan_bytewise(line, &mut want);
         for level in Level::all_supported() {
             let mut got = vec![None; ex.len()];
-            let ok = scan(ex, level, line, &mut got, &mut Vec::new());
+            let answer = scan(ex, level, line, &mut got, &mut Vec::new());
+            let ok = answer.is_some();
+            if let Some(backslash) = answer {
+                prop_assert_eq!(backslash, line.contains(&b'\\'), "{:?}", level);
+            }
             prop_assert_eq!(
                 ok,
                 verdict.is_ok(),
@@ -518,8 +577,9 @@ mod tests {
         check_all(&ex, VISIT.as_bytes());
         for level in Level::all_supported() {
             let mut found = vec![None; ex.len()];
-            assert!(
+            assert_eq!(
                 scan(&ex, level, VISIT.as_bytes(), &mut found, &mut Vec::new()),
+                Some(false),
                 "{level:?}"
             );
             let text = |i: usize| found[i].map(|s| &VISIT[s.range()]);
@@ -577,6 +637,24 @@ mod tests {
                     check_all(&ex, line.as_bytes());
                 }
             }
+        }
+    }
+
+    /// A repeated member whose value is a string (taken inline by the walk) or not.
+    #[test]
+    fn repeated_members_with_string_values() {
+        let ex = extractor(&["a", "b", "b.c", "d.e"]);
+        for line in [
+            r#"{"a":"s","a":"t"}"#,
+            r#"{"a":{"z":1},"a":"s"}"#,
+            r#"{"a":"s","a":{"z":1}}"#,
+            r#"{"a":"s","a":7}"#,
+            r#"{"b":{"c":"x"},"b":"s"}"#,
+            r#"{"b":"s","b":{"c":"x"}}"#,
+            r#"{"d":{"e":"x"},"d":{"e":"y","e":{}}}"#,
+            r#"{"a":"s" , "a" : "t\"" }"#,
+        ] {
+            check_all(&ex, line.as_bytes());
         }
     }
 
