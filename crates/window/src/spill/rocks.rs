@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 
 const SESSIONS: &str = "sessions";
 const TIMERS: &str = "timers";
+/// Keys per write batch of an eviction.
+const PUT_BATCH: usize = 16_384;
 
 /// The memory RocksDB may use, shared by the stores of every shard: a block cache of
 /// `bytes`, half of which the memtables may take.
@@ -229,17 +231,25 @@ impl SpillStore<KeySessions> for RocksSpill {
     fn put(&mut self, evicted: &mut Vec<(KeyBytes, KeySessions, i64)>) -> Result<(), SpillError> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let (sessions, timers) = self.cfs();
-        let mut batch = WriteBatch::default();
         let mut earliest = i64::MAX;
-        for (key, state, deadline) in evicted.drain(..) {
-            scratch.clear();
-            scratch.extend_from_slice(&deadline.to_le_bytes());
-            encode_sessions(&state, &mut scratch);
-            batch.put_cf(sessions, &key, &scratch);
-            batch.put_cf(timers, Self::timer_key(deadline, &key), []);
-            earliest = earliest.min(deadline);
+        let mut written = Ok(());
+        // In batches of a few MiB: one eviction can move hundreds of thousands of keys.
+        for chunk in evicted.chunks(PUT_BATCH) {
+            let mut batch = WriteBatch::default();
+            for (key, state, deadline) in chunk {
+                scratch.clear();
+                scratch.extend_from_slice(&deadline.to_le_bytes());
+                encode_sessions(state, &mut scratch);
+                batch.put_cf(sessions, key, &scratch);
+                batch.put_cf(timers, Self::timer_key(*deadline, key), []);
+                earliest = earliest.min(*deadline);
+            }
+            written = self.db().write_opt(batch, &self.write);
+            if written.is_err() {
+                break;
+            }
         }
-        let written = self.db().write_opt(batch, &self.write);
+        evicted.clear();
         self.scratch = scratch;
         written.map_err(|e| self.error(e))?;
         self.due_from = self.due_from.min(earliest);
