@@ -5,7 +5,9 @@
 //! `--state-memory` makes it keep most keys in RocksDB. The RocksDB tests need the
 //! `rocksdb` feature; the option checks run in every build.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(feature = "rocksdb")]
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn bin() -> Command {
@@ -20,6 +22,7 @@ fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("spawn sessionizer")
 }
 
+#[cfg(feature = "rocksdb")]
 fn run_ok(args: &[&str]) -> Output {
     let out = run(args);
     assert!(
