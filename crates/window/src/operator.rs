@@ -479,6 +479,15 @@ impl<A: SessionAggregate> SessionOperator<A> {
         }
     }
 
+    /// The earliest deadline in the spill store when it may be due at `w`.
+    #[inline]
+    fn spill_bound_due(&self, w: Watermark) -> Option<i64> {
+        self.spill
+            .as_ref()
+            .map(|s| s.bound)
+            .filter(|&b| b != i64::MAX && b <= w.millis())
+    }
+
     /// Whether the spill store holds a key due at `w`.
     #[inline]
     fn spilled_due(&self, w: Watermark) -> bool {
@@ -935,6 +944,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
     fn drain(&mut self, max: usize, out: &mut impl Emit<A>) -> bool {
         let w = self.watermark;
         let mut emitted = 0;
+        let mut unspill_now = false;
         loop {
             while self.group_next < self.group.len() {
                 if emitted == max {
@@ -950,18 +960,24 @@ impl<A: SessionAggregate> SessionOperator<A> {
             }
             self.group.clear();
             self.group_next = 0;
-            // Spilled keys due before anything in memory is popped come back first; only
-            // timers before the earliest deadline still spilled may fire.
+            // Spilled keys due no later than the next timer in memory come back first
+            // (a batch of them; memory's earlier timers fire before the next batch), and
+            // only timers before the earliest deadline still spilled may fire.
             let mut upto = w;
-            if self.spilled_due(w) {
-                self.unspill_due(w.millis());
-                if self.spilled_due(w) {
-                    let bound = self.spill.as_ref().map_or(i64::MAX, |s| s.bound);
+            if let Some(bound) = self.spill_bound_due(w) {
+                let in_memory = self.store.next_deadline_bound().unwrap_or(i64::MAX);
+                if unspill_now || in_memory >= bound {
+                    self.unspill_due(w.millis());
+                }
+                if let Some(bound) = self.spill_bound_due(w) {
                     upto = Watermark::at(EventTime(bound.saturating_sub(1)));
                 }
             }
+            unspill_now = false;
             let Some((id, deadline)) = self.store.pop_due_at(upto) else {
                 if self.spilled_due(w) {
+                    // Nothing in memory before the spilled keys: take them back.
+                    unspill_now = true;
                     continue;
                 }
                 return false;
