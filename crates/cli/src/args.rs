@@ -201,7 +201,8 @@ pub struct RunArgs {
     /// With --state-backend rocksdb: the memory the state may take, e.g. 512MB or 2GB
     /// (MB = 2^20 bytes): half for the keys kept in memory, half for RocksDB's block
     /// cache and write buffers, shared by the workers. The process needs some more
-    /// for input and output buffers. [default: 1GB]
+    /// for input and output buffers, and RocksDB's index and filter blocks (about 1.3
+    /// bytes per key on disk). [default: 1GB]
     #[arg(long, value_name = "SIZE")]
     pub state_memory: Option<String>,
 
