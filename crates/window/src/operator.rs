@@ -535,26 +535,28 @@ impl<A: SessionAggregate> SessionOperator<A> {
         } else {
             0
         };
-        let spill = self.spill.as_mut().expect("checked above");
-        let room = budget.saturating_sub(bytes) / per_key;
         if evict > 0 {
             if evict < order.len() {
                 order.select_nth_unstable(evict);
             }
-            let mut out = std::mem::take(&mut spill.scratch);
+            let mut out = self
+                .spill
+                .as_mut()
+                .map(|s| std::mem::take(&mut s.scratch))
+                .unwrap_or_default();
+            let mut dirty = Vec::new();
             for &(_, id) in &order[..evict] {
                 let (key, state, changed) = self.store.evict(id);
                 if changed {
-                    self.spill
-                        .as_mut()
-                        .expect("checked above")
-                        .dirty
-                        .insert(key.clone());
+                    dirty.push(key.clone());
                 }
                 let deadline = self.next_deadline(&state);
                 out.push((key, state, deadline));
             }
-            let spill = self.spill.as_mut().expect("checked above");
+            let Some(spill) = self.spill.as_mut() else {
+                return;
+            };
+            spill.dirty.extend(dirty);
             spill.bound = out.iter().fold(spill.bound, |b, e| b.min(e.2));
             spill.keys += out.len();
             spill.evicted += out.len() as u64;
@@ -564,12 +566,10 @@ impl<A: SessionAggregate> SessionOperator<A> {
             out.clear();
             spill.scratch = out;
         }
-        let spill = self.spill.as_mut().expect("checked above");
         let now = self.store.len();
-        let room = if evict > 0 {
-            budget.saturating_sub(now * per_key) / per_key
-        } else {
-            room
+        let room = budget.saturating_sub(now * per_key) / per_key;
+        let Some(spill) = self.spill.as_mut() else {
+            return;
         };
         // Not every key: a pass reads the whole hot tier.
         spill.check_keys = now + room.max(now / 16).max(1);
