@@ -6,7 +6,8 @@
 #   scripts/test.sh -p sessionizer-cli --test kafka    # extra arguments go to cargo test
 #
 # Needs: Rust, a C/C++ compiler, cmake and libcurl's headers (librdkafka is built from
-# source), Java 17 and Maven (the broker). On Debian, as root, missing packages are installed.
+# source), libclang (bindgen, for librocksdb, also built from source), Java 17 and Maven
+# (the broker). On Debian, as root, missing packages are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,8 @@ command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 # librdkafka's cmake build includes curl/curl.h.
 dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need+=(libcurl4-openssl-dev)
+# The rocksdb feature: bindgen reads RocksDB's C header with libclang.
+dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${need[*]}" >&2

@@ -4,9 +4,9 @@
 //! Aggregates from the file and from flags are combined (file first); two aggregates
 //! with the same output name are refused.
 
-use crate::args::{EmitArg, OnInvalidArg, ProgressArg, RunArgs, TimeFormatArg};
+use crate::args::{EmitArg, OnInvalidArg, ProgressArg, RunArgs, StateBackendArg, TimeFormatArg};
 use serde::Deserialize;
-use sessionizer::config::{Aggregate, CheckpointConfig, OnInvalid, PipelineConfig};
+use sessionizer::config::{Aggregate, CheckpointConfig, OnInvalid, PipelineConfig, StateBackend};
 use sessionizer_connectors::{InputSource, OutputTarget};
 use sessionizer_core::decode::{DedupMode, TimeFormat};
 use sessionizer_core::json::FieldPath;
@@ -79,6 +79,8 @@ pub struct FileConfig {
     pub workers: Option<usize>,
     pub idle_timeout: Option<String>,
     pub state_dir: Option<PathBuf>,
+    pub state_backend: Option<StateBackendArg>,
+    pub state_memory: Option<String>,
     pub checkpoint_interval: Option<String>,
     pub checkpoint_every_records: Option<u64>,
     pub keep_open: Option<bool>,
@@ -179,6 +181,37 @@ pub fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
+}
+
+/// A size such as `512MB`, `2GB`, `1.5GB` or `1048576` (bytes): KB, MB, GB and TB (also
+/// KiB, MiB, ... or K, M, G, T) are powers of 1024.
+fn size(option: &'static str, value: &str) -> Result<u64, ConfigError> {
+    let invalid = |reason: &str| ConfigError::Invalid {
+        option,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    };
+    let v = value.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| invalid("give a size such as 512MB or 2GB"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(invalid("unknown unit; use B, KB, MB, GB or TB")),
+    };
+    let bytes = number * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
+        return Err(invalid("too large"));
+    }
+    Ok(bytes as u64)
 }
 
 fn duration(
@@ -498,6 +531,39 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             &inputs,
         )?
     };
+    let state_memory = args.state_memory.or(file.state_memory);
+    let state_backend = match args.state_backend.or(file.state_backend) {
+        None | Some(StateBackendArg::Memory) => {
+            if let Some(m) = state_memory {
+                return Err(ConfigError::Invalid {
+                    option: "--state-memory",
+                    value: m,
+                    reason: "it bounds the rocksdb backend only (the memory backend keeps every key in memory); add --state-backend rocksdb, or leave --state-memory out".into(),
+                });
+            }
+            StateBackend::Memory
+        }
+        Some(StateBackendArg::Rocksdb) => {
+            let value = state_memory.unwrap_or_else(|| "1GB".into());
+            let memory_bytes = size("--state-memory", &value)?;
+            if memory_bytes == 0 {
+                return Err(ConfigError::Invalid {
+                    option: "--state-memory",
+                    value,
+                    reason: "give the memory the state may take, such as 512MB".into(),
+                });
+            }
+            if kafka_in {
+                return Err(ConfigError::Conflict(
+                    "--state-backend rocksdb is not built for Kafka inputs yet (their tasks keep their state in memory and in the changelog); use --state-backend memory".into(),
+                ));
+            }
+            StateBackend::RocksDb {
+                memory_bytes,
+                dir: None,
+            }
+        }
+    };
     let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
@@ -518,6 +584,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         workers,
         idle_timeout,
         kafka,
+        state_backend,
     };
     Ok(RunConfig {
         pipeline,

@@ -71,6 +71,28 @@ pub struct PipelineConfig {
     pub workers: usize,
     /// Kafka as the source, the sink, or both (`--kafka-*`); `None`: files and stdio only.
     pub kafka: Option<KafkaConfig>,
+    /// Where the keyed state lives (`--state-backend`).
+    pub state_backend: StateBackend,
+}
+
+/// Where the job's keyed state lives (SPEC §4, `--state-backend`). Both give the same
+/// output byte for byte, and their checkpoints are the same files: a state directory
+/// written with one resumes with the other.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum StateBackend {
+    /// Every key in memory.
+    #[default]
+    Memory,
+    /// Keys beyond a memory budget spilled to RocksDB on local disk (cargo feature
+    /// `rocksdb`).
+    RocksDb {
+        /// The budget (`--state-memory`), for the keys kept in memory and RocksDB's block
+        /// cache and write buffers, half each, shared by the workers.
+        memory_bytes: u64,
+        /// Where RocksDB's files go (scratch space, emptied at the start and removed at
+        /// the end); `None`: a directory under the system's temporary directory.
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// Where a consumer group starts reading a partition that has no committed position.

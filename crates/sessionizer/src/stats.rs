@@ -49,6 +49,23 @@ pub struct RunStats {
     /// that the processes of a group add up to the job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kafka: Option<KafkaStats>,
+    /// The rocksdb state backend's stores (`--state-backend rocksdb` only), over all
+    /// shards: what this run moved between memory and disk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_store: Option<StateStoreStats>,
+}
+
+/// What the spill stores of a run did (`--state-backend rocksdb`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StateStoreStats {
+    /// Keys evicted from memory to the stores.
+    pub evicted: u64,
+    /// Keys taken back into memory (an event for them, or a due timer).
+    pub unspilled: u64,
+    /// The most keys the stores held at once (sampled after every batch).
+    pub spilled_keys_max: u64,
+    /// The most bytes the stores' files took on disk (sampled after every batch).
+    pub disk_bytes_max: u64,
 }
 
 /// What a process of a Kafka job held and did.

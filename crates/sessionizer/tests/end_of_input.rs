@@ -65,6 +65,7 @@ fn config(dir: &Path, input: &Path, workers: usize) -> PipelineConfig {
         on_invalid: OnInvalid::DeadLetter,
         workers,
         kafka: None,
+        state_backend: Default::default(),
         idle_timeout: None,
     }
 }

@@ -92,6 +92,7 @@ fn the_library_window_and_the_cli_pipeline_emit_the_same_records() {
         on_invalid: OnInvalid::DeadLetter,
         workers: 1,
         kafka: None,
+        state_backend: Default::default(),
         idle_timeout: None,
     };
     let stats = sessionizer::pipeline::run(&cfg, &sessionizer::telemetry::Telemetry::default())

@@ -283,6 +283,28 @@ impl<S: Default> KeyedStore<S> {
         id
     }
 
+    /// [`restore`](Self::restore) with the key's [`key_hash`]: a key brought back from a
+    /// spill store ([`crate::spill`]) is not a change either.
+    pub fn restore_hashed(&mut self, hash: u64, key: &[u8], state: S) -> SlotId {
+        let id = self.slot_unmarked(hash, key);
+        self.slot_mut(id).state = state;
+        id
+    }
+
+    /// Takes a key and its state out of the store to keep elsewhere (a spill store):
+    /// unlike [`remove`](Self::remove) not a removal for the next incremental
+    /// checkpoint. Returns the key, its state and whether it changed since the last
+    /// drain (with change tracking on), which the caller must then report itself.
+    pub fn evict(&mut self, id: SlotId) -> (KeyBytes, S, bool) {
+        let key = KeyBytes::from_slice(self.key(id));
+        let changed = self.tracking && self.take_bit(id, false);
+        let state = std::mem::take(&mut self.slot_mut(id).state);
+        let tracking = std::mem::replace(&mut self.tracking, false);
+        self.remove(id);
+        self.tracking = tracking;
+        (key, state, changed)
+    }
+
     fn slot_unmarked(&mut self, hash: u64, key: &[u8]) -> SlotId {
         if let Some(id) = self.find_hashed(hash, key) {
             return id;

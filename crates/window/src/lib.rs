@@ -17,6 +17,9 @@
 //!   snapshot / restore of the keyed state.
 //! * [`watermark`] — watermark strategies ([`BoundedOutOfOrderness`], or any
 //!   [`WatermarkStrategy`]).
+//! * [`spill`] — the state-backend seam below the keyed store: where keys go that
+//!   memory has no room for ([`spill::MapSpill`]; with the `rocksdb` feature
+//!   `spill::RocksSpill`).
 //! * [`codec`] — the checkpoint encoding of one key's sessions (the keyed state of
 //!   `sessionizer run --state-dir`).
 //!
@@ -30,6 +33,7 @@ mod index;
 pub mod keyed;
 pub mod operator;
 pub mod session;
+pub mod spill;
 pub mod stateful;
 pub mod watermark;
 mod wheel;
@@ -40,8 +44,8 @@ pub use aggregate::{
 };
 pub use clock::{Clock, ManualClock, ProcessingTime, SystemClock};
 pub use operator::{
-    Emit, EmitMode, Event, LateReason, OperatorCounts, SessionOperator, SessionView, TypedEvent,
-    Verdict, WindowConfig,
+    Emit, EmitMode, Event, LateReason, OperatorCounts, SessionOperator, SessionView, SpillCounts,
+    TypedEvent, Verdict, WindowConfig,
 };
 pub use session::session_id;
 pub use stateful::{GroupState, LatePolicy, StatefulOperator, TimeoutKind, Timer};

@@ -13,8 +13,9 @@
 //! aggregate code is monomorphised into the operator; nothing is boxed per event.
 
 use crate::aggregate::{Accumulate, AggKind, AggState, JsonAggregates, SessionAggregate};
-use crate::keyed::{KeyedStore, SlotId, key_hash};
+use crate::keyed::{KeyBytes, KeyedStore, NO_TIMER, SlotId, Timed, key_hash};
 use crate::session::{Arrival, KeySessions, Session};
+use crate::spill::{SpillError, SpillStore};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use smallvec::SmallVec;
 use std::fmt;
@@ -175,6 +176,59 @@ pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     /// [`advance_at_most`](SessionOperator::advance_at_most) that stopped at their limit.
     group: Vec<(SlotId, i64, bool)>,
     group_next: usize,
+    /// With a spill store (the `rocksdb` backend), where the keys the hot tier has no
+    /// room for go; `None` (the `memory` backend): every key stays in `store`.
+    spill: Option<Box<Spilled<A::Acc>>>,
+}
+
+/// How many due keys a watermark step takes back from the spill store at a time.
+const UNSPILL_BATCH: usize = 4096;
+
+/// What a key costs in the hot tier besides its sessions' heap: its slot (key and
+/// state), its index entry and its timer entry, with their tables' slack.
+const KEY_BYTES: usize = 16 + std::mem::size_of::<KeySessions>() + 16;
+
+/// The operator's side of its spill store.
+struct Spilled<Acc> {
+    store: Box<dyn SpillStore<KeySessions<Acc>>>,
+    /// The hot tier's budget.
+    hot_bytes: usize,
+    /// Keys in the spill store.
+    keys: usize,
+    /// A deadline at or before that of every key in the spill store (`i64::MAX`: none).
+    bound: i64,
+    /// The hot tier's size is checked when it holds this many keys, or after this many
+    /// more applied events.
+    check_keys: usize,
+    check_events: u64,
+    /// Keys evicted with changes the next incremental checkpoint must still write.
+    dirty: std::collections::HashSet<KeyBytes>,
+    /// The first error of the spill store: the run stops with it.
+    error: Option<SpillError>,
+    evicted: u64,
+    unspilled: u64,
+    scratch: Vec<(KeyBytes, KeySessions<Acc>, i64)>,
+}
+
+impl<Acc> Spilled<Acc> {
+    fn failed(&mut self, e: SpillError) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+}
+
+/// What a spill store has done, for the run's report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpillCounts {
+    /// Keys in the spill store now.
+    pub keys: usize,
+    /// Keys evicted from the hot tier so far.
+    pub evicted: u64,
+    /// Keys taken back into the hot tier so far (an event, or a due timer).
+    pub unspilled: u64,
+    /// Bytes the spill store takes on disk.
+    pub disk_bytes: u64,
 }
 
 impl<A: SessionAggregate + fmt::Debug> fmt::Debug for SessionOperator<A> {
@@ -239,6 +293,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             counts: OperatorCounts::default(),
             group: Vec::new(),
             group_next: 0,
+            spill: None,
         }
     }
 
@@ -262,9 +317,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
         self.open_sessions
     }
 
-    /// Keys with any state (open or final sessions).
+    /// Keys with any state (open or final sessions), in memory or spilled.
     pub fn keys(&self) -> usize {
-        self.store.len()
+        self.store.len() + self.spill.as_ref().map_or(0, |s| s.keys)
     }
 
     /// Sessions and retractions emitted so far.
@@ -272,9 +327,253 @@ impl<A: SessionAggregate> SessionOperator<A> {
         self.counts
     }
 
-    /// The keyed state, for inspection.
+    /// The keyed state in memory (the hot tier), for inspection. With a spill store
+    /// some keys are elsewhere: [`for_each_key`](Self::for_each_key) and
+    /// [`with_key`](Self::with_key) see them all.
     pub fn store(&self) -> &KeyedStore<KeySessions<A::Acc>> {
         &self.store
+    }
+
+    /// Calls `f` with every key that has state and its sessions: those in memory, then
+    /// those in the spill store. Errors are the spill store's.
+    pub fn for_each_key(
+        &self,
+        mut f: impl FnMut(&[u8], &KeySessions<A::Acc>),
+    ) -> Result<(), SpillError> {
+        for (_, key, sessions) in self.store.iter() {
+            f(key, sessions);
+        }
+        match &self.spill {
+            Some(s) => s.store.for_each(&mut f),
+            None => Ok(()),
+        }
+    }
+
+    /// Calls `f` with `key`'s sessions, in memory or spilled; returns whether the key has
+    /// state.
+    pub fn with_key(
+        &self,
+        key: &[u8],
+        mut f: impl FnMut(&KeySessions<A::Acc>),
+    ) -> Result<bool, SpillError> {
+        if let Some(id) = self.store.find(key) {
+            f(self.store.state(id));
+            return Ok(true);
+        }
+        match &self.spill {
+            Some(s) if s.keys > 0 => s.store.peek(key, &mut f),
+            _ => Ok(false),
+        }
+    }
+
+    /// Puts `store` below the hot tier (the `rocksdb` backend): once the keys in memory
+    /// take more than about `hot_bytes`, the coldest (earliest next deadline) are
+    /// evicted to it, and taken back when an event for them arrives or their deadline
+    /// comes due. The output stays exactly that of an operator without one. Call it
+    /// before the first event or restored key.
+    pub fn spill_to(&mut self, store: Box<dyn SpillStore<KeySessions<A::Acc>>>, hot_bytes: usize) {
+        self.spill = Some(Box::new(Spilled {
+            store,
+            hot_bytes,
+            keys: 0,
+            bound: i64::MAX,
+            check_keys: (hot_bytes / KEY_BYTES).max(1),
+            check_events: 1 << 16,
+            dirty: std::collections::HashSet::new(),
+            error: None,
+            evicted: 0,
+            unspilled: 0,
+            scratch: Vec::new(),
+        }));
+    }
+
+    /// The first error of the spill store since the last call, if any. The operator
+    /// cannot go on correctly after one (a key it could not read back was treated as
+    /// new): the caller stops before writing what the step emitted.
+    pub fn take_spill_error(&mut self) -> Option<SpillError> {
+        self.spill.as_mut().and_then(|s| s.error.take())
+    }
+
+    /// What the spill store has done (`None`: the operator has none).
+    pub fn spill_counts(&self) -> Option<SpillCounts> {
+        self.spill.as_ref().map(|s| SpillCounts {
+            keys: s.keys,
+            evicted: s.evicted,
+            unspilled: s.unspilled,
+            disk_bytes: s.store.disk_bytes(),
+        })
+    }
+
+    /// When the operator next acts on a key with `sessions` (see
+    /// [`restore_key`](Self::restore_key)), `i64::MAX` for none.
+    fn next_deadline(&self, sessions: &KeySessions<A::Acc>) -> i64 {
+        let lateness = self.cfg.allowed_lateness.millis();
+        let retention = lateness.saturating_add(self.largest_gap);
+        sessions
+            .sessions()
+            .map(|s| {
+                if s.is_final() {
+                    s.close().saturating_add(retention)
+                } else if s.is_dirty() {
+                    s.close()
+                } else {
+                    s.close().saturating_add(lateness)
+                }
+            })
+            .min()
+            .unwrap_or(i64::MAX)
+    }
+
+    /// A key not in memory: taken back from the spill store if it is there.
+    #[cold]
+    #[inline(never)]
+    fn unspill(&mut self, hash: u64, key: &[u8]) -> Option<SlotId> {
+        let spill = self.spill.as_mut()?;
+        if spill.keys == 0 {
+            return None;
+        }
+        let (mut state, deadline) = match spill.store.take(key) {
+            Ok(found) => found?,
+            Err(e) => {
+                spill.failed(e);
+                return None;
+            }
+        };
+        spill.keys -= 1;
+        spill.unspilled += 1;
+        state.set_timer(NO_TIMER);
+        let id = self.store.restore_hashed(hash, key, state);
+        self.store.schedule(id, EventTime(deadline));
+        Some(id)
+    }
+
+    /// Takes back from the spill store the keys due by `w` (some of them: at least
+    /// every key of the earliest deadline), so that the timers of memory fire them in
+    /// order with the others.
+    fn unspill_due(&mut self, w: i64) {
+        let Some(spill) = self.spill.as_mut() else {
+            return;
+        };
+        let mut back = std::mem::take(&mut spill.scratch);
+        let taken = spill
+            .store
+            .take_due(w, UNSPILL_BATCH, &mut |key, state, deadline| {
+                back.push((KeyBytes::from_slice(key), state, deadline));
+            });
+        match taken {
+            Ok(next) => spill.bound = next,
+            Err(e) => {
+                spill.failed(e);
+                spill.bound = i64::MAX;
+            }
+        }
+        spill.keys -= back.len();
+        spill.unspilled += back.len() as u64;
+        for (key, mut state, deadline) in back.drain(..) {
+            state.set_timer(NO_TIMER);
+            let id = self.store.restore_hashed(key_hash(&key), &key, state);
+            self.store.schedule(id, EventTime(deadline));
+        }
+        if let Some(spill) = self.spill.as_mut() {
+            spill.scratch = back;
+        }
+    }
+
+    /// The earliest deadline in the spill store when it may be due at `w`.
+    #[inline]
+    fn spill_bound_due(&self, w: Watermark) -> Option<i64> {
+        self.spill
+            .as_ref()
+            .map(|s| s.bound)
+            .filter(|&b| b != i64::MAX && b <= w.millis())
+    }
+
+    /// Whether the spill store holds a key due at `w`.
+    #[inline]
+    fn spilled_due(&self, w: Watermark) -> bool {
+        self.spill
+            .as_ref()
+            .is_some_and(|s| s.bound != i64::MAX && s.bound <= w.millis())
+    }
+
+    /// After an applied event (or a restored key): when the hot tier may have outgrown
+    /// its budget, measures it and, over budget, evicts its coldest keys down to three
+    /// quarters of it. `keep` (the key of the current step) stays.
+    #[inline]
+    fn check_budget(&mut self, keep: Option<SlotId>) {
+        if let Some(spill) = self.spill.as_mut() {
+            spill.check_events = spill.check_events.saturating_sub(1);
+            if spill.check_events == 0 || self.store.len() >= spill.check_keys {
+                self.evict(keep);
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn evict(&mut self, keep: Option<SlotId>) {
+        let Some(budget) = self.spill.as_ref().map(|s| s.hot_bytes) else {
+            return;
+        };
+        let n = self.store.len();
+        let mut bytes = 0usize;
+        // The coldest keys are those with the earliest next deadline: with one gap for
+        // all it is the last event plus the gap, so they are the keys quiet for the
+        // longest in event time (LRU without a per-event write); each comes back at
+        // its deadline to be emitted.
+        let mut order: Vec<(i64, SlotId)> = Vec::with_capacity(n);
+        for (id, key, state) in self.store.iter() {
+            bytes += KEY_BYTES + key.len().saturating_sub(16) + state.heap_bytes(&self.agg);
+            if Some(id) != keep {
+                order.push((state.next_action(), id));
+            }
+        }
+        let per_key = (bytes / n.max(1)).max(1);
+        let target = budget / 4 * 3 / per_key;
+        let evict = if bytes > budget {
+            n.saturating_sub(target).min(order.len())
+        } else {
+            0
+        };
+        if evict > 0 {
+            if evict < order.len() {
+                order.select_nth_unstable(evict);
+            }
+            let mut out = self
+                .spill
+                .as_mut()
+                .map(|s| std::mem::take(&mut s.scratch))
+                .unwrap_or_default();
+            let mut dirty = Vec::new();
+            for &(_, id) in &order[..evict] {
+                let (key, state, changed) = self.store.evict(id);
+                if changed {
+                    dirty.push(key.clone());
+                }
+                let deadline = self.next_deadline(&state);
+                out.push((key, state, deadline));
+            }
+            let Some(spill) = self.spill.as_mut() else {
+                return;
+            };
+            spill.dirty.extend(dirty);
+            spill.bound = out.iter().fold(spill.bound, |b, e| b.min(e.2));
+            spill.keys += out.len();
+            spill.evicted += out.len() as u64;
+            if let Err(e) = spill.store.put(&mut out) {
+                spill.failed(e);
+            }
+            out.clear();
+            spill.scratch = out;
+        }
+        let now = self.store.len();
+        let room = budget.saturating_sub(now * per_key) / per_key;
+        let Some(spill) = self.spill.as_mut() else {
+            return;
+        };
+        // Not every key: a pass reads the whole hot tier.
+        spill.check_keys = now + room.max(now / 16).max(1);
+        spill.check_events = (now as u64).max(1 << 16);
     }
 
     /// The largest gap of any valid event so far (`G` before any): how long final
@@ -298,13 +597,40 @@ impl<A: SessionAggregate> SessionOperator<A> {
 
     /// Calls `f` for every key whose sessions changed since the last call (with them)
     /// or that has none any more (`None`), then forgets the changes.
-    pub fn drain_changes(&mut self, f: impl FnMut(&[u8], Option<&KeySessions<A::Acc>>)) {
-        self.store.drain_changes(f);
+    /// Keys evicted to the spill store since their change are reported from there (an
+    /// error reading one is kept for [`take_spill_error`](Self::take_spill_error)).
+    pub fn drain_changes(&mut self, mut f: impl FnMut(&[u8], Option<&KeySessions<A::Acc>>)) {
+        let dirty = match self.spill.as_mut() {
+            Some(s) if !s.dirty.is_empty() => std::mem::take(&mut s.dirty),
+            _ => return self.store.drain_changes(f),
+        };
+        // The store reports what it knows; a key evicted since it changed is reported
+        // below, from wherever it is now.
+        self.store.drain_changes(|key, state| {
+            if !dirty.contains(key) {
+                f(key, state);
+            }
+        });
+        for key in &dirty {
+            if let Some(id) = self.store.find(key) {
+                f(key, Some(self.store.state(id)));
+                continue;
+            }
+            let spill = self.spill.as_mut().expect("dirty keys come from it");
+            match spill.store.peek(key, &mut |s| f(key, Some(s))) {
+                Ok(true) => {}
+                Ok(false) => f(key, None),
+                Err(e) => spill.failed(e),
+            }
+        }
     }
 
     /// Forgets the changes without reporting them (a full snapshot was just taken).
     pub fn forget_changes(&mut self) {
         self.store.forget_changes();
+        if let Some(s) = self.spill.as_mut() {
+            s.dirty.clear();
+        }
     }
 
     /// Puts a key's sessions (and its floor) back from a checkpoint. Its timer is
@@ -315,27 +641,15 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// stored. Call [`observe_gap`](Self::observe_gap) with the checkpoint's largest gap
     /// first.
     pub fn restore_key(&mut self, key: &[u8], sessions: KeySessions<A::Acc>) {
-        let lateness = self.cfg.allowed_lateness.millis();
-        let retention = lateness.saturating_add(self.largest_gap);
-        let mut next = i64::MAX;
-        let mut open = 0;
-        for s in sessions.sessions() {
-            let at = if s.is_final() {
-                s.close().saturating_add(retention)
-            } else if s.is_dirty() {
-                s.close()
-            } else {
-                s.close().saturating_add(lateness)
-            };
-            next = next.min(at);
-            open += usize::from(!s.is_final());
-        }
         if sessions.session_count() == 0 {
             return;
         }
+        let next = self.next_deadline(&sessions);
+        let open = sessions.sessions().filter(|s| !s.is_final()).count();
         let id = self.store.restore(key, sessions);
         self.open_sessions += open;
         self.store.schedule(id, EventTime(next));
+        self.check_budget(None);
     }
 
     /// Makes room for `keys` keys (before restoring that many with
@@ -428,7 +742,10 @@ impl<A: SessionAggregate> SessionOperator<A> {
             input: ev.input,
         };
 
-        let slot = self.store.find_hashed(hash, ev.key);
+        let mut slot = self.store.find_hashed(hash, ev.key);
+        if slot.is_none() && self.spill.is_some() {
+            slot = self.unspill(hash, ev.key);
+        }
         if let Some(id) = slot {
             if let Some(verdict) = self.judge(id, &arrival) {
                 return verdict;
@@ -455,6 +772,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         let (start, close) = self.apply(id, &arrival, out);
         self.store.schedule(id, EventTime(close));
         self.changed = Some((id, start));
+        self.check_budget(Some(id));
         Verdict::Applied
     }
 
@@ -605,7 +923,8 @@ impl<A: SessionAggregate> SessionOperator<A> {
         {
             self.emit_update(id, start, w, out);
         }
-        if self.group_next >= self.group.len() && !self.store.may_be_due(w) {
+        if self.group_next >= self.group.len() && !self.store.may_be_due(w) && !self.spilled_due(w)
+        {
             // Nothing pending, no timer due: the common step.
             return false;
         }
@@ -625,6 +944,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
     fn drain(&mut self, max: usize, out: &mut impl Emit<A>) -> bool {
         let w = self.watermark;
         let mut emitted = 0;
+        let mut unspill_now = false;
         loop {
             while self.group_next < self.group.len() {
                 if emitted == max {
@@ -640,7 +960,26 @@ impl<A: SessionAggregate> SessionOperator<A> {
             }
             self.group.clear();
             self.group_next = 0;
-            let Some((id, deadline)) = self.store.pop_due_at(w) else {
+            // Spilled keys due no later than the next timer in memory come back first
+            // (a batch of them; memory's earlier timers fire before the next batch), and
+            // only timers before the earliest deadline still spilled may fire.
+            let mut upto = w;
+            if let Some(bound) = self.spill_bound_due(w) {
+                let in_memory = self.store.next_deadline_bound().unwrap_or(i64::MAX);
+                if unspill_now || in_memory >= bound {
+                    self.unspill_due(w.millis());
+                }
+                if let Some(bound) = self.spill_bound_due(w) {
+                    upto = Watermark::at(EventTime(bound.saturating_sub(1)));
+                }
+            }
+            unspill_now = false;
+            let Some((id, deadline)) = self.store.pop_due_at(upto) else {
+                if self.spilled_due(w) {
+                    // Nothing in memory before the spilled keys: take them back.
+                    unspill_now = true;
+                    continue;
+                }
                 return false;
             };
             self.fire(id, deadline, w);

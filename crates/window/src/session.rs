@@ -766,6 +766,23 @@ impl<Acc> KeySessions<Acc> {
         self.edit(|_, f| *f = floor);
     }
 
+    /// Approximate heap bytes held by the key's sessions beyond the state's own 32
+    /// bytes, `agg` being the window's aggregate (a spill store's memory budget).
+    pub fn heap_bytes<A: SessionAggregate<Acc = Acc>>(&self, agg: &A) -> usize {
+        match &self.repr {
+            Repr::Empty { .. } | Repr::One(_) => 0,
+            Repr::Many(w) => {
+                std::mem::size_of::<Wide<Acc>>()
+                    + if w.sessions.spilled() {
+                        w.sessions.capacity() * std::mem::size_of::<Session<Acc>>()
+                    } else {
+                        0
+                    }
+                    + w.sessions.iter().map(|s| s.heap_bytes(agg)).sum::<usize>()
+            }
+        }
+    }
+
     /// Whether the state is stored inline (one session without contents).
     pub fn is_compact(&self) -> bool {
         !matches!(self.repr, Repr::Many(_))

@@ -380,6 +380,62 @@ proptest! {
     }
 }
 
+/// Hot-tier budgets from none at all (every key but the current one is evicted at every
+/// event) to a few keys' worth.
+fn hot_bytes() -> impl Strategy<Value = usize> {
+    prop_oneof![Just(0usize), 1usize..=400]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The `rocksdb` backend's logic with the in-memory spill store: keys evicted past a
+    /// tiny hot tier and taken back on events and due timers give exactly the
+    /// reference's records, whole or in parts.
+    #[test]
+    fn engine_with_a_spill_store_matches_reference(
+        events in stream(),
+        p in params_strategy(),
+        parts in prop::collection::vec(1usize..=3, 0..=2),
+        hot in hot_bytes(),
+    ) {
+        let reference = run_reference(&events, &p);
+        let engine = run_engine_on(&events, &p, &parts, Backend::Map(hot));
+        if let Some(diff) = first_difference(&engine, &reference) {
+            prop_assert!(false, "engine spilling past {} bytes != reference at {}\nparams: {:?}\nevents: {:?}", hot, diff, p, events);
+        }
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+fn rocks_config() -> ProptestConfig {
+    ProptestConfig {
+        cases: (cases() / 4).max(1),
+        ..config()
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+proptest! {
+    #![proptest_config(rocks_config())]
+
+    /// The `rocksdb` backend: the same, with the keys (encoded by the checkpoint codec)
+    /// and their timers in RocksDB's two column families.
+    #[test]
+    fn engine_on_rocksdb_matches_reference(
+        events in stream(),
+        p in params_strategy(),
+        parts in prop::collection::vec(1usize..=3, 0..=2),
+        hot in hot_bytes(),
+    ) {
+        let reference = run_reference(&events, &p);
+        let engine = run_engine_on(&events, &p, &parts, Backend::Rocks(hot));
+        if let Some(diff) = first_difference(&engine, &reference) {
+            prop_assert!(false, "engine on RocksDB past {} bytes != reference at {}\nparams: {:?}\nevents: {:?}", hot, diff, p, events);
+        }
+    }
+}
+
 /// The reference's records without their aggregates.
 fn bounds_only(run: &mut RefRun) {
     for o in &mut run.out {

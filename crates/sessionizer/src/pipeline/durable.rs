@@ -274,12 +274,12 @@ impl Durable {
                     shards
                         .par_iter_mut()
                         .zip(parts.par_iter_mut())
-                        .for_each(|(s, p)| s.encode_state(base, p))
-                });
+                        .try_for_each(|(s, p)| s.encode_state(base, p))
+                })?;
             }
             None => {
                 for (s, p) in shards.iter_mut().zip(parts.iter_mut()) {
-                    s.encode_state(base, p);
+                    s.encode_state(base, p)?;
                 }
             }
         }

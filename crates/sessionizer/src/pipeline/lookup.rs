@@ -17,8 +17,21 @@ use sessionizer_window::{Emit, SessionAggregate, SessionView};
 /// `revision` is that of the record an open session will be emitted with next, and
 /// that of the last record of a complete or final one.
 pub(crate) fn describe(shard: &Shard, key: &[u8], task: &str) -> Option<KeyView> {
-    let store = shard.op.store();
-    let state = store.state(store.find(key)?);
+    let mut view = None;
+    // A spill store that cannot be read answers as if the key had no state; the run
+    // itself stops on that error at its next step.
+    let _ = shard.op.with_key(key, |state| {
+        view = Some(describe_state(shard, key, task, state))
+    });
+    view
+}
+
+fn describe_state(
+    shard: &Shard,
+    key: &[u8],
+    task: &str,
+    state: &sessionizer_window::session::KeySessions,
+) -> KeyView {
     let watermark = shard.op.watermark();
     let mut encoder = shard.out.encoder.clone();
     encoder.buf.clear();
@@ -65,10 +78,10 @@ pub(crate) fn describe(shard: &Shard, key: &[u8], task: &str) -> Option<KeyView>
         });
         sessions.push(value);
     }
-    Some(KeyView {
+    KeyView {
         task: task.to_string(),
         floor: state.floor(),
         watermark,
         sessions,
-    })
+    }
 }

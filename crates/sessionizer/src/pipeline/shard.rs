@@ -15,6 +15,7 @@ use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::codec;
+use sessionizer_window::spill::SpillError;
 use sessionizer_window::watermark::WatermarkStrategy;
 use sessionizer_window::{
     BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
@@ -315,18 +316,23 @@ impl Shard {
     /// Encodes this shard's keyed state for a checkpoint: every key (`base`), or the keys
     /// changed or removed since the last checkpoint. Either way the changes are then
     /// forgotten: the checkpoint holds them.
-    pub fn encode_state(&mut self, base: bool, out: &mut StateEntries) {
+    /// Keys spilled to the state backend's store are read back from it.
+    pub fn encode_state(&mut self, base: bool, out: &mut StateEntries) -> Result<(), SpillError> {
         out.clear();
         if base {
             self.op.forget_changes();
-            for (_, key, sessions) in self.op.store().iter() {
+            self.op.for_each_key(|key, sessions| {
                 out.put_with(key, |buf| codec::encode_sessions(sessions, buf));
-            }
+            })?;
         } else {
             self.op.drain_changes(|key, sessions| match sessions {
                 Some(s) => out.put_with(key, |buf| codec::encode_sessions(s, buf)),
                 None => out.tombstone(key),
             });
+        }
+        match self.op.take_spill_error() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 

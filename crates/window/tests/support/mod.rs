@@ -5,7 +5,9 @@
 
 pub mod reference;
 
-pub use engine::{run_engine, run_engine_in_parts, run_engine_without_aggregates};
+pub use engine::{
+    Backend, run_engine, run_engine_in_parts, run_engine_on, run_engine_without_aggregates,
+};
 pub use reference::{RefEvent, RefLate, RefOut, RefParams, RefRun, run_reference};
 
 // ---------------------------------------------------------------------------------------
@@ -920,6 +922,7 @@ pub fn all_scenarios() -> Vec<Scenario> {
 pub mod engine {
     use super::{RefEvent, RefLate, RefOut, RefParams, RefRun};
     use sessionizer_core::{DurationMs, EventTime, Watermark};
+    use sessionizer_window::spill::MapSpill;
     use sessionizer_window::{
         AggKind, BoundedOutOfOrderness, Emit, EmitMode, Event, LateReason, SessionOperator,
         SessionView, Verdict, WindowConfig,
@@ -1026,6 +1029,28 @@ pub mod engine {
         run_engine_in_parts(events, p, &[])
     }
 
+    /// Where the engine keeps the keys memory has no room for.
+    #[derive(Debug, Clone, Copy)]
+    pub enum Backend {
+        /// Every key in memory (the `memory` backend).
+        Memory,
+        /// Keys beyond a hot tier of this many bytes in a [`MapSpill`].
+        Map(usize),
+        /// Keys beyond a hot tier of this many bytes in RocksDB (the `rocksdb` backend).
+        #[cfg(feature = "rocksdb")]
+        Rocks(usize),
+    }
+
+    /// [`run_engine_in_parts`] on `backend`.
+    pub fn run_engine_on(
+        events: &[RefEvent],
+        p: &RefParams,
+        parts: &[usize],
+        backend: Backend,
+    ) -> RefRun {
+        run_engine_with_backend(events, p, parts, &AGGS, backend)
+    }
+
     /// [`run_engine`] with every advance made by `advance_at_most` calls emitting at
     /// most `parts[i]` sessions each (cycling through `parts`; empty: `advance_to`).
     pub fn run_engine_in_parts(events: &[RefEvent], p: &RefParams, parts: &[usize]) -> RefRun {
@@ -1048,7 +1073,17 @@ pub mod engine {
         parts: &[usize],
         aggregates: &[AggKind],
     ) -> RefRun {
-        let mut op = SessionOperator::new(WindowConfig {
+        run_engine_with_backend(events, p, parts, aggregates, Backend::Memory)
+    }
+
+    fn run_engine_with_backend(
+        events: &[RefEvent],
+        p: &RefParams,
+        parts: &[usize],
+        aggregates: &[AggKind],
+        backend: Backend,
+    ) -> RefRun {
+        let cfg = WindowConfig {
             gap: DurationMs(p.gap),
             allowed_lateness: DurationMs(p.lateness),
             emit: if p.on_update {
@@ -1058,7 +1093,25 @@ pub mod engine {
             },
             aggregates: aggregates.to_vec(),
             dedup: p.dedup,
-        });
+        };
+        let mut op = SessionOperator::new(cfg.clone());
+        #[cfg(feature = "rocksdb")]
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        match backend {
+            Backend::Memory => {}
+            Backend::Map(hot) => op.spill_to(Box::new(MapSpill::default()), hot),
+            #[cfg(feature = "rocksdb")]
+            Backend::Rocks(hot) => {
+                let memory = sessionizer_window::spill::RocksMemory::new(8 << 20);
+                let store = sessionizer_window::spill::RocksSpill::open(
+                    &dir.path().join("spill"),
+                    cfg,
+                    &memory,
+                )
+                .expect("a RocksDB spill store opens");
+                op.spill_to(Box::new(store), hot);
+            }
+        }
         let mut wm = BoundedOutOfOrderness::new(DurationMs(p.delay));
         let mut sink = Sink::default();
         let mut run = RefRun::default();
@@ -1099,6 +1152,10 @@ pub mod engine {
             advance(&mut op, w, &mut sink, parts, &mut calls);
         }
         advance(&mut op, Watermark::MAX, &mut sink, parts, &mut calls);
+        if let Some(e) = op.take_spill_error() {
+            panic!("the spill store failed: {e}");
+        }
+        assert_eq!(op.keys(), 0, "every key is dropped at +infinity");
         run.out = sink.out;
         run
     }

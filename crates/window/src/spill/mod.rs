@@ -1,0 +1,124 @@
+//! The state-backend seam: where keys go that the hot tier ([`KeyedStore`]) has no room
+//! for.
+//!
+//! Both operators keep every key they work on in a [`KeyedStore`] (the hot tier: slots,
+//! the hash index, the timing wheel). The `memory` backend is that store alone, without
+//! a limit. The `rocksdb` backend puts a [`SpillStore`] below it: when the hot tier
+//! grows past its memory budget, the operator evicts its coldest keys — their state and
+//! the deadline of their next timer — into the spill store, and takes a key back into
+//! the hot tier when an event for it arrives or when the watermark is about to reach
+//! its deadline. So the operator's rules run on hot keys only, exactly as with the
+//! memory backend, and the output is the same byte for byte.
+//!
+//! A spill store is narrow: get (and take back) a key's state, put evicted keys with
+//! their deadlines, take back the keys whose deadline is due (in deadline order), and
+//! iterate every key (a checkpoint's base). Two implementations: [`MapSpill`] (in
+//! memory; the reference the property tests compare with) and, with the cargo feature
+//! `rocksdb`, [`RocksSpill`] (sessions and timers in two RocksDB column families).
+
+use crate::keyed::KeyBytes;
+use std::fmt;
+
+mod map;
+#[cfg(feature = "rocksdb")]
+mod rocks;
+
+pub use map::MapSpill;
+#[cfg(feature = "rocksdb")]
+pub use rocks::{RocksMemory, RocksSpill};
+
+/// Why a spill store could not do what it was asked. The operator keeps the first one
+/// and the pipeline stops the run with it before any output of that batch is written.
+#[derive(Debug, thiserror::Error)]
+pub enum SpillError {
+    /// The store itself failed (RocksDB's error text).
+    #[error("the state store in {dir} failed: {message}")]
+    Store {
+        /// The store's directory.
+        dir: String,
+        /// What the store reported.
+        message: String,
+    },
+    /// The store's directory could not be made ready.
+    #[error("cannot prepare the state store directory {dir}: {source}")]
+    Dir {
+        /// The directory.
+        dir: String,
+        /// The system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A value read back does not decode (the store's files are damaged).
+    #[error("the state of key {key:?} in the state store in {dir} is damaged: {reason}")]
+    Damaged {
+        /// The store's directory.
+        dir: String,
+        /// The key, as text.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// Where evicted keys live: a key's state `S` and the deadline of its next event-time
+/// timer. A key is either in the hot tier or here, never both.
+pub trait SpillStore<S>: fmt::Debug + Send {
+    /// Takes `key` out (it goes back to the hot tier): its state and deadline, `None`
+    /// when the key is not here.
+    fn take(&mut self, key: &[u8]) -> Result<Option<(S, i64)>, SpillError>;
+
+    /// Calls `f` with `key`'s state if the key is here (it stays); returns whether it was.
+    fn peek(&self, key: &[u8], f: &mut dyn FnMut(&S)) -> Result<bool, SpillError>;
+
+    /// Keeps evicted keys (each not here yet) with the deadline of their next timer.
+    fn put(&mut self, evicted: &mut Vec<(KeyBytes, S, i64)>) -> Result<(), SpillError>;
+
+    /// Takes out keys whose deadline is at or before `upto`, in deadline order, calling
+    /// `f` with each: every key of the earliest such deadline, then more up to about
+    /// `max` keys, always every key of the last deadline taken. Returns a time at or
+    /// before every deadline left (`i64::MAX`: none left).
+    fn take_due(
+        &mut self,
+        upto: i64,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], S, i64),
+    ) -> Result<i64, SpillError>;
+
+    /// Calls `f` with every key here and its state (a checkpoint's base), in no
+    /// particular order.
+    fn for_each(&self, f: &mut dyn FnMut(&[u8], &S)) -> Result<(), SpillError>;
+
+    /// Bytes the store takes on disk (0 in memory), for the run's report.
+    fn disk_bytes(&self) -> u64 {
+        0
+    }
+}
+
+/// The order of timer entries: a deadline as 8 big-endian bytes that sort like the
+/// signed number (the sign bit flipped).
+#[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
+pub(crate) fn deadline_bytes(deadline: i64) -> [u8; 8] {
+    ((deadline as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+/// The deadline of [`deadline_bytes`].
+#[cfg_attr(not(feature = "rocksdb"), allow(dead_code))]
+pub(crate) fn deadline_of(bytes: [u8; 8]) -> i64 {
+    (u64::from_be_bytes(bytes) ^ (1 << 63)) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_bytes_sort_like_deadlines() {
+        let times = [i64::MIN, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        for w in times.windows(2) {
+            assert!(deadline_bytes(w[0]) < deadline_bytes(w[1]), "{w:?}");
+        }
+        for t in times {
+            assert_eq!(deadline_of(deadline_bytes(t)), t);
+        }
+    }
+}

@@ -1,0 +1,345 @@
+//! The RocksDB spill store (cargo feature `rocksdb`): a key's sessions in the column
+//! family `sessions` (key -> deadline, then the key's state in the checkpoint codec,
+//! [`crate::codec`]), its next timer in `timers` (deadline big-endian ++ key -> empty),
+//! so the keys due by a watermark are one range scan in deadline order.
+//!
+//! The store is scratch space below the hot tier, not the job's durable state: the
+//! checkpoints hold every key (`docs/checkpoint-format.md`), so the directory is
+//! emptied when a store opens and removed when it closes, and nothing is written to
+//! RocksDB's write-ahead log. Memory is bounded by [`RocksMemory`]: one LRU block
+//! cache of data blocks that the memtables are also charged to, shared by every
+//! shard's store; index and filter blocks (about 1.3 bytes per key) stay with the open
+//! table files.
+
+use super::{SpillError, SpillStore, deadline_bytes, deadline_of};
+use crate::codec::{decode_sessions, encode_sessions};
+use crate::keyed::KeyBytes;
+use crate::operator::WindowConfig;
+use crate::session::KeySessions;
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteBatch,
+    WriteBufferManager, WriteOptions,
+};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+const SESSIONS: &str = "sessions";
+const TIMERS: &str = "timers";
+/// Keys per write batch of an eviction.
+const PUT_BATCH: usize = 16_384;
+
+/// The memory RocksDB may use, shared by the stores of every shard: a block cache of
+/// `bytes`, half of which the memtables may take.
+#[derive(Clone)]
+pub struct RocksMemory {
+    cache: Cache,
+    buffers: WriteBufferManager,
+    bytes: usize,
+}
+
+impl fmt::Debug for RocksMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RocksMemory")
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+impl RocksMemory {
+    /// A budget of `bytes` (at least 8 MiB) for RocksDB's caches and write buffers.
+    pub fn new(bytes: usize) -> RocksMemory {
+        let bytes = bytes.max(8 << 20);
+        let cache = Cache::new_lru_cache(bytes);
+        let buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            bytes / 2,
+            false,
+            cache.clone(),
+        );
+        RocksMemory {
+            cache,
+            buffers,
+            bytes,
+        }
+    }
+}
+
+/// A [`SpillStore`] of the command line's sessions in a RocksDB database of its own.
+pub struct RocksSpill {
+    db: Option<DB>,
+    dir: PathBuf,
+    cfg: WindowConfig,
+    write: WriteOptions,
+    /// Every timer entry left is at or after this deadline (where a scan starts, past
+    /// the deletions of keys taken back).
+    due_from: i64,
+    scratch: Vec<u8>,
+}
+
+impl fmt::Debug for RocksSpill {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RocksSpill")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl RocksSpill {
+    /// Opens an empty store in `dir` (whatever it held is deleted first) for sessions of
+    /// a window configured as `cfg`, within `memory`.
+    pub fn open(dir: &Path, cfg: WindowConfig, memory: &RocksMemory) -> Result<Self, SpillError> {
+        let name = dir.display().to_string();
+        let dir_error = |source| SpillError::Dir {
+            dir: name.clone(),
+            source,
+        };
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(dir_error(e)),
+        }
+        std::fs::create_dir_all(dir).map_err(dir_error)?;
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_write_buffer_manager(&memory.buffers);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_keep_log_file_num(1);
+        db_opts.set_max_open_files(-1);
+        let buffer = (memory.bytes / 8).clamp(1 << 20, 64 << 20);
+        let cf = |bloom: bool, compression: DBCompressionType| {
+            let mut table = BlockBasedOptions::default();
+            table.set_block_cache(&memory.cache);
+            // Index and filter blocks stay with their open table files, outside the
+            // cache (about 1.3 bytes per key for the filter): in a cache much smaller
+            // than the data, a lookup would read and check a whole filter block again.
+            table.set_cache_index_and_filter_blocks(false);
+            if bloom {
+                table.set_bloom_filter(10.0, false);
+            }
+            let mut o = Options::default();
+            o.set_block_based_table_factory(&table);
+            o.set_write_buffer_size(buffer);
+            o.set_max_write_buffer_number(2);
+            o.set_compression_type(compression);
+            if bloom {
+                // Most lookups are of new keys, not there: a filter on the memtable too
+                // answers them without searching it.
+                o.set_memtable_prefix_bloom_ratio(0.05);
+                o.set_memtable_whole_key_filtering(true);
+            }
+            o
+        };
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(SESSIONS, cf(true, DBCompressionType::Lz4)),
+            ColumnFamilyDescriptor::new(TIMERS, cf(false, DBCompressionType::None)),
+        ];
+        let db = DB::open_cf_descriptors(&db_opts, dir, cfs).map_err(|e| SpillError::Store {
+            dir: name.clone(),
+            message: e.into_string(),
+        })?;
+        let mut write = WriteOptions::default();
+        write.disable_wal(true);
+        Ok(RocksSpill {
+            db: Some(db),
+            dir: dir.to_path_buf(),
+            cfg,
+            write,
+            due_from: i64::MIN,
+            scratch: Vec::new(),
+        })
+    }
+
+    fn db(&self) -> &DB {
+        self.db.as_ref().expect("the database is open until drop")
+    }
+
+    fn error(&self, e: rocksdb::Error) -> SpillError {
+        SpillError::Store {
+            dir: self.dir.display().to_string(),
+            message: e.into_string(),
+        }
+    }
+
+    fn damaged(&self, key: &[u8], reason: impl fmt::Display) -> SpillError {
+        SpillError::Damaged {
+            dir: self.dir.display().to_string(),
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A `sessions` value: the deadline, then the state.
+    fn decode(&self, key: &[u8], value: &[u8]) -> Result<(KeySessions, i64), SpillError> {
+        let Some((deadline, state)) = value.split_first_chunk::<8>() else {
+            return Err(self.damaged(key, "shorter than its deadline"));
+        };
+        let state = decode_sessions(state, &self.cfg).map_err(|e| self.damaged(key, e))?;
+        Ok((state, i64::from_le_bytes(*deadline)))
+    }
+
+    fn timer_key(deadline: i64, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(8 + key.len());
+        k.extend_from_slice(&deadline_bytes(deadline));
+        k.extend_from_slice(key);
+        k
+    }
+
+    fn cfs(&self) -> (&rocksdb::ColumnFamily, &rocksdb::ColumnFamily) {
+        let db = self.db();
+        (
+            db.cf_handle(SESSIONS).expect("opened with it"),
+            db.cf_handle(TIMERS).expect("opened with it"),
+        )
+    }
+}
+
+impl Drop for RocksSpill {
+    fn drop(&mut self) {
+        // Scratch space: closed, then deleted.
+        self.db = None;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl SpillStore<KeySessions> for RocksSpill {
+    fn take(&mut self, key: &[u8]) -> Result<Option<(KeySessions, i64)>, SpillError> {
+        let (sessions, timers) = self.cfs();
+        let Some(value) = self
+            .db()
+            .get_pinned_cf(sessions, key)
+            .map_err(|e| self.error(e))?
+        else {
+            return Ok(None);
+        };
+        let (state, deadline) = self.decode(key, &value)?;
+        drop(value);
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(sessions, key);
+        batch.delete_cf(timers, Self::timer_key(deadline, key));
+        self.db()
+            .write_opt(batch, &self.write)
+            .map_err(|e| self.error(e))?;
+        Ok(Some((state, deadline)))
+    }
+
+    fn peek(&self, key: &[u8], f: &mut dyn FnMut(&KeySessions)) -> Result<bool, SpillError> {
+        let (sessions, _) = self.cfs();
+        match self
+            .db()
+            .get_pinned_cf(sessions, key)
+            .map_err(|e| self.error(e))?
+        {
+            Some(value) => {
+                f(&self.decode(key, &value)?.0);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn put(&mut self, evicted: &mut Vec<(KeyBytes, KeySessions, i64)>) -> Result<(), SpillError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let (sessions, timers) = self.cfs();
+        let mut earliest = i64::MAX;
+        let mut written = Ok(());
+        // In batches of a few MiB: one eviction can move hundreds of thousands of keys.
+        for chunk in evicted.chunks(PUT_BATCH) {
+            let mut batch = WriteBatch::default();
+            for (key, state, deadline) in chunk {
+                scratch.clear();
+                scratch.extend_from_slice(&deadline.to_le_bytes());
+                encode_sessions(state, &mut scratch);
+                batch.put_cf(sessions, key, &scratch);
+                batch.put_cf(timers, Self::timer_key(*deadline, key), []);
+                earliest = earliest.min(*deadline);
+            }
+            written = self.db().write_opt(batch, &self.write);
+            if written.is_err() {
+                break;
+            }
+        }
+        evicted.clear();
+        self.scratch = scratch;
+        written.map_err(|e| self.error(e))?;
+        self.due_from = self.due_from.min(earliest);
+        Ok(())
+    }
+
+    fn take_due(
+        &mut self,
+        upto: i64,
+        max: usize,
+        f: &mut dyn FnMut(&[u8], KeySessions, i64),
+    ) -> Result<i64, SpillError> {
+        let (sessions, timers) = self.cfs();
+        let db = self.db();
+        let mut due: Vec<(i64, KeyBytes)> = Vec::new();
+        let mut next = i64::MAX;
+        {
+            let mut it = db.raw_iterator_cf(timers);
+            it.seek(deadline_bytes(self.due_from));
+            while it.valid() {
+                let Some(k) = it.key() else { break };
+                let Some((d, key)) = k.split_first_chunk::<8>() else {
+                    return Err(self.damaged(k, "a timer entry without its deadline"));
+                };
+                let deadline = deadline_of(*d);
+                if deadline > upto
+                    || (due.len() >= max.max(1) && due.last().map(|l| l.0) != Some(deadline))
+                {
+                    next = deadline;
+                    break;
+                }
+                due.push((deadline, KeyBytes::from_slice(key)));
+                it.next();
+            }
+            it.status().map_err(|e| self.error(e))?;
+        }
+        let values = db.batched_multi_get_cf(sessions, due.iter().map(|(_, k)| &k[..]), false);
+        let mut batch = WriteBatch::default();
+        let mut states = Vec::with_capacity(due.len());
+        for ((deadline, key), value) in due.iter().zip(values) {
+            let value = value.map_err(|e| self.error(e))?;
+            let Some(value) = value else {
+                return Err(self.damaged(key, "a timer entry without its sessions"));
+            };
+            let (state, _) = self.decode(key, &value)?;
+            states.push(state);
+            batch.delete_cf(sessions, key);
+            batch.delete_cf(timers, Self::timer_key(*deadline, key));
+        }
+        db.write_opt(batch, &self.write)
+            .map_err(|e| self.error(e))?;
+        for ((deadline, key), state) in due.iter().zip(states) {
+            f(key, state, *deadline);
+        }
+        self.due_from = next;
+        Ok(next)
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(&[u8], &KeySessions)) -> Result<(), SpillError> {
+        let (sessions, _) = self.cfs();
+        let mut it = self.db().raw_iterator_cf(sessions);
+        it.seek_to_first();
+        while it.valid() {
+            if let (Some(k), Some(v)) = (it.key(), it.value()) {
+                f(k, &self.decode(k, v)?.0);
+            }
+            it.next();
+        }
+        it.status().map_err(|e| self.error(e))
+    }
+
+    fn disk_bytes(&self) -> u64 {
+        let (sessions, timers) = self.cfs();
+        [sessions, timers]
+            .into_iter()
+            .filter_map(|cf| {
+                self.db()
+                    .property_int_value_cf(cf, "rocksdb.total-sst-files-size")
+                    .ok()
+                    .flatten()
+            })
+            .sum()
+    }
+}
