@@ -41,7 +41,8 @@
 //! ```
 
 use sessionizer_checkpoint::{
-    CheckpointError, CheckpointWriter, Damage, LoadedState, Manifest, StateDir,
+    CheckpointError, CheckpointWriter, Damage, EncodedState, LoadedState, Manifest, StateDir,
+    StateEntries,
 };
 use std::path::{Path, PathBuf};
 
@@ -96,6 +97,96 @@ impl Checkpoints {
     /// Newer checkpoints that were damaged and skipped when opening, newest first.
     pub fn skipped(&self) -> &[(u64, Damage)] {
         &self.skipped
+    }
+}
+
+/// The bookkeeping both library jobs share around their own state: which checkpoint
+/// comes next, writing it, and handing the one found over to a restore.
+impl Checkpoints {
+    /// Whether the job's next checkpoint is a full base (`checkpointed`: the job wrote
+    /// or restored one before). A directory holding a checkpoint the job did not
+    /// restore is refused: checkpointing over it would mix two jobs' state.
+    pub(crate) fn next_is_base(&self, checkpointed: bool) -> Result<bool, StateError> {
+        if let Some(epoch) = self.found_epoch
+            && !self.restored
+        {
+            return Err(StateError::NotRestored {
+                dir: self.path.clone(),
+                epoch,
+            });
+        }
+        Ok(self.writer.next_is_base() || !checkpointed)
+    }
+
+    /// Writes a checkpoint: the job's `entries` (every key when `base`, else the
+    /// changes) and its `manifest`.
+    pub(crate) fn write(
+        &mut self,
+        base: bool,
+        entries: &StateEntries,
+        manifest: Manifest,
+    ) -> Result<Committed, StateError> {
+        if base != self.writer.next_is_base() {
+            // Prevented by next_is_base; the writer labels the file, so they must agree.
+            return Err(StateError::State {
+                dir: self.path.clone(),
+                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
+            });
+        }
+        let state = EncodedState {
+            parts: entries.parts().collect(),
+            puts: entries.puts(),
+            tombstones: entries.tombstones(),
+        };
+        let committed = self.writer.commit(&state, manifest)?;
+        self.restored = true;
+        self.found_epoch = Some(committed.epoch);
+        Ok(committed)
+    }
+
+    /// Hands the checkpoint found over to a job that has processed `events` so far
+    /// (refused unless none) and whose state-shaping options are `options` (refused,
+    /// naming the differences, unless equal); `None` when there is none. Give it back
+    /// with [`keep_found`](Self::keep_found) if the restore fails.
+    pub(crate) fn take_found(
+        &mut self,
+        events: u64,
+        options: &[(String, String)],
+    ) -> Result<Option<(Manifest, LoadedState)>, StateError> {
+        if events > 0 {
+            return Err(StateError::NotFresh { events });
+        }
+        let Some((manifest, state)) = self.found.take() else {
+            return Ok(None);
+        };
+        let differences = manifest.option_differences(options);
+        if !differences.is_empty() {
+            self.found = Some((manifest, state));
+            return Err(StateError::OptionsChanged {
+                dir: self.path.clone(),
+                differences,
+            });
+        }
+        Ok(Some((manifest, state)))
+    }
+
+    /// Puts back a checkpoint whose restore failed (nothing of it was applied) and
+    /// returns the error of `reason`.
+    pub(crate) fn keep_found(
+        &mut self,
+        found: (Manifest, LoadedState),
+        reason: String,
+    ) -> StateError {
+        self.found = Some(found);
+        StateError::State {
+            dir: self.path.clone(),
+            reason,
+        }
+    }
+
+    /// A restore succeeded: the job's next checkpoint continues this directory.
+    pub(crate) fn mark_restored(&mut self) {
+        self.restored = true;
     }
 }
 

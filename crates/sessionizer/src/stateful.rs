@@ -12,7 +12,7 @@ use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::state::LiveError;
-use sessionizer_checkpoint::{Counters, EncodedState, Manifest, StateEntries, WatermarkState};
+use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::Watermark;
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::{Clock, SystemClock};
@@ -413,15 +413,7 @@ where
         &mut self,
         checkpoints: &mut Checkpoints,
     ) -> Result<sessionizer_checkpoint::Committed, StateError> {
-        if let Some(epoch) = checkpoints.found_epoch
-            && !checkpoints.restored
-        {
-            return Err(StateError::NotRestored {
-                dir: checkpoints.path.clone(),
-                epoch,
-            });
-        }
-        let base = checkpoints.writer.next_is_base() || !self.checkpointed;
+        let base = checkpoints.next_is_base(self.checkpointed)?;
         let mut entries = StateEntries::default();
         self.op
             .encode_state(base, |key, record| match record {
@@ -429,15 +421,9 @@ where
                 None => entries.tombstone(key),
             })
             .map_err(|e| StateError::State {
-                dir: checkpoints.path.clone(),
+                dir: checkpoints.path().to_path_buf(),
                 reason: e.to_string(),
             })?;
-        if base != checkpoints.writer.next_is_base() {
-            return Err(StateError::State {
-                dir: checkpoints.path.clone(),
-                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
-            });
-        }
         let c = self.counts;
         let manifest = Manifest {
             options: self.state_options(),
@@ -459,16 +445,9 @@ where
             keys: self.op.keys() as u64,
             ..Manifest::default()
         };
-        let state = EncodedState {
-            parts: entries.parts().collect(),
-            puts: entries.puts(),
-            tombstones: entries.tombstones(),
-        };
-        let committed = checkpoints.writer.commit(&state, manifest)?;
+        let committed = checkpoints.write(base, &entries, manifest)?;
         self.op.track_changes(true);
         self.checkpointed = true;
-        checkpoints.restored = true;
-        checkpoints.found_epoch = Some(committed.epoch);
         Ok(committed)
     }
 
@@ -483,20 +462,10 @@ where
         &mut self,
         checkpoints: &mut Checkpoints,
     ) -> Result<Option<Resumed>, StateError> {
-        if self.counts.events > 0 {
-            return Err(StateError::NotFresh {
-                events: self.counts.events,
-            });
-        }
-        let Some((manifest, state)) = checkpoints.found.take() else {
+        let options = self.state_options();
+        let Some((manifest, state)) = checkpoints.take_found(self.counts.events, &options)? else {
             return Ok(None);
         };
-        let dir = checkpoints.path.clone();
-        let differences = manifest.option_differences(&self.state_options());
-        if !differences.is_empty() {
-            checkpoints.found = Some((manifest, state));
-            return Err(StateError::OptionsChanged { dir, differences });
-        }
         let mut keys: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         let read = state.for_each_live(|key, value| {
             keys.push((key.to_vec(), value.to_vec()));
@@ -515,8 +484,7 @@ where
                 .map_err(|e| e.to_string()),
         };
         if let Err(reason) = restored {
-            checkpoints.found = Some((manifest, state));
-            return Err(StateError::State { dir, reason });
+            return Err(checkpoints.keep_found((manifest, state), reason));
         }
         let c = &manifest.counters;
         self.counts = StatefulCounts {
@@ -528,7 +496,7 @@ where
         };
         self.op.track_changes(true);
         self.checkpointed = true;
-        checkpoints.restored = true;
+        checkpoints.mark_restored();
         Ok(Some(Resumed {
             epoch: manifest.epoch,
             events: c.records_read,

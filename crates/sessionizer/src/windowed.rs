@@ -13,7 +13,7 @@ use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::de::DeserializeOwned;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sessionizer_checkpoint::state::LiveError;
-use sessionizer_checkpoint::{Counters, EncodedState, Manifest, StateEntries, WatermarkState};
+use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
 use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
@@ -792,15 +792,7 @@ where
         &mut self,
         checkpoints: &mut Checkpoints,
     ) -> Result<sessionizer_checkpoint::Committed, StateError> {
-        if let Some(epoch) = checkpoints.found_epoch
-            && !checkpoints.restored
-        {
-            return Err(StateError::NotRestored {
-                dir: checkpoints.path.clone(),
-                epoch,
-            });
-        }
-        let base = checkpoints.writer.next_is_base() || !self.checkpointed;
+        let base = checkpoints.next_is_base(self.checkpointed)?;
         let mut entries = StateEntries::default();
         let encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| {
             codec::encode_sessions_with(sessions, buf, |acc, out| {
@@ -816,14 +808,6 @@ where
             self.op.drain_changes(|key, sessions| match sessions {
                 Some(s) => entries.put_with(key, |buf| encode(s, buf)),
                 None => entries.tombstone(key),
-            });
-        }
-        if base != checkpoints.writer.next_is_base() {
-            // A job's first checkpoint into a directory with a chain it did not write:
-            // prevented above; the writer labels the file, so this must agree.
-            return Err(StateError::State {
-                dir: checkpoints.path.clone(),
-                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
             });
         }
         let c = self.counts;
@@ -849,16 +833,9 @@ where
             open_sessions: self.op.open_sessions() as u64,
             ..Manifest::default()
         };
-        let state = EncodedState {
-            parts: entries.parts().collect(),
-            puts: entries.puts(),
-            tombstones: entries.tombstones(),
-        };
-        let committed = checkpoints.writer.commit(&state, manifest)?;
+        let committed = checkpoints.write(base, &entries, manifest)?;
         self.op.track_changes(true);
         self.checkpointed = true;
-        checkpoints.restored = true;
-        checkpoints.found_epoch = Some(committed.epoch);
         Ok(committed)
     }
 
@@ -871,29 +848,17 @@ where
     where
         G: GapFn<E>,
     {
-        if self.counts.events > 0 {
-            return Err(StateError::NotFresh {
-                events: self.counts.events,
-            });
-        }
-        let Some((manifest, state)) = checkpoints.found.take() else {
+        let options = state_options::<A, E>(self.op.config(), self.valid);
+        let Some((manifest, state)) = checkpoints.take_found(self.counts.events, &options)? else {
             return Ok(None);
         };
-        let dir = checkpoints.path.clone();
-        let differences =
-            manifest.option_differences(&state_options::<A, E>(self.op.config(), self.valid));
-        if !differences.is_empty() {
-            checkpoints.found = Some((manifest, state));
-            return Err(StateError::OptionsChanged { dir, differences });
-        }
         if state.format_version() != codec::FORMAT {
             let reason = format!(
                 "its state is of checkpoint format {}, a library job reads format {}",
                 state.format_version(),
                 codec::FORMAT
             );
-            checkpoints.found = Some((manifest, state));
-            return Err(StateError::State { dir, reason });
+            return Err(checkpoints.keep_found((manifest, state), reason));
         }
         // Decode every key before changing anything.
         let mut keys = Vec::new();
@@ -909,8 +874,7 @@ where
                 LiveError::Damaged(d) => d.to_string(),
                 LiveError::Apply(reason) => reason,
             };
-            checkpoints.found = Some((manifest, state));
-            return Err(StateError::State { dir, reason });
+            return Err(checkpoints.keep_found((manifest, state), reason));
         }
         let w = &manifest.watermark;
         self.op.observe_gap(DurationMs(w.largest_gap_ms));
@@ -936,7 +900,7 @@ where
         self.op.forget_changes();
         self.op.track_changes(true);
         self.checkpointed = true;
-        checkpoints.restored = true;
+        checkpoints.mark_restored();
         Ok(Some(Resumed {
             epoch: manifest.epoch,
             events: c.records_read,
