@@ -116,7 +116,14 @@ pub struct StateDir {
     /// Test hook: the n-th file write of this process fails (see [`Self::fail_write_at`]).
     fail_write_at: Option<u64>,
     writes: u64,
+    /// Bases larger than this are read in pieces rather than whole (see
+    /// [`Self::stream_bases_above`]).
+    stream_above: u64,
 }
+
+/// Bases up to this size are read whole (one read, as fast as it gets); larger ones are
+/// read in pieces, so that a restore never needs memory for the whole state file.
+pub const STREAM_BASES_ABOVE: u64 = 256 << 20;
 
 impl StateDir {
     /// Opens `path`, creating it when missing.
@@ -157,6 +164,7 @@ impl StateDir {
             _lock: Some(lock),
             fail_write_at: None,
             writes: 0,
+            stream_above: STREAM_BASES_ABOVE,
         })
     }
 
@@ -173,6 +181,7 @@ impl StateDir {
             _lock: None,
             fail_write_at: None,
             writes: 0,
+            stream_above: STREAM_BASES_ABOVE,
         })
     }
 
@@ -181,6 +190,12 @@ impl StateDir {
     /// tests of write failures; the binary sets it from an environment variable.
     pub fn fail_write_at(&mut self, n: Option<u64>) {
         self.fail_write_at = n;
+    }
+
+    /// Reads bases larger than `bytes` in pieces when they are loaded (default
+    /// [`STREAM_BASES_ABOVE`]; 0 streams every base, as the tests of that path do).
+    pub fn stream_bases_above(&mut self, bytes: u64) {
+        self.stream_above = bytes;
     }
 
     /// The directory's path.
@@ -236,14 +251,7 @@ impl StateDir {
     }
 
     pub(crate) fn read_file(&self, name: &str) -> Result<Vec<u8>, Damage> {
-        fs::read(self.path.join(name)).map_err(|e| Damage {
-            file: name.to_string(),
-            reason: if e.kind() == io::ErrorKind::NotFound {
-                "missing".to_string()
-            } else {
-                format!("cannot read: {e}")
-            },
-        })
+        fs::read(self.path.join(name)).map_err(|e| read_damage(name, e))
     }
 
     /// Reads and checks a manifest's base and deltas.
@@ -263,13 +271,20 @@ impl StateDir {
                     ),
                 });
             }
-            let mut bytes = self.read_file(&r.file)?;
-            if bytes.len() as u64 != r.bytes {
-                return Err(Damage {
-                    file: r.file.clone(),
-                    reason: format!("{} bytes, the manifest recorded {}", bytes.len(), r.bytes),
-                });
+            if kind == FileKind::Base && r.bytes > self.stream_above {
+                let (version, len) = self.check_base(&r.file, r.bytes, r.epoch)?;
+                format_version = Some(version);
+                files.push((
+                    r.file.clone(),
+                    state::Payload::File {
+                        path: self.path.join(&r.file),
+                        len,
+                    },
+                ));
+                continue;
             }
+            let mut bytes = self.read_file(&r.file)?;
+            check_size(&r.file, bytes.len() as u64, r.bytes)?;
             let (version, payload) =
                 frame::decode_versioned(&bytes, kind, r.epoch).map_err(|e| Damage {
                     file: r.file.clone(),
@@ -290,7 +305,7 @@ impl StateDir {
             let range = frame::HEADER_LEN..frame::HEADER_LEN + payload.len();
             bytes.truncate(range.end);
             bytes.drain(..range.start);
-            files.push((r.file.clone(), bytes));
+            files.push((r.file.clone(), state::Payload::Bytes(bytes)));
         }
         let loaded = LoadedState {
             files,
@@ -298,6 +313,59 @@ impl StateDir {
         };
         loaded.check()?;
         Ok(loaded)
+    }
+
+    /// Checks a base file as [`load_state`](Self::load_state) checks a delta — its
+    /// length, frame, checksum, kind, epoch and entries — reading it in pieces rather
+    /// than whole (a base is as large as the state). Returns its format version and
+    /// payload length.
+    fn check_base(&self, name: &str, bytes: u64, epoch: u64) -> Result<(u16, u64), Damage> {
+        use std::io::Read;
+        let damage = |reason: String| Damage {
+            file: name.to_string(),
+            reason,
+        };
+        let frame_damage = |e: crate::error::FrameError| damage(e.to_string());
+        let cannot = |e: io::Error| read_damage(name, e);
+        let mut file = File::open(self.path.join(name)).map_err(cannot)?;
+        let size = file.metadata().map_err(cannot)?.len();
+        check_size(name, size, bytes)?;
+        frame::check_length(size).map_err(frame_damage)?;
+        let mut head = [0u8; frame::HEADER_LEN];
+        file.read_exact(&mut head).map_err(cannot)?;
+        let (version, len) = frame::read_header(&head, size).map_err(frame_damage)?;
+        // One pass: the checksum over everything read, the entries' structure as they
+        // go by. A damaged checksum is reported before a damaged structure (which
+        // follows from it), so the rest of the payload is read even after one.
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head);
+        let structure = {
+            let mut reader = Hashing {
+                inner: std::io::BufReader::with_capacity(state::READ_BUFFER, (&mut file).take(len)),
+                crc: &mut crc,
+            };
+            let structure = state::StreamEntries::new(&mut reader, len).and_then(|mut s| {
+                while s.next()?.is_some() {}
+                Ok(())
+            });
+            io::copy(&mut reader, &mut io::sink()).map_err(cannot)?;
+            structure
+        };
+        let mut trailer = [0u8; frame::TRAILER_LEN];
+        file.read_exact(&mut trailer).map_err(cannot)?;
+        if crc.finalize() != frame::trailer_crc(&trailer) {
+            return Err(frame_damage(crate::error::FrameError::Checksum));
+        }
+        frame::check_identity(&head, FileKind::Base, epoch).map_err(frame_damage)?;
+        structure.map_err(damage)?;
+        Ok((version, len))
+    }
+
+    /// Checkpoint `epoch`'s manifest and its checked state files.
+    fn load_checkpoint(&self, epoch: u64) -> Result<(Manifest, LoadedState), Damage> {
+        let manifest = self.read_manifest(epoch)?;
+        let state = self.load_state(&manifest)?;
+        Ok((manifest, state))
     }
 
     /// Finds the newest checkpoint whose manifest and state files are all valid.
@@ -309,10 +377,7 @@ impl StateDir {
         let listing = self.list()?;
         let mut skipped = Vec::new();
         for &epoch in listing.manifests.iter().rev() {
-            let attempt = self
-                .read_manifest(epoch)
-                .and_then(|m| self.load_state(&m).map(|state| (m, state)));
-            match attempt {
+            match self.load_checkpoint(epoch) {
                 Ok((manifest, state)) => {
                     return Ok(Recovery {
                         found: Some(Recovered { manifest, state }),
@@ -347,9 +412,7 @@ impl StateDir {
                 let manifest_bytes =
                     fs::metadata(self.path.join(file_name(FileKind::Manifest, epoch)))
                         .map_or(0, |m| m.len());
-                let status = self
-                    .read_manifest(epoch)
-                    .and_then(|m| self.load_state(&m).map(|_| m));
+                let status = self.load_checkpoint(epoch).map(|(m, _)| m);
                 CheckpointInfo {
                     epoch,
                     manifest_bytes,
@@ -368,23 +431,109 @@ impl StateDir {
         puts: u64,
         tombstones: u64,
     ) -> Result<StateFileRef, CheckpointError> {
-        let count = state::count_header(puts + tombstones);
-        let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
-        all.push(&count);
-        all.extend_from_slice(parts);
-        let (head, trailer) = frame::frame_parts(kind, epoch, &all);
+        self.write_state_with(kind, epoch, parts, puts, tombstones, &mut |_| Ok(()))
+    }
+
+    /// As [`write_state`](Self::write_state), with more entries than `parts` hold:
+    /// after them, `more` appends blocks of encoded entries to the file as it is
+    /// written (a base of state too large to encode in memory at once). If `more`
+    /// fails, nothing is written.
+    pub fn write_state_with(
+        &mut self,
+        kind: FileKind,
+        epoch: u64,
+        parts: &[&[u8]],
+        puts: u64,
+        tombstones: u64,
+        more: &mut dyn FnMut(&mut StateFile) -> Result<(), CheckpointError>,
+    ) -> Result<StateFileRef, CheckpointError> {
+        let mut file = self.begin_state(kind, epoch)?;
+        // Dropped on an error, the file removes its temp file.
+        file.append(parts.iter().copied(), puts, tombstones)?;
+        more(&mut file)?;
+        self.finish_state(file)
+    }
+
+    /// Starts a base or delta file that is written block by block of encoded entries
+    /// ([`StateFile::append`]), for state too large to encode in memory at once; the
+    /// entry count and the payload length in front are filled in by
+    /// [`finish_state`](Self::finish_state), which makes it durable and puts it in
+    /// place. Nothing is visible under the file's name before that.
+    fn begin_state(&mut self, kind: FileKind, epoch: u64) -> Result<StateFile, CheckpointError> {
+        self.writes += 1;
+        let inject = self.fail_write_at == Some(self.writes);
         let name = file_name(kind, epoch);
-        let mut framed: Vec<&[u8]> = Vec::with_capacity(all.len() + 2);
-        framed.push(&head);
-        framed.extend_from_slice(&all);
-        framed.push(&trailer);
-        let bytes = self.write_atomic(&name, &framed)?;
-        Ok(StateFileRef {
-            file: name,
+        let tmp = self.path.join(format!("{TMP_PREFIX}{name}"));
+        let target = self.path.join(name.clone());
+        let fail = |action, source| CheckpointError::Write {
+            action,
+            path: target.clone(),
+            source,
+        };
+        let mut file = File::create(&tmp).map_err(|e| fail("create", e))?;
+        // The header and the entry count, filled in at the end.
+        file.write_all(&[0; frame::HEADER_LEN + 8])
+            .map_err(|e| fail("write", e))?;
+        Ok(StateFile {
+            file,
+            tmp,
+            target,
+            name,
+            kind,
             epoch,
-            bytes,
-            puts,
-            tombstones,
+            crc: crc32fast::Hasher::new(),
+            len: 0,
+            puts: 0,
+            tombstones: 0,
+            inject,
+        })
+    }
+
+    /// Completes a file of [`begin_state`](Self::begin_state): header, entry count and
+    /// checksum, fsync, rename into place, fsync of the directory.
+    fn finish_state(&mut self, mut f: StateFile) -> Result<StateFileRef, CheckpointError> {
+        use std::os::unix::fs::FileExt;
+        let count = state::count_header(f.puts + f.tombstones);
+        let payload = 8 + f.len;
+        let head = frame::header(f.kind, f.epoch, payload);
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&head);
+        crc.update(&count);
+        crc.combine(&f.crc);
+        let trailer = crc.finalize().to_le_bytes();
+        let done = (|| {
+            if f.inject {
+                return Err((
+                    "write",
+                    io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        "no space left on device (injected by the write-failure test hook)",
+                    ),
+                ));
+            }
+            f.file.write_all(&trailer).map_err(|e| ("write", e))?;
+            f.file.write_all_at(&head, 0).map_err(|e| ("write", e))?;
+            f.file
+                .write_all_at(&count, frame::HEADER_LEN as u64)
+                .map_err(|e| ("write", e))?;
+            f.file.sync_all().map_err(|e| ("sync", e))?;
+            fs::rename(&f.tmp, &f.target).map_err(|e| ("rename into place", e))
+        })();
+        if let Err((action, source)) = done {
+            let _ = fs::remove_file(&f.tmp);
+            return Err(CheckpointError::Write {
+                action,
+                path: f.target.clone(),
+                source,
+            });
+        }
+        self.sync_dir()?;
+        Ok(StateFileRef {
+            file: std::mem::take(&mut f.name),
+            epoch: f.epoch,
+            bytes: (frame::HEADER_LEN + frame::TRAILER_LEN) as u64 + payload,
+            puts: f.puts,
+            tombstones: f.tombstones,
         })
     }
 
@@ -508,6 +657,64 @@ fn remove(path: &Path) -> Result<(), CheckpointError> {
 }
 
 /// Writes `parts` to a new file at `path` and syncs it; returns the length.
+/// A base or delta file being written ([`StateDir::write_state_with`]); dropped before
+/// it is complete, its temp file is removed.
+#[derive(Debug)]
+pub struct StateFile {
+    file: File,
+    tmp: PathBuf,
+    target: PathBuf,
+    name: String,
+    kind: FileKind,
+    epoch: u64,
+    /// Of the entries written so far.
+    crc: crc32fast::Hasher,
+    len: u64,
+    puts: u64,
+    tombstones: u64,
+    inject: bool,
+}
+
+impl StateFile {
+    /// Writes encoded entries (as [`crate::StateEntries`] lays them out, in consecutive
+    /// parts) holding `puts` puts and `tombstones` tombstones in all.
+    pub fn append<'a>(
+        &mut self,
+        parts: impl IntoIterator<Item = &'a [u8]>,
+        puts: u64,
+        tombstones: u64,
+    ) -> Result<(), CheckpointError> {
+        for part in parts {
+            self.file
+                .write_all(part)
+                .map_err(|source| CheckpointError::Write {
+                    action: "write",
+                    path: self.target.clone(),
+                    source,
+                })?;
+            self.crc.update(part);
+            self.len += part.len() as u64;
+        }
+        self.puts += puts;
+        self.tombstones += tombstones;
+        Ok(())
+    }
+
+    /// Writes every entry of `entries`.
+    pub fn append_entries(&mut self, entries: &crate::StateEntries) -> Result<(), CheckpointError> {
+        self.append(entries.parts(), entries.puts(), entries.tombstones())
+    }
+}
+
+impl Drop for StateFile {
+    fn drop(&mut self) {
+        // Finished files were renamed away: this removes only an abandoned one.
+        if !self.name.is_empty() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
 fn write_synced(
     path: &Path,
     parts: &[&[u8]],
@@ -532,6 +739,43 @@ fn write_synced(
     }
     f.sync_all().map_err(|e| ("sync", e))?;
     Ok(len)
+}
+
+/// Why a state file could not be read: `missing`, or the I/O error.
+pub(crate) fn read_damage(name: &str, e: io::Error) -> Damage {
+    Damage {
+        file: name.to_string(),
+        reason: if e.kind() == io::ErrorKind::NotFound {
+            "missing".to_string()
+        } else {
+            format!("cannot read: {e}")
+        },
+    }
+}
+
+/// Fails unless a state file has the size its manifest recorded.
+fn check_size(name: &str, found: u64, recorded: u64) -> Result<(), Damage> {
+    if found != recorded {
+        return Err(Damage {
+            file: name.to_string(),
+            reason: format!("{found} bytes, the manifest recorded {recorded}"),
+        });
+    }
+    Ok(())
+}
+
+/// A reader that adds every byte it hands out to a checksum.
+struct Hashing<'h, R> {
+    inner: R,
+    crc: &'h mut crc32fast::Hasher,
+}
+
+impl<R: io::Read> io::Read for Hashing<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 #[cfg(test)]

@@ -133,40 +133,70 @@ pub fn decode_versioned(
     kind: FileKind,
     epoch: u64,
 ) -> Result<(u16, &[u8]), FrameError> {
-    if bytes.len() < HEADER_LEN + TRAILER_LEN {
-        return Err(FrameError::Truncated {
-            len: bytes.len() as u64,
-        });
-    }
-    if bytes[0..4] != MAGIC {
-        return Err(FrameError::Magic);
-    }
-    let version = u16::from_le_bytes([bytes[4], bytes[5]]);
-    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
-        return Err(FrameError::Version { found: version });
-    }
-    let payload_len = u64::from_le_bytes(bytes[16..24].try_into().map_err(|_| FrameError::Magic)?);
-    let expected = (HEADER_LEN + TRAILER_LEN) as u64 + payload_len;
-    if expected != bytes.len() as u64 {
-        return Err(FrameError::Length {
-            expected,
-            found: bytes.len() as u64,
-        });
-    }
+    check_length(bytes.len() as u64)?;
+    let head: &[u8; HEADER_LEN] = bytes[..HEADER_LEN]
+        .try_into()
+        .map_err(|_| FrameError::Magic)?;
+    let (version, _) = read_header(head, bytes.len() as u64)?;
     let body_end = bytes.len() - TRAILER_LEN;
-    let stored =
-        u32::from_le_bytes(
-            bytes[body_end..]
-                .try_into()
-                .map_err(|_| FrameError::Truncated {
-                    len: bytes.len() as u64,
-                })?,
-        );
+    let stored = trailer_crc(&bytes[body_end..]);
     if crc32fast::hash(&bytes[..body_end]) != stored {
         return Err(FrameError::Checksum);
     }
-    // Only trusted once the checksum holds.
-    let found_kind = FileKind::from_code(bytes[6]).ok_or(FrameError::Kind {
+    check_identity(head, kind, epoch)?;
+    Ok((version, &bytes[HEADER_LEN..body_end]))
+}
+
+/// Fails when a file of `file_len` bytes is too short to hold a frame.
+pub(crate) fn check_length(file_len: u64) -> Result<(), FrameError> {
+    if file_len < (HEADER_LEN + TRAILER_LEN) as u64 {
+        return Err(FrameError::Truncated { len: file_len });
+    }
+    Ok(())
+}
+
+/// Checks a frame's header against the length of its file (at least
+/// `HEADER_LEN + TRAILER_LEN`): the magic, a format version this build reads, the
+/// payload length. Returns the version and the payload length. The kind and the epoch
+/// are checked by [`check_identity`] once the checksum holds.
+pub(crate) fn read_header(
+    head: &[u8; HEADER_LEN],
+    file_len: u64,
+) -> Result<(u16, u64), FrameError> {
+    if head[0..4] != MAGIC {
+        return Err(FrameError::Magic);
+    }
+    let version = u16::from_le_bytes([head[4], head[5]]);
+    if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(FrameError::Version { found: version });
+    }
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&head[16..24]);
+    let payload_len = u64::from_le_bytes(len);
+    let expected = ((HEADER_LEN + TRAILER_LEN) as u64).saturating_add(payload_len);
+    if expected != file_len {
+        return Err(FrameError::Length {
+            expected,
+            found: file_len,
+        });
+    }
+    Ok((version, payload_len))
+}
+
+/// The checksum a trailer holds.
+pub(crate) fn trailer_crc(trailer: &[u8]) -> u32 {
+    let mut b = [0u8; TRAILER_LEN];
+    b.copy_from_slice(&trailer[..TRAILER_LEN]);
+    u32::from_le_bytes(b)
+}
+
+/// Checks the kind and the epoch a header names (only trusted once the checksum holds).
+pub(crate) fn check_identity(
+    head: &[u8; HEADER_LEN],
+    kind: FileKind,
+    epoch: u64,
+) -> Result<(), FrameError> {
+    let found_kind = FileKind::from_code(head[6]).ok_or(FrameError::Kind {
         expected: kind,
         found: None,
     })?;
@@ -176,14 +206,16 @@ pub fn decode_versioned(
             found: Some(found_kind),
         });
     }
-    let found_epoch = u64::from_le_bytes(bytes[8..16].try_into().map_err(|_| FrameError::Magic)?);
+    let mut e = [0u8; 8];
+    e.copy_from_slice(&head[8..16]);
+    let found_epoch = u64::from_le_bytes(e);
     if found_epoch != epoch {
         return Err(FrameError::Epoch {
             expected: epoch,
             found: found_epoch,
         });
     }
-    Ok((version, &bytes[HEADER_LEN..body_end]))
+    Ok(())
 }
 
 #[cfg(test)]

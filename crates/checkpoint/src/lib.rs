@@ -21,11 +21,12 @@ pub mod state;
 pub mod task;
 pub mod writer;
 
-pub use dir::{CheckpointInfo, KEEP_MANIFESTS, Listing, Recovered, Recovery, StateDir};
+pub use dir::{CheckpointInfo, KEEP_MANIFESTS, Listing, Recovered, Recovery, StateDir, StateFile};
 pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
 pub use manifest::{
-    Counters, InputPosition, KafkaTxn, Manifest, OutputCommit, StateFileRef, WatermarkState,
+    Counters, InputPosition, KafkaPosition, KafkaTxn, Manifest, OutputCommit, StateFileRef,
+    WatermarkState,
 };
 pub use state::{LoadedState, StateEntries};
 pub use task::TaskSnapshot;

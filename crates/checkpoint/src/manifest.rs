@@ -51,6 +51,23 @@ pub struct Manifest {
     /// Kafka whether it committed; absent for a run without a Kafka output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka_txn: Option<KafkaTxn>,
+    /// A library job reading a Kafka topic itself (`sessionizer::kafka::KafkaJson`):
+    /// the next offset of each partition, just after the last record the job had
+    /// processed at this checkpoint. The source resumes there. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kafka_positions: Vec<KafkaPosition>,
+}
+
+/// How far a library job's Kafka source read one partition.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaPosition {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The offset of the next record to process.
+    pub next_offset: i64,
 }
 
 /// The Kafka transaction a checkpoint prepared (two-phase commit with a Kafka output):

@@ -18,6 +18,8 @@
 
 use crate::error::Damage;
 use std::collections::HashSet;
+use std::io::Read;
+use std::path::PathBuf;
 
 const TOMBSTONE: u32 = u32::MAX;
 
@@ -238,11 +240,33 @@ impl<'a> Cursor<'a> {
 #[derive(Debug)]
 pub struct LoadedState {
     /// `(file name, payload)`: the base first, then the deltas in order.
-    pub(crate) files: Vec<(String, Vec<u8>)>,
+    pub(crate) files: Vec<(String, Payload)>,
     /// The format version of every one of the files (a chain is never mixed: after a
     /// resume from an older version the first checkpoint is a new base).
     pub(crate) format_version: u16,
 }
+
+/// A state file's payload, checked: in memory (deltas), or where it lies in its file
+/// (a base: it can be as large as the whole state, so it is read twice rather than held
+/// — once to check its frame and entries, once to apply it — and never in memory all at
+/// once).
+#[derive(Debug)]
+pub(crate) enum Payload {
+    Bytes(Vec<u8>),
+    File { path: PathBuf, len: u64 },
+}
+
+impl Payload {
+    fn len(&self) -> u64 {
+        match self {
+            Payload::Bytes(b) => b.len() as u64,
+            Payload::File { len, .. } => *len,
+        }
+    }
+}
+
+/// Bytes read from a base file at a time.
+pub(crate) const READ_BUFFER: usize = 4 << 20;
 
 impl LoadedState {
     /// The checkpoint format version the values were written in: how to decode them
@@ -252,11 +276,11 @@ impl LoadedState {
     }
 
     /// Calls `f` once for every key that has state at the checkpoint, with its newest
-    /// value, in no particular order. Stops at the first error of `f`.
-    /// The slices live as long as the state (a caller may hold on to a few of them).
-    pub fn for_each_live<'a, E>(
-        &'a self,
-        mut f: impl FnMut(&'a [u8], &'a [u8]) -> Result<(), E>,
+    /// value, in no particular order. Stops at the first error of `f`. The slices live
+    /// for the call only (the base is read from its file piece by piece).
+    pub fn for_each_live<E>(
+        &self,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
     ) -> Result<(), LiveError<E>> {
         let damaged = |name: &str, reason: String| {
             LiveError::Damaged(Damage {
@@ -269,6 +293,9 @@ impl LoadedState {
         // deltas' keys are remembered, so the base streams through without a copy.
         let mut seen: HashSet<&[u8]> = HashSet::new();
         for (name, payload) in self.files.iter().skip(1).rev() {
+            let Payload::Bytes(payload) = payload else {
+                return Err(damaged(name, "a delta read as a base".into()));
+            };
             for entry in entries(payload) {
                 let (key, value) = entry.map_err(|r| damaged(name, r))?;
                 if seen.insert(key)
@@ -278,20 +305,40 @@ impl LoadedState {
                 }
             }
         }
-        if let Some((name, payload)) = self.files.first() {
-            for entry in entries(payload) {
-                let (key, value) = entry.map_err(|r| damaged(name, r))?;
-                if let Some(v) = value.filter(|_| !seen.contains(key)) {
-                    f(key, v).map_err(LiveError::Apply)?;
+        match self.files.first() {
+            None => {}
+            Some((name, Payload::Bytes(payload))) => {
+                for entry in entries(payload) {
+                    let (key, value) = entry.map_err(|r| damaged(name, r))?;
+                    if let Some(v) = value.filter(|_| !seen.contains(key)) {
+                        f(key, v).map_err(LiveError::Apply)?;
+                    }
+                }
+            }
+            Some((name, Payload::File { path, len })) => {
+                let cannot = |e| LiveError::Damaged(crate::dir::read_damage(name, e));
+                let mut file = std::fs::File::open(path).map_err(cannot)?;
+                let mut head = [0u8; crate::frame::HEADER_LEN];
+                file.read_exact(&mut head).map_err(cannot)?;
+                let reader = std::io::BufReader::with_capacity(READ_BUFFER, file.take(*len));
+                let mut stream = StreamEntries::new(reader, *len).map_err(|r| damaged(name, r))?;
+                while let Some(has_value) = stream.next().map_err(|r| damaged(name, r))? {
+                    if has_value && !seen.contains(&stream.key[..]) {
+                        f(&stream.key, &stream.value).map_err(LiveError::Apply)?;
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Checks that every file's entries are well formed, without applying them.
+    /// Checks that the in-memory files' entries are well formed, without applying them
+    /// (a base read from its file was checked as it was read).
     pub fn check(&self) -> Result<(), Damage> {
         for (name, payload) in &self.files {
+            let Payload::Bytes(payload) = payload else {
+                continue;
+            };
             for entry in entries(payload) {
                 entry.map_err(|reason| Damage {
                     file: name.clone(),
@@ -304,7 +351,101 @@ impl LoadedState {
 
     /// Bytes of state read (base and deltas, payloads only).
     pub fn bytes(&self) -> u64 {
-        self.files.iter().map(|(_, p)| p.len() as u64).sum()
+        self.files.iter().map(|(_, p)| p.len()).sum()
+    }
+}
+
+/// The entries of a payload read from a stream, one at a time into reused buffers,
+/// with the same checks as [`entries`]: every length against the bytes there are, and
+/// nothing after the last entry.
+pub(crate) struct StreamEntries<R> {
+    r: R,
+    /// Entries still to read.
+    left: u64,
+    /// Payload bytes still to read.
+    bytes_left: u64,
+    pub(crate) key: Vec<u8>,
+    pub(crate) value: Vec<u8>,
+}
+
+impl<R: Read> StreamEntries<R> {
+    /// Reads the count of a payload of `len` bytes.
+    pub(crate) fn new(r: R, len: u64) -> Result<Self, String> {
+        let mut s = StreamEntries {
+            r,
+            left: 0,
+            bytes_left: len,
+            key: Vec::new(),
+            value: Vec::new(),
+        };
+        let mut count = [0u8; 8];
+        Self::fill(&mut s.r, &mut s.bytes_left, &mut count)?;
+        s.left = u64::from_le_bytes(count);
+        Ok(s)
+    }
+
+    /// Fails unless `n` more bytes are left in the payload.
+    fn room(bytes_left: u64, n: u64) -> Result<(), String> {
+        if n > bytes_left {
+            return Err(format!(
+                "entry runs past the end of the payload ({n} bytes wanted, {bytes_left} left)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads `out.len()` payload bytes.
+    fn fill(r: &mut R, bytes_left: &mut u64, out: &mut [u8]) -> Result<(), String> {
+        Self::room(*bytes_left, out.len() as u64)?;
+        r.read_exact(out).map_err(|e| format!("cannot read: {e}"))?;
+        *bytes_left -= out.len() as u64;
+        Ok(())
+    }
+
+    /// Reads `len` payload bytes into `buf` (checked before it grows: a damaged length
+    /// must not allocate 4 GiB).
+    fn fill_vec(
+        r: &mut R,
+        bytes_left: &mut u64,
+        buf: &mut Vec<u8>,
+        len: u32,
+    ) -> Result<(), String> {
+        Self::room(*bytes_left, u64::from(len))?;
+        buf.clear();
+        buf.resize(len as usize, 0);
+        Self::fill(r, bytes_left, buf)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let mut b = [0u8; 4];
+        Self::fill(&mut self.r, &mut self.bytes_left, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// The next entry into `key` and `value`: `Some(true)` a put, `Some(false)` a
+    /// tombstone, `None` after the last.
+    pub(crate) fn next(&mut self) -> Result<Option<bool>, String> {
+        if self.left == 0 {
+            if self.bytes_left > 0 {
+                return Err(format!("{} bytes after the last entry", self.bytes_left));
+            }
+            return Ok(None);
+        }
+        self.left -= 1;
+        let key_len = self.u32()?;
+        Self::fill_vec(&mut self.r, &mut self.bytes_left, &mut self.key, key_len)?;
+        let value_len = self.u32()?;
+        if value_len == TOMBSTONE {
+            self.value.clear();
+            return Ok(Some(false));
+        }
+        Self::fill_vec(
+            &mut self.r,
+            &mut self.bytes_left,
+            &mut self.value,
+            value_len,
+        )?;
+        Ok(Some(true))
     }
 }
 
@@ -389,9 +530,9 @@ mod tests {
         d2.tombstone(b"d");
         let state = LoadedState {
             files: vec![
-                ("base".into(), payload(&[&base])),
-                ("d1".into(), payload(&[&d1])),
-                ("d2".into(), payload(&[&d2])),
+                ("base".into(), Payload::Bytes(payload(&[&base]))),
+                ("d1".into(), Payload::Bytes(payload(&[&d1]))),
+                ("d2".into(), Payload::Bytes(payload(&[&d2]))),
             ],
             format_version: crate::FORMAT_VERSION,
         };

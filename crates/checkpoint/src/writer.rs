@@ -96,6 +96,17 @@ impl CheckpointWriter {
         }
     }
 
+    /// Whether the next checkpoint can be of the kind the caller encoded (`base`: every
+    /// key; else the changes). A base always can — it holds every key, so it stands in
+    /// for a delta and starts a new chain; a delta only where
+    /// [`next_is_base`](Self::next_is_base) says no.
+    pub fn settle_kind(&mut self, base: bool) -> bool {
+        if base {
+            self.chain = None;
+        }
+        base == self.next_is_base()
+    }
+
     /// The epoch the next checkpoint gets.
     pub fn next_epoch(&self) -> u64 {
         self.next_epoch
@@ -108,6 +119,18 @@ impl CheckpointWriter {
     pub fn commit(
         &mut self,
         state: &EncodedState<'_>,
+        manifest: Manifest,
+    ) -> Result<Committed, CheckpointError> {
+        self.commit_with(state, &mut |_| Ok(()), manifest)
+    }
+
+    /// As [`commit`](Self::commit), with more entries than `state` holds: after its
+    /// parts, `more` appends blocks of encoded entries to the state file as it is
+    /// written (a base of state too large to encode in memory at once).
+    pub fn commit_with(
+        &mut self,
+        state: &EncodedState<'_>,
+        more: &mut dyn FnMut(&mut crate::StateFile) -> Result<(), CheckpointError>,
         mut manifest: Manifest,
     ) -> Result<Committed, CheckpointError> {
         let epoch = self.next_epoch;
@@ -119,9 +142,15 @@ impl CheckpointWriter {
         // The epoch is used up even if the write fails, so a retry never meets a
         // half-written file of its own name.
         self.next_epoch += 1;
-        let file = self
-            .dir
-            .write_state(kind, epoch, &state.parts, state.puts, state.tombstones)?;
+        let file = self.dir.write_state_with(
+            kind,
+            epoch,
+            &state.parts,
+            state.puts,
+            state.tombstones,
+            more,
+        )?;
+        let (puts, tombstones) = (file.puts, file.tombstones);
         let state_bytes = file.bytes;
         let (base, deltas) = match (kind, self.chain.take()) {
             (FileKind::Delta, Some((base, mut deltas))) => {
@@ -144,8 +173,8 @@ impl CheckpointWriter {
             kind,
             state_bytes,
             manifest_bytes,
-            puts: state.puts,
-            tombstones: state.tombstones,
+            puts,
+            tombstones,
         })
     }
 }

@@ -271,6 +271,7 @@ fn write_fixture(dir: &Path) {
         finished: false,
         flushed: false,
         kafka_txn: None,
+        kafka_positions: Vec::new(),
     };
     d.write_manifest(&manifest).expect("manifest");
 }
@@ -444,13 +445,23 @@ fn a_manifest_with_a_kafka_transaction_round_trips_and_one_without_has_no_field(
         progress_offset: 41,
         fallback_epoch: Some(6),
     };
+    let positions = vec![sessionizer_checkpoint::KafkaPosition {
+        topic: "visits".into(),
+        partition: 2,
+        next_offset: 1_700,
+    }];
     let with = Manifest {
         epoch: 7,
         kafka_txn: Some(txn.clone()),
+        kafka_positions: positions.clone(),
         ..Manifest::default()
     };
     d.write_manifest(&with).expect("write");
-    assert_eq!(d.read_manifest(7).expect("read").kafka_txn, Some(txn));
+    let read = d.read_manifest(7).expect("read");
+    assert_eq!(
+        (read.kafka_txn, read.kafka_positions),
+        (Some(txn), positions)
+    );
     let without = Manifest {
         epoch: 8,
         ..Manifest::default()
@@ -458,7 +469,158 @@ fn a_manifest_with_a_kafka_transaction_round_trips_and_one_without_has_no_field(
     d.write_manifest(&without).expect("write");
     let raw = std::fs::read(tmp.path().join(file_name(FileKind::Manifest, 8))).expect("raw");
     assert!(
-        !String::from_utf8_lossy(&raw).contains("kafka_txn"),
+        !String::from_utf8_lossy(&raw).contains("kafka_txn")
+            && !String::from_utf8_lossy(&raw).contains("kafka_positions"),
         "a run without a Kafka output writes the manifest as before"
     );
+}
+
+/// A base whose entries come partly from the state given and partly appended while the
+/// file is written (the rocksdb backend streams its spilled keys so): the checkpoint
+/// holds them all, counts them all, and a delta on top of it restores as usual. A
+/// failing append leaves no file and the previous checkpoint usable.
+#[test]
+fn a_base_streamed_in_blocks_restores_every_entry() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = StateDir::open(tmp.path()).expect("open");
+    let mut w = CheckpointWriter::new(dir, None).expect("writer");
+    let mut model = Model::new();
+    let mut first = StateEntries::default();
+    for i in 0..1_000u32 {
+        let (k, v) = (format!("hot-{i}"), format!("state-{i}"));
+        first.put_with(k.as_bytes(), |o| o.extend_from_slice(v.as_bytes()));
+        model.insert(k.into_bytes(), v.into_bytes());
+    }
+    let streamed: Vec<(String, String)> = (0..5_000u32)
+        .map(|i| (format!("cold-{i}"), "x".repeat(i as usize % 300)))
+        .collect();
+    for (k, v) in &streamed {
+        model.insert(k.clone().into_bytes(), v.clone().into_bytes());
+    }
+    let state = EncodedState {
+        parts: first.parts().collect(),
+        puts: first.puts(),
+        tombstones: 0,
+    };
+    let committed = w
+        .commit_with(
+            &state,
+            &mut |file| {
+                for block in streamed.chunks(700) {
+                    let mut entries = StateEntries::default();
+                    for (k, v) in block {
+                        entries.put_with(k.as_bytes(), |o| o.extend_from_slice(v.as_bytes()));
+                    }
+                    file.append_entries(&entries)?;
+                }
+                Ok(())
+            },
+            Manifest {
+                keys: model.len() as u64,
+                ..Manifest::default()
+            },
+        )
+        .expect("commit");
+    assert_eq!((committed.kind, committed.puts), (FileKind::Base, 6_000));
+    commit(
+        &mut w,
+        &mut model,
+        &[("cold-7", None), ("hot-3", Some("new"))],
+        2,
+    );
+    drop(w);
+    let dir = StateDir::open(tmp.path()).expect("open");
+    assert_eq!(live(&dir).1, model);
+
+    // An append that fails: nothing is written, the checkpoint before stays.
+    let mut w = CheckpointWriter::new(dir, None).expect("writer");
+    let failed = w.commit_with(
+        &EncodedState {
+            parts: Vec::new(),
+            puts: 0,
+            tombstones: 0,
+        },
+        &mut |_| {
+            Err(CheckpointError::Write {
+                action: "read",
+                path: "the image".into(),
+                source: std::io::Error::other("a store failed"),
+            })
+        },
+        Manifest::default(),
+    );
+    assert!(failed.is_err());
+    drop(w);
+    let names = names(tmp.path());
+    assert!(!names.iter().any(|n| n.starts_with(".tmp")), "{names:?}");
+    let dir = StateDir::open(tmp.path()).expect("open");
+    assert_eq!(live(&dir).1, model);
+}
+
+/// A base is checked as it is read, in pieces rather than whole (as bases above 256 MiB
+/// are): any flipped byte of its file, and a payload whose entries do not fit it under
+/// a valid checksum, make the checkpoint invalid, with the base named; the undamaged
+/// base restores every key.
+#[test]
+fn a_damaged_base_read_in_pieces_is_refused_whatever_byte_is_damaged() {
+    damaged_base_is_refused(Some(0));
+}
+
+/// The same with the base read whole (the default for bases up to 256 MiB).
+#[test]
+fn a_damaged_base_read_whole_is_refused_whatever_byte_is_damaged() {
+    damaged_base_is_refused(None);
+}
+
+fn damaged_base_is_refused(stream_above: Option<u64>) {
+    use sessionizer_checkpoint::frame;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut w =
+        CheckpointWriter::new(StateDir::open(tmp.path()).expect("open"), None).expect("writer");
+    let mut model = Model::new();
+    let changes: Vec<(String, String)> = (0..40)
+        .map(|i| (format!("key-{i}"), format!("v{i}")))
+        .collect();
+    let changes: Vec<(&str, Option<&str>)> = changes
+        .iter()
+        .map(|(k, v)| (k.as_str(), Some(v.as_str())))
+        .collect();
+    commit(&mut w, &mut model, &changes, 1);
+    let mut reader = StateDir::existing(tmp.path()).expect("open");
+    if let Some(n) = stream_above {
+        reader.stream_bases_above(n);
+    }
+    assert_eq!(live(&reader).1, model);
+
+    let base = tmp.path().join(file_name(FileKind::Base, 1));
+    let good = std::fs::read(&base).expect("read");
+    let refused = |why: &str| match reader.recover() {
+        Err(CheckpointError::NoValidCheckpoint { details, .. }) => {
+            assert_eq!(details.len(), 1, "{why}");
+            assert_eq!(details[0].1.file, "base-0000000001.ckpt", "{why}");
+            details[0].1.reason.clone()
+        }
+        other => panic!("{why}: expected NoValidCheckpoint, got {other:?}"),
+    };
+    for i in 0..good.len() {
+        let mut bytes = good.clone();
+        bytes[i] ^= 0x10;
+        std::fs::write(&base, &bytes).expect("write");
+        refused(&format!("byte {i} flipped"));
+    }
+    // A count of entries larger than the payload holds, framed with a valid checksum:
+    // the entries' check refuses it, not the checksum.
+    let payload = frame::decode(&good, FileKind::Base, 1).expect("valid");
+    let mut wrong = payload.to_vec();
+    wrong[..8].copy_from_slice(&41u64.to_le_bytes());
+    std::fs::write(&base, frame::encode(FileKind::Base, 1, &wrong)).expect("write");
+    let reason = refused("one entry too many");
+    assert!(reason.contains("runs past the end"), "{reason}");
+    // Trailing bytes after the last entry (a count one too small).
+    wrong[..8].copy_from_slice(&39u64.to_le_bytes());
+    std::fs::write(&base, frame::encode(FileKind::Base, 1, &wrong)).expect("write");
+    let reason = refused("one entry too few");
+    assert!(reason.contains("after the last entry"), "{reason}");
+    std::fs::write(&base, &good).expect("write");
+    assert_eq!(live(&reader).1, model);
 }
