@@ -193,8 +193,8 @@ pub struct RunArgs {
 
     /// Where the keyed state lives: memory (every key in the heap), or rocksdb (keys
     /// beyond --state-memory on local disk, in <state-dir>/spill or a temporary
-    /// directory; needs a build with `--features rocksdb`; not for Kafka inputs). Same
-    /// output byte for byte, same checkpoints. [default: memory]
+    /// directory; needs a build with `--features rocksdb`; with Kafka inputs, one store
+    /// per task). Same output byte for byte, same checkpoints. [default: memory]
     #[arg(long, value_enum, value_name = "BACKEND")]
     pub state_backend: Option<StateBackendArg>,
 

@@ -553,11 +553,6 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
                     reason: "give the memory the state may take, such as 512MB".into(),
                 });
             }
-            if kafka_in {
-                return Err(ConfigError::Conflict(
-                    "--state-backend rocksdb is not built for Kafka inputs yet (their tasks keep their state in memory and in the changelog); use --state-backend memory".into(),
-                ));
-            }
             StateBackend::RocksDb {
                 memory_bytes,
                 dir: None,

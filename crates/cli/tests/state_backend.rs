@@ -5,33 +5,19 @@
 //! `--state-memory` makes it keep most keys in RocksDB. The RocksDB tests need the
 //! `rocksdb` feature; the option checks run in every build.
 
+#[path = "support/outputs.rs"]
+mod outputs;
+#[path = "support/process.rs"]
+mod process;
+
+#[cfg(feature = "rocksdb")]
+use outputs::{KillDelays, assert_same_outputs, done_fraction, run_or_kill, stats};
+#[cfg(feature = "rocksdb")]
+use process::run_ok;
+use process::{run, s};
+#[cfg(feature = "rocksdb")]
 use std::path::Path;
-#[cfg(feature = "rocksdb")]
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("spawn sessionizer")
-}
-
-#[cfg(feature = "rocksdb")]
-fn run_ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "sessionizer {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use std::process::Output;
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -144,73 +130,6 @@ const JOB: &[&str] = &[
 #[cfg(feature = "rocksdb")]
 const TINY: &[&str] = &["--state-backend", "rocksdb", "--state-memory", "1MB"];
 
-#[cfg(feature = "rocksdb")]
-fn outputs(dir: &Path) -> [PathBuf; 3] {
-    [
-        dir.join("out.jsonl"),
-        dir.join("out.dead-letter.jsonl"),
-        dir.join("out.late.jsonl"),
-    ]
-}
-
-/// Asserts that two output files are equal, showing the first line that differs.
-#[cfg(feature = "rocksdb")]
-fn assert_same_file(got: &Path, want: &Path) {
-    let (g, w) = (
-        std::fs::read(got).unwrap_or_else(|e| panic!("{}: {e}", got.display())),
-        std::fs::read(want).unwrap_or_else(|e| panic!("{}: {e}", want.display())),
-    );
-    if g == w {
-        return;
-    }
-    let (gl, wl): (Vec<&[u8]>, Vec<&[u8]>) = (
-        g.split(|&b| b == b'\n').collect(),
-        w.split(|&b| b == b'\n').collect(),
-    );
-    let i = gl
-        .iter()
-        .zip(&wl)
-        .position(|(a, b)| a != b)
-        .unwrap_or(gl.len().min(wl.len()));
-    panic!(
-        "{} differs from {} ({} vs {} lines); first difference at line {}:\n got: {}\nwant: {}",
-        got.display(),
-        want.display(),
-        gl.len(),
-        wl.len(),
-        i + 1,
-        String::from_utf8_lossy(gl.get(i).copied().unwrap_or_default()),
-        String::from_utf8_lossy(wl.get(i).copied().unwrap_or_default()),
-    );
-}
-
-#[cfg(feature = "rocksdb")]
-fn assert_same_outputs(got: &Path, want: &Path) {
-    for (g, w) in outputs(got).iter().zip(outputs(want).iter()) {
-        assert_same_file(g, w);
-    }
-}
-
-/// How much of the input the newest checkpoint has consumed (0 without one).
-#[cfg(feature = "rocksdb")]
-fn done_fraction(state: &Path, events: u64) -> f64 {
-    use sessionizer_checkpoint::StateDir;
-    let Ok(dir) = StateDir::existing(state) else {
-        return 0.0;
-    };
-    match dir.recover() {
-        Ok(r) => r.found.map_or(0.0, |f| {
-            f.manifest.counters.records_read as f64 / events as f64
-        }),
-        Err(_) => 0.0,
-    }
-}
-
-#[cfg(feature = "rocksdb")]
-fn stats(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).expect("stats file")).expect("stats JSON")
-}
-
 /// Runs the job over `input` into `dir` (outputs, stats) with `extra` options.
 #[cfg(feature = "rocksdb")]
 fn job(input: &[&Path], dir: &Path, extra: &[&str]) -> Output {
@@ -284,7 +203,6 @@ fn rocksdb_gives_the_memory_backends_output_byte_for_byte() {
 #[test]
 fn rocksdb_killed_at_random_instants_and_restarted_gives_the_uninterrupted_output() {
     use rand::{Rng, SeedableRng};
-    use std::process::Stdio;
     use std::time::{Duration, Instant};
     let tmp = tempfile::tempdir().expect("tempdir");
     let input = tmp.path().join("visits.jsonl");
@@ -304,22 +222,25 @@ fn rocksdb_killed_at_random_instants_and_restarted_gives_the_uninterrupted_outpu
     let log_path = tmp.path().join("runs.log");
     let (mut kills, mut runs) = (0u32, 0u32);
     let mut progress: Vec<f64> = Vec::new();
-    // The rocksdb runs take longer than the memory run measured: kill within that time.
-    let mut slice = took;
+    // The rocksdb runs take longer than the memory run measured: a run gets a share of
+    // half that time, more after a run without progress, less near the end
+    // (KillDelays).
+    let mut delays = KillDelays::new(took, took / 2, 12);
     loop {
-        progress.push(done_fraction(&got.join("state"), events));
+        let done = done_fraction(&got.join("state"), events);
+        progress.push(done);
         runs += 1;
         assert!(
             runs <= 300,
             "no run finished after {runs} restarts; see {}",
             log_path.display()
         );
-        if kills >= 12 {
-            // Enough kills: let the job finish.
-            slice = Duration::from_secs(3600);
-        }
-        let delay =
-            Duration::from_micros(rng.random_range(1_000..=slice.as_micros().max(2_000) as u64));
+        let delay = if kills >= 12 && done > 0.3 {
+            // Enough kills, and they fell while the job was under way: let it finish.
+            Duration::from_secs(3600)
+        } else {
+            delays.next(done, kills, &mut rng)
+        };
         let workers = rng.random_range(1..=3u32).to_string();
         let mut args: Vec<String> = vec![
             "run".into(),
@@ -340,41 +261,13 @@ fn rocksdb_killed_at_random_instants_and_restarted_gives_the_uninterrupted_outpu
         ];
         args.extend(JOB.iter().map(|a| a.to_string()));
         args.extend(TINY.iter().map(|a| a.to_string()));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .expect("log");
-        let mut child = bin()
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn");
-        let deadline = Instant::now() + delay;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break Some(status);
-            }
-            if Instant::now() >= deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_micros(500));
-        };
-        match status {
+        match run_or_kill(&args, &log_path, delay) {
             Some(status) if status.success() => break,
             Some(status) => panic!(
                 "run {runs} failed ({status}); log:\n{}",
                 std::fs::read_to_string(&log_path).unwrap_or_default()
             ),
-            None => {
-                child.kill().expect("SIGKILL");
-                child.wait().expect("reap");
-                kills += 1;
-                // Later runs get more time: each restores and re-spills what came before.
-                slice = slice.mul_f64(1.1);
-            }
+            None => kills += 1,
         }
     }
     assert!(kills >= 12, "only {kills} kills before the job finished");

@@ -179,6 +179,8 @@ pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     /// With a spill store (the `rocksdb` backend), where the keys the hot tier has no
     /// room for go; `None` (the `memory` backend): every key stays in `store`.
     spill: Option<Box<Spilled<A::Acc>>>,
+    /// [`bound_tracked_changes`](Self::bound_tracked_changes) was called.
+    bound_changes: bool,
 }
 
 /// How many due keys a watermark step takes back from the spill store at a time.
@@ -203,6 +205,9 @@ struct Spilled<Acc> {
     check_events: u64,
     /// Keys evicted with changes the next incremental checkpoint must still write.
     dirty: std::collections::HashSet<KeyBytes>,
+    /// `dirty` outgrew the bound of [`SessionOperator::bound_tracked_changes`] and was
+    /// forgotten: the next checkpoint must be a base.
+    changes_lost: bool,
     /// The first error of the spill store: the run stops with it.
     error: Option<SpillError>,
     evicted: u64,
@@ -294,6 +299,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             group: Vec::new(),
             group_next: 0,
             spill: None,
+            bound_changes: false,
         }
     }
 
@@ -349,6 +355,27 @@ impl<A: SessionAggregate> SessionOperator<A> {
         }
     }
 
+    /// The keys of a checkpoint's base, the cheap way: calls `f` with every key in
+    /// memory, and returns an image of the spill store's keys to read later
+    /// ([`SpillStore::image`]) — or, when the store makes none, calls `f` with those too.
+    /// Either way the changes are forgotten (the base holds them).
+    pub fn base_keys(
+        &mut self,
+        mut f: impl FnMut(&[u8], &KeySessions<A::Acc>),
+    ) -> Result<Option<Box<dyn crate::spill::StoreImage>>, SpillError> {
+        self.forget_changes();
+        for (_, key, sessions) in self.store.iter() {
+            f(key, sessions);
+        }
+        let Some(s) = self.spill.as_mut() else {
+            return Ok(None);
+        };
+        match s.store.image()? {
+            Some(image) => Ok(Some(image)),
+            None => s.store.for_each(&mut f).map(|()| None),
+        }
+    }
+
     /// Calls `f` with `key`'s sessions, in memory or spilled; returns whether the key has
     /// state.
     pub fn with_key(
@@ -380,6 +407,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             check_keys: (hot_bytes / KEY_BYTES).max(1),
             check_events: 1 << 16,
             dirty: std::collections::HashSet::new(),
+            changes_lost: false,
             error: None,
             evicted: 0,
             unspilled: 0,
@@ -556,7 +584,16 @@ impl<A: SessionAggregate> SessionOperator<A> {
             let Some(spill) = self.spill.as_mut() else {
                 return;
             };
-            spill.dirty.extend(dirty);
+            if !spill.changes_lost {
+                spill.dirty.extend(dirty);
+                // Remembering every evicted change would grow with the state, outside
+                // the budget: beyond as many keys as the hot tier holds, the owner takes
+                // a base instead (it holds everything).
+                if self.bound_changes && spill.dirty.len() > spill.check_keys.max(4096) {
+                    spill.dirty = std::collections::HashSet::new();
+                    spill.changes_lost = true;
+                }
+            }
             spill.bound = out.iter().fold(spill.bound, |b, e| b.min(e.2));
             spill.keys += out.len();
             spill.evicted += out.len() as u64;
@@ -595,6 +632,22 @@ impl<A: SessionAggregate> SessionOperator<A> {
         self.store.track_changes(on);
     }
 
+    /// For an owner whose next checkpoint may as well be a full base (a state
+    /// directory; not a Kafka changelog, which needs every change): with a spill store,
+    /// the changed keys remembered for evicted keys are bounded by the hot tier's size;
+    /// beyond, they are forgotten and [`changes_lost`](Self::changes_lost) says so.
+    pub fn bound_tracked_changes(&mut self) {
+        self.bound_changes = true;
+    }
+
+    /// The changes since the last checkpoint were forgotten
+    /// ([`bound_tracked_changes`](Self::bound_tracked_changes)): the next checkpoint
+    /// must be a base ([`forget_changes`](Self::forget_changes) or
+    /// [`base_keys`](Self::base_keys) clears it).
+    pub fn changes_lost(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| s.changes_lost)
+    }
+
     /// Calls `f` for every key whose sessions changed since the last call (with them)
     /// or that has none any more (`None`), then forgets the changes.
     /// Keys evicted to the spill store since their change are reported from there (an
@@ -630,6 +683,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         self.store.forget_changes();
         if let Some(s) = self.spill.as_mut() {
             s.dirty.clear();
+            s.changes_lost = false;
         }
     }
 

@@ -446,6 +446,9 @@ pub enum SnapshotError {
     /// A key is not UTF-8.
     #[error("keyed-state snapshot holds a key that is not UTF-8")]
     BadKey,
+    /// What was asked cannot be done by this job (the reason says why).
+    #[error("{0}")]
+    Unsupported(&'static str),
     /// A user state could not be written or read (its serde implementation failed, or
     /// its type changed since the snapshot was taken).
     #[error("state of key {key:?}: {source}")]
@@ -567,6 +570,31 @@ impl Due {
     }
 }
 
+/// Where one call's outputs stand in the order one operator emits them: data calls by
+/// their key's rank in the batch, then what is due at the batch end, sorted by domain,
+/// deadline, key and kind. A job that runs its keys on several operators (each owning
+/// some keys, all at one watermark and one clock) merges their outputs by it into the
+/// order one operator would emit them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CallOrder<'a> {
+    /// A call with events: the rank of its key among the keys of the batch (by first
+    /// appearance, or as given to [`StatefulOperator::push_ranked`]).
+    Data(u32),
+    /// A timeout or timer call.
+    Due(TimeoutKind, i64, &'a [u8], DueRank),
+}
+
+/// The kind of a due call, as [`CallOrder`] sorts it (opaque).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DueRank(Due);
+
+/// What a call is, for its [`CallOrder`].
+#[derive(Debug, Clone, Copy)]
+enum CallSeed {
+    Data(u32),
+    Due(Due, i64),
+}
+
 #[derive(Debug, Clone, Copy)]
 struct OpenBatch {
     now: ProcessingTime,
@@ -670,11 +698,67 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     /// watermark and the policy is [`LatePolicy::Drop`].
     #[must_use = "a late event is handed back; send it to a late-event output"]
     pub fn push(&mut self, key: &str, time: EventTime, event: E) -> Option<LateEvent<E>> {
+        self.push_inner(key, time, event, None, true)
+    }
+
+    /// As [`push`](Self::push), with the key's rank in the batch given (used on its
+    /// first event in the batch), and without showing the time to the watermark
+    /// strategy (call [`observe`](Self::observe) for that): a job running its keys on
+    /// several operators ranks keys by their first appearance in the whole batch and
+    /// shows every time to the one operator that keeps time.
+    #[must_use = "a late event is handed back; send it to a late-event output"]
+    pub fn push_ranked(
+        &mut self,
+        key: &str,
+        time: EventTime,
+        event: E,
+        rank: u32,
+    ) -> Option<LateEvent<E>> {
+        self.push_inner(key, time, event, Some(rank), false)
+    }
+
+    /// Whether an event at `time` pushed now would be handed back as late.
+    pub fn is_late(&self, time: EventTime) -> bool {
+        self.late_policy == LatePolicy::Drop && self.watermark.has_reached(time)
+    }
+
+    /// Opens a batch if none is open (reading the clock) and returns its processing
+    /// time.
+    pub fn begin_batch(&mut self) -> ProcessingTime {
+        self.open_batch().now
+    }
+
+    /// Shows `time` to the watermark strategy without an event: a job running its keys
+    /// on several operators shows every event's time to the one that keeps time.
+    pub fn observe(&mut self, time: EventTime) {
+        self.strategy.observe(time);
+    }
+
+    /// The watermark the open batch will end at.
+    pub fn next_watermark(&self) -> Watermark {
+        self.watermark.max(self.strategy.current())
+    }
+
+    /// The clock's processing time now.
+    pub fn now(&self) -> ProcessingTime {
+        self.clock.now()
+    }
+
+    fn push_inner(
+        &mut self,
+        key: &str,
+        time: EventTime,
+        event: E,
+        rank: Option<u32>,
+        observe: bool,
+    ) -> Option<LateEvent<E>> {
         let mut batch = self.open_batch();
         batch.events += 1;
         let w = self.watermark;
-        self.strategy.observe(time);
-        if self.late_policy == LatePolicy::Drop && w.has_reached(time) {
+        if observe {
+            self.strategy.observe(time);
+        }
+        if self.is_late(time) {
             batch.late += 1;
             self.open = Some(batch);
             return Some(LateEvent {
@@ -688,7 +772,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         let ks = self.store.state_mut(id);
         if ks.batch != this_batch {
             ks.batch = this_batch;
-            ks.rank = batch.keys;
+            ks.rank = rank.unwrap_or(batch.keys);
             batch.keys += 1;
         }
         let rank = ks.rank;
@@ -700,6 +784,19 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     /// Processes the open batch (an empty one if none is open): the data calls, the
     /// watermark step, the timeout calls. Outputs go to `emit` in that order.
     pub fn end_batch<F, R>(&mut self, f: &mut F, emit: &mut impl FnMut(R::Item)) -> BatchReport
+    where
+        F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+        R: IntoIterator,
+    {
+        self.end_batch_ordered(f, &mut |_, o| emit(o))
+    }
+
+    /// As [`end_batch`](Self::end_batch), each output with its call's [`CallOrder`].
+    pub fn end_batch_ordered<F, R>(
+        &mut self,
+        f: &mut F,
+        emit: &mut impl FnMut(CallOrder<'_>, R::Item),
+    ) -> BatchReport
     where
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
         R: IntoIterator,
@@ -728,7 +825,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
                 now: batch.now,
                 keep: false,
             };
-            self.call(id, group, call, f, emit, &mut report);
+            self.call(id, group, call, CallSeed::Data(rank), f, emit, &mut report);
             report.data_calls += 1;
         }
         drop(events);
@@ -787,13 +884,34 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
         R: IntoIterator,
     {
+        let mut emit = |_: CallOrder<'_>, o| emit(o);
         let mut report = if self.open.is_some() {
-            self.end_batch(f, emit)
+            self.end_batch_ordered(f, &mut emit)
         } else {
             BatchReport::default()
         };
-        self.watermark = Watermark::MAX;
         let now = self.clock.now();
+        let rest = self.finish_at(now, f, &mut emit);
+        report.timeout_calls += rest.timeout_calls;
+        report.outputs += rest.outputs;
+        report.watermark = rest.watermark;
+        report
+    }
+
+    /// The second half of [`finish`](Self::finish), with no batch open: the watermark
+    /// becomes +∞ and what is due then, or at processing time `now`, fires.
+    pub fn finish_at<F, R>(
+        &mut self,
+        now: ProcessingTime,
+        f: &mut F,
+        emit: &mut impl FnMut(CallOrder<'_>, R::Item),
+    ) -> BatchReport
+    where
+        F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+        R: IntoIterator,
+    {
+        let mut report = BatchReport::default();
+        self.watermark = Watermark::MAX;
         self.fire_timeouts(now, f, emit, &mut report);
         report.watermark = Some(self.watermark);
         report
@@ -805,7 +923,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         &mut self,
         now: ProcessingTime,
         f: &mut F,
-        emit: &mut impl FnMut(R::Item),
+        emit: &mut impl FnMut(CallOrder<'_>, R::Item),
         report: &mut BatchReport,
     ) where
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
@@ -879,7 +997,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         for &(_, _, id) in &due {
             *left.entry(id).or_default() += 1;
         }
-        for &(what, _, id) in &due {
+        for &(what, deadline, id) in &due {
             let n = left.get_mut(&id).expect("counted");
             *n -= 1;
             let keep = *n > 0;
@@ -892,7 +1010,8 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             };
             match what {
                 Due::Timeout(kind) => {
-                    self.call(id, Vec::new(), call(kind, None), f, emit, report);
+                    let seed = CallSeed::Due(what, deadline);
+                    self.call(id, Vec::new(), call(kind, None), seed, f, emit, report);
                     report.timeout_calls += 1;
                 }
                 Due::Timer(t) => {
@@ -903,7 +1022,16 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
                         continue;
                     };
                     timers.remove(at);
-                    self.call(id, Vec::new(), call(t.kind(), Some(t)), f, emit, report);
+                    let seed = CallSeed::Due(what, deadline);
+                    self.call(
+                        id,
+                        Vec::new(),
+                        call(t.kind(), Some(t)),
+                        seed,
+                        f,
+                        emit,
+                        report,
+                    );
                     report.timeout_calls += 1;
                 }
                 Due::Expire => {
@@ -926,21 +1054,29 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     }
 
     /// One call of the user function for the key in slot `id`.
+    #[allow(clippy::too_many_arguments)]
     fn call<F, R>(
         &mut self,
         id: SlotId,
         events: Vec<E>,
         call: Call,
+        seed: CallSeed,
         f: &mut F,
-        emit: &mut impl FnMut(R::Item),
+        emit: &mut impl FnMut(CallOrder<'_>, R::Item),
         report: &mut BatchReport,
     ) where
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
         R: IntoIterator,
     {
         let ttl = self.ttl;
-        let (key, ks) = self.store.key_and_state_mut(id);
-        let key = String::from_utf8_lossy(key);
+        let (key_bytes, ks) = self.store.key_and_state_mut(id);
+        let order = match seed {
+            CallSeed::Data(rank) => CallOrder::Data(rank),
+            CallSeed::Due(what, deadline) => {
+                CallOrder::Due(what.domain(), deadline, key_bytes, DueRank(what))
+            }
+        };
+        let key = String::from_utf8_lossy(key_bytes);
         // Expired state is never handed to a call.
         if ks.expires.is_some_and(|d| d <= call.now) {
             ks.state = None;
@@ -962,7 +1098,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         };
         for out in f(&key, events, &mut handle) {
             report.outputs += 1;
-            emit(out);
+            emit(order, out);
         }
         let (event_timeout, proc_timeout, written) =
             (handle.event_timeout, handle.proc_timeout, handle.written);

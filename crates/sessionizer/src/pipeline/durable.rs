@@ -28,6 +28,7 @@ use super::shard::Shard;
 use crate::config::{CheckpointConfig, PipelineConfig};
 use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
+use sessionizer_checkpoint::{CheckpointError, StateFile};
 use sessionizer_checkpoint::{
     CheckpointWriter, Committed, Counters, EncodedState, InputPosition, KafkaTxn, LoadedState,
     Manifest, OutputCommit, Recovered, StateDir, StateEntries, WatermarkState,
@@ -35,6 +36,7 @@ use sessionizer_checkpoint::{
 use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
 use sessionizer_connectors::{InputSource, OutputTarget};
+use sessionizer_window::spill::StoreImage;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -265,24 +267,28 @@ impl Durable {
         // One checkpoint at a time: its buffers, and whether the next is a base, come
         // back with it.
         self.wait()?;
-        let base = self.next_is_base;
+        // A shard that forgot its changes (too many evicted ones to remember) needs a
+        // base.
+        let base = self.next_is_base || shards.iter().any(|s| s.op.changes_lost());
         let parts = &mut self.parts;
-        match pool {
+        let images: Vec<Option<Box<dyn StoreImage>>> = match pool {
             Some(pool) => {
                 use rayon::prelude::*;
                 pool.install(|| {
                     shards
                         .par_iter_mut()
                         .zip(parts.par_iter_mut())
-                        .try_for_each(|(s, p)| s.encode_state(base, p))
-                })?;
+                        .map(|(s, p)| s.encode_state(base, p))
+                        .collect::<Result<_, _>>()
+                })?
             }
-            None => {
-                for (s, p) in shards.iter_mut().zip(parts.iter_mut()) {
-                    s.encode_state(base, p)?;
-                }
-            }
-        }
+            None => shards
+                .iter_mut()
+                .zip(parts.iter_mut())
+                .map(|(s, p)| s.encode_state(base, p))
+                .collect::<Result<_, _>>()?,
+        };
+        let images = images.into_iter().flatten().collect();
         if finished {
             for p in &mut self.inputs {
                 p.offset = p.size;
@@ -323,6 +329,7 @@ impl Durable {
         self.background.send(Work {
             syncs: outputs.into_iter().map(|(_, _, p)| p).collect(),
             parts: std::mem::take(&mut self.parts),
+            images,
             base,
             manifest,
         })?;
@@ -407,6 +414,9 @@ impl Durable {
 struct Work {
     syncs: Vec<PendingSync>,
     parts: Vec<StateEntries>,
+    /// A base's spilled keys: images of the state backend's stores, read here and
+    /// removed once written.
+    images: Vec<Box<dyn StoreImage>>,
     base: bool,
     manifest: Manifest,
 }
@@ -516,7 +526,7 @@ impl Drop for Background {
 fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError> {
     // The shards encoded either every key (a base) or the changes (a delta); the writer
     // must label the file the same way, or a "base" would silently lack unchanged keys.
-    if writer.next_is_base() != w.base {
+    if !writer.settle_kind(w.base) {
         return Err(RunError::Resume {
             dir: writer.dir_mut().path().display().to_string(),
             message: "internal error: the checkpoint writer and the shards disagree on whether this checkpoint is a full base; nothing was written, the previous checkpoint is intact".into(),
@@ -543,7 +553,53 @@ fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError>
         puts: w.parts.iter().map(StateEntries::puts).sum(),
         tombstones: w.parts.iter().map(StateEntries::tombstones).sum(),
     };
-    Ok(writer.commit(&state, w.manifest.clone())?)
+    Ok(writer.commit_with(
+        &state,
+        &mut |file| stream_images(&w.images, file),
+        w.manifest.clone(),
+    )?)
+}
+
+/// Appends the keys of `images` to a base being written, a few MiB of entries at a time
+/// (so memory does not grow with the state).
+fn stream_images(
+    images: &[Box<dyn StoreImage>],
+    file: &mut StateFile,
+) -> Result<(), CheckpointError> {
+    const BLOCK: usize = 4 << 20;
+    let mut block = StateEntries::default();
+    let mut bytes = 0;
+    let mut failed = None;
+    for image in images {
+        let read = image.for_each_encoded(&mut |key, value| {
+            if failed.is_some() {
+                return;
+            }
+            block.put_with(key, |buf| buf.extend_from_slice(value));
+            bytes += key.len() + value.len() + 8;
+            if bytes >= BLOCK {
+                bytes = 0;
+                if let Err(e) = append_block(&mut block, file) {
+                    failed = Some(e);
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        read.map_err(|e| CheckpointError::Write {
+            action: "read the state store's image for",
+            path: std::path::PathBuf::from("the base"),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    }
+    append_block(&mut block, file)
+}
+
+fn append_block(block: &mut StateEntries, file: &mut StateFile) -> Result<(), CheckpointError> {
+    file.append_entries(block)?;
+    block.clear();
+    Ok(())
 }
 
 /// With a Kafka output, the checkpoint to resume from is the newest whose transaction

@@ -22,13 +22,13 @@
 //! they do at batch boundaries to one [`Telemetry`] — logs, metrics, the progress line —
 //! and answer its questions about a key between batches.
 
-mod backend;
+pub(crate) mod backend;
 mod durable;
 #[cfg(feature = "kafka")]
 mod kafka;
 mod kafka_sink;
 mod lookup;
-mod parse;
+pub(crate) mod parse;
 mod shard;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
@@ -212,11 +212,6 @@ fn run_driver(
     if let Some(kafka) = &cfg.kafka
         && kafka.is_source()
     {
-        if cfg.state_backend != crate::config::StateBackend::Memory {
-            return Err(RunError::Unsupported(
-                "--state-backend rocksdb is not built for Kafka inputs yet (their tasks keep their state in memory and in the changelog); use --state-backend memory".into(),
-            ));
-        }
         #[cfg(feature = "kafka")]
         return kafka::run(cfg, kafka, telemetry);
         #[cfg(not(feature = "kafka"))]
@@ -564,23 +559,10 @@ impl<'c> Job<'c> {
 
     /// Updates what the spill stores did (none: nothing to do).
     fn sample_state_stores(&mut self) {
-        let mut now = crate::stats::StateStoreStats::default();
-        let (mut keys, mut disk, mut any) = (0u64, 0u64, false);
-        for c in self.shards.iter().filter_map(|s| s.op.spill_counts()) {
-            any = true;
-            now.evicted += c.evicted;
-            now.unspilled += c.unspilled;
-            keys += c.keys as u64;
-            disk += c.disk_bytes;
+        if self.spill_root.is_some() {
+            let live = self.shards.iter().filter_map(|s| s.op.spill_counts());
+            backend::sample_stores(&mut self.store_stats, (0, 0), live);
         }
-        if !any {
-            return;
-        }
-        let seen = self.store_stats.get_or_insert_with(Default::default);
-        seen.evicted = now.evicted;
-        seen.unspilled = now.unspilled;
-        seen.spilled_keys_max = seen.spilled_keys_max.max(keys);
-        seen.disk_bytes_max = seen.disk_bytes_max.max(disk);
     }
 
     /// The one task of a file or stdin input, for telemetry.
@@ -628,6 +610,7 @@ impl<'c> Job<'c> {
                 self.spill_root = backend::attach(self.cfg, &mut self.shards, Some(&c.state_dir))?;
                 for s in &mut self.shards {
                     s.track_changes();
+                    s.op.bound_tracked_changes();
                 }
                 start
             }
@@ -834,8 +817,11 @@ impl<'c> Job<'c> {
         // With a million keys every insert misses the cache on the shard's index: its
         // entry is asked for RESTORE_AHEAD keys before the key is put in.
         const RESTORE_AHEAD: usize = 16;
-        let mut ahead: std::collections::VecDeque<(usize, &[u8], &[u8])> =
+        // The keys waiting are copies (the state hands each out for its call only),
+        // in buffers that go round.
+        let mut ahead: std::collections::VecDeque<(usize, Vec<u8>, Vec<u8>)> =
             std::collections::VecDeque::with_capacity(RESTORE_AHEAD + 1);
+        let mut spare: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(RESTORE_AHEAD + 1);
         let shards_now = &mut self.shards;
         let mut restored = state.for_each_live(|key, value| {
             let shard = parse::shard_of(key, shards) as usize;
@@ -847,22 +833,25 @@ impl<'c> Job<'c> {
             shards_now[shard]
                 .op
                 .prefetch_index(sessionizer_window::keyed::key_hash(key));
-            ahead.push_back((shard, key, value));
+            let (mut k, mut v) = spare.pop().unwrap_or_default();
+            k.clear();
+            k.extend_from_slice(key);
+            v.clear();
+            v.extend_from_slice(value);
+            ahead.push_back((shard, k, v));
             if ahead.len() > RESTORE_AHEAD {
                 let (s, k, v) = ahead.pop_front().expect("a key waits");
                 shards_now[s]
-                    .restore_key(k, v, format)
-                    .map_err(|reason| (k.to_vec(), reason))?;
+                    .restore_key(&k, &v, format)
+                    .map_err(|reason| (k.clone(), reason))?;
+                spare.push((k, v));
             }
             Ok(())
         });
         if restored.is_ok() {
             for (s, k, v) in ahead.drain(..) {
-                if let Err(reason) = shards_now[s].restore_key(k, v, format) {
-                    restored = Err(sessionizer_checkpoint::state::LiveError::Apply((
-                        k.to_vec(),
-                        reason,
-                    )));
+                if let Err(reason) = shards_now[s].restore_key(&k, &v, format) {
+                    restored = Err(sessionizer_checkpoint::state::LiveError::Apply((k, reason)));
                     break;
                 }
             }

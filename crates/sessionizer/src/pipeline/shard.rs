@@ -15,7 +15,7 @@ use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::codec;
-use sessionizer_window::spill::SpillError;
+use sessionizer_window::spill::{SpillError, StoreImage};
 use sessionizer_window::watermark::WatermarkStrategy;
 use sessionizer_window::{
     BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
@@ -315,13 +315,19 @@ impl Shard {
 
     /// Encodes this shard's keyed state for a checkpoint: every key (`base`), or the keys
     /// changed or removed since the last checkpoint. Either way the changes are then
-    /// forgotten: the checkpoint holds them.
-    /// Keys spilled to the state backend's store are read back from it.
-    pub fn encode_state(&mut self, base: bool, out: &mut StateEntries) -> Result<(), SpillError> {
+    /// forgotten: the checkpoint holds them. In a delta, keys spilled to the state
+    /// backend's store are read back from it; for a base, the store gives an image of
+    /// its keys (a RocksDB checkpoint) that the checkpoint writer reads on its own
+    /// thread, so only the keys in memory are encoded here.
+    pub fn encode_state(
+        &mut self,
+        base: bool,
+        out: &mut StateEntries,
+    ) -> Result<Option<Box<dyn StoreImage>>, SpillError> {
         out.clear();
+        let mut image = None;
         if base {
-            self.op.forget_changes();
-            self.op.for_each_key(|key, sessions| {
+            image = self.op.base_keys(|key, sessions| {
                 out.put_with(key, |buf| codec::encode_sessions(sessions, buf));
             })?;
         } else {
@@ -332,7 +338,7 @@ impl Shard {
         }
         match self.op.take_spill_error() {
             Some(e) => Err(e),
-            None => Ok(()),
+            None => Ok(image),
         }
     }
 

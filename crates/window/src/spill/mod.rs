@@ -25,7 +25,7 @@ mod rocks;
 
 pub use map::MapSpill;
 #[cfg(feature = "rocksdb")]
-pub use rocks::{RocksMemory, RocksSpill};
+pub use rocks::{RocksImage, RocksMemory, RocksSpill};
 
 /// Why a spill store could not do what it was asked. The operator keeps the first one
 /// and the pipeline stops the run with it before any output of that batch is written.
@@ -91,6 +91,48 @@ pub trait SpillStore<S>: fmt::Debug + Send {
     /// Bytes the store takes on disk (0 in memory), for the run's report.
     fn disk_bytes(&self) -> u64 {
         0
+    }
+
+    /// An image of every key here as it is now, to be read later, perhaps on another
+    /// thread, while the store goes on changing (a checkpoint's base); `None` when the
+    /// store makes none (its keys are then read at once, with
+    /// [`for_each`](Self::for_each)).
+    fn image(&mut self) -> Result<Option<Box<dyn StoreImage>>, SpillError> {
+        Ok(None)
+    }
+}
+
+/// The keys of a spill store at one instant ([`SpillStore::image`]), each with its state
+/// in the bytes the store's codec wrote (for the command line's sessions: the checkpoint
+/// codec's, as a checkpoint's base holds them). Removed when dropped.
+pub trait StoreImage: fmt::Debug + Send {
+    /// Calls `f` with every key and its encoded state, in key order.
+    fn for_each_encoded(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError>;
+}
+
+/// How a spill store on disk writes a key's state as bytes and reads it back. The
+/// command line's sessions use the checkpoint codec ([`SessionsCodec`]); a library
+/// window with its own accumulator type writes that layout with the accumulator as
+/// JSON. One codec per store: what it wrote, it reads.
+pub trait StateCodec<S>: Send {
+    /// Appends the bytes of `state` to `out`.
+    fn encode(&self, state: &S, out: &mut Vec<u8>);
+    /// Reads back what [`encode`](Self::encode) wrote; the error says what is wrong.
+    fn decode(&self, bytes: &[u8]) -> Result<S, String>;
+}
+
+/// The command line's sessions in the checkpoint codec ([`crate::codec`]) of a window
+/// configured as `.0` (its aggregates decode the values).
+#[derive(Debug, Clone)]
+pub struct SessionsCodec(pub crate::operator::WindowConfig);
+
+impl StateCodec<crate::session::KeySessions> for SessionsCodec {
+    fn encode(&self, state: &crate::session::KeySessions, out: &mut Vec<u8>) {
+        crate::codec::encode_sessions(state, out);
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<crate::session::KeySessions, String> {
+        crate::codec::decode_sessions(bytes, &self.0).map_err(|e| e.to_string())
     }
 }
 

@@ -1,6 +1,6 @@
 //! The RocksDB spill store (cargo feature `rocksdb`): a key's sessions in the column
-//! family `sessions` (key -> deadline, then the key's state in the checkpoint codec,
-//! [`crate::codec`]), its next timer in `timers` (deadline big-endian ++ key -> empty),
+//! family `sessions` (key -> deadline, then the key's state in the store's
+//! [`StateCodec`]: the checkpoint codec, [`crate::codec`]), its next timer in `timers` (deadline big-endian ++ key -> empty),
 //! so the keys due by a watermark are one range scan in deadline order.
 //!
 //! The store is scratch space below the hot tier, not the job's durable state: the
@@ -11,8 +11,9 @@
 //! shard's store; index and filter blocks (about 1.3 bytes per key) stay with the open
 //! table files.
 
-use super::{SpillError, SpillStore, deadline_bytes, deadline_of};
-use crate::codec::{decode_sessions, encode_sessions};
+use super::{
+    SessionsCodec, SpillError, SpillStore, StateCodec, StoreImage, deadline_bytes, deadline_of,
+};
 use crate::keyed::KeyBytes;
 use crate::operator::WindowConfig;
 use crate::session::KeySessions;
@@ -63,11 +64,13 @@ impl RocksMemory {
     }
 }
 
-/// A [`SpillStore`] of the command line's sessions in a RocksDB database of its own.
-pub struct RocksSpill {
+/// A [`SpillStore`] in a RocksDB database of its own: of the command line's sessions
+/// by default, of any state `S` with a [`StateCodec`] of it
+/// ([`open_with`](RocksSpill::open_with)).
+pub struct RocksSpill<S = KeySessions> {
     db: Option<DB>,
     dir: PathBuf,
-    cfg: WindowConfig,
+    codec: Box<dyn StateCodec<S>>,
     write: WriteOptions,
     /// Every timer entry left is at or after this deadline (where a scan starts, past
     /// the deletions of keys taken back).
@@ -75,7 +78,7 @@ pub struct RocksSpill {
     scratch: Vec<u8>,
 }
 
-impl fmt::Debug for RocksSpill {
+impl<S> fmt::Debug for RocksSpill<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RocksSpill")
             .field("dir", &self.dir)
@@ -87,16 +90,26 @@ impl RocksSpill {
     /// Opens an empty store in `dir` (whatever it held is deleted first) for sessions of
     /// a window configured as `cfg`, within `memory`.
     pub fn open(dir: &Path, cfg: WindowConfig, memory: &RocksMemory) -> Result<Self, SpillError> {
+        RocksSpill::open_with(dir, Box::new(SessionsCodec(cfg)), memory)
+    }
+}
+
+impl<S> RocksSpill<S> {
+    /// Opens an empty store in `dir` (whatever it held is deleted first) for states that
+    /// `codec` writes and reads, within `memory`.
+    pub fn open_with(
+        dir: &Path,
+        codec: Box<dyn StateCodec<S>>,
+        memory: &RocksMemory,
+    ) -> Result<Self, SpillError> {
         let name = dir.display().to_string();
         let dir_error = |source| SpillError::Dir {
             dir: name.clone(),
             source,
         };
-        match std::fs::remove_dir_all(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(dir_error(e)),
-        }
+        // Its directory and an image a killed run left beside it.
+        remove_if_there(dir).map_err(dir_error)?;
+        remove_if_there(&image_dir(dir)).map_err(dir_error)?;
         std::fs::create_dir_all(dir).map_err(dir_error)?;
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
@@ -142,7 +155,7 @@ impl RocksSpill {
         Ok(RocksSpill {
             db: Some(db),
             dir: dir.to_path_buf(),
-            cfg,
+            codec,
             write,
             due_from: i64::MIN,
             scratch: Vec::new(),
@@ -161,20 +174,14 @@ impl RocksSpill {
     }
 
     fn damaged(&self, key: &[u8], reason: impl fmt::Display) -> SpillError {
-        SpillError::Damaged {
-            dir: self.dir.display().to_string(),
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason: reason.to_string(),
-        }
+        damaged(&self.dir, key, reason)
     }
 
     /// A `sessions` value: the deadline, then the state.
-    fn decode(&self, key: &[u8], value: &[u8]) -> Result<(KeySessions, i64), SpillError> {
-        let Some((deadline, state)) = value.split_first_chunk::<8>() else {
-            return Err(self.damaged(key, "shorter than its deadline"));
-        };
-        let state = decode_sessions(state, &self.cfg).map_err(|e| self.damaged(key, e))?;
-        Ok((state, i64::from_le_bytes(*deadline)))
+    fn decode(&self, key: &[u8], value: &[u8]) -> Result<(S, i64), SpillError> {
+        let (deadline, state) = split_value(&self.dir, key, value)?;
+        let state = self.codec.decode(state).map_err(|e| self.damaged(key, e))?;
+        Ok((state, deadline))
     }
 
     fn timer_key(deadline: i64, key: &[u8]) -> Vec<u8> {
@@ -193,7 +200,75 @@ impl RocksSpill {
     }
 }
 
-impl Drop for RocksSpill {
+/// A `sessions` value of the store in `dir`: the deadline, then the encoded state.
+fn split_value<'v>(dir: &Path, key: &[u8], value: &'v [u8]) -> Result<(i64, &'v [u8]), SpillError> {
+    match value.split_first_chunk::<8>() {
+        Some((deadline, state)) => Ok((i64::from_le_bytes(*deadline), state)),
+        None => Err(damaged(dir, key, "shorter than its deadline")),
+    }
+}
+
+/// The value of `key` in the store in `dir` does not decode.
+fn damaged(dir: &Path, key: &[u8], reason: impl fmt::Display) -> SpillError {
+    SpillError::Damaged {
+        dir: dir.display().to_string(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Removes `dir` and what it holds, if it is there.
+fn remove_if_there(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+/// Where the image of the store in `dir` goes (beside it, on the same file system: its
+/// table files are hard links).
+fn image_dir(dir: &Path) -> PathBuf {
+    let mut name = dir.as_os_str().to_owned();
+    name.push(".image");
+    PathBuf::from(name)
+}
+
+/// A [`RocksSpill`]'s keys at one instant: a RocksDB checkpoint, opened read-only when
+/// read, removed when dropped.
+#[derive(Debug)]
+pub struct RocksImage {
+    dir: PathBuf,
+}
+
+impl StoreImage for RocksImage {
+    fn for_each_encoded(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError> {
+        let error = |e: rocksdb::Error| SpillError::Store {
+            dir: self.dir.display().to_string(),
+            message: e.into_string(),
+        };
+        let db =
+            DB::open_cf_for_read_only(&Options::default(), &self.dir, [SESSIONS, TIMERS], false)
+                .map_err(error)?;
+        let cf = db.cf_handle(SESSIONS).expect("opened with it");
+        let mut it = db.raw_iterator_cf(cf);
+        it.seek_to_first();
+        while it.valid() {
+            if let (Some(k), Some(v)) = (it.key(), it.value()) {
+                f(k, split_value(&self.dir, k, v)?.1);
+            }
+            it.next();
+        }
+        it.status().map_err(error)
+    }
+}
+
+impl Drop for RocksImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl<S> Drop for RocksSpill<S> {
     fn drop(&mut self) {
         // Scratch space: closed, then deleted.
         self.db = None;
@@ -201,8 +276,8 @@ impl Drop for RocksSpill {
     }
 }
 
-impl SpillStore<KeySessions> for RocksSpill {
-    fn take(&mut self, key: &[u8]) -> Result<Option<(KeySessions, i64)>, SpillError> {
+impl<S> SpillStore<S> for RocksSpill<S> {
+    fn take(&mut self, key: &[u8]) -> Result<Option<(S, i64)>, SpillError> {
         let (sessions, timers) = self.cfs();
         let Some(value) = self
             .db()
@@ -222,7 +297,7 @@ impl SpillStore<KeySessions> for RocksSpill {
         Ok(Some((state, deadline)))
     }
 
-    fn peek(&self, key: &[u8], f: &mut dyn FnMut(&KeySessions)) -> Result<bool, SpillError> {
+    fn peek(&self, key: &[u8], f: &mut dyn FnMut(&S)) -> Result<bool, SpillError> {
         let (sessions, _) = self.cfs();
         match self
             .db()
@@ -237,7 +312,7 @@ impl SpillStore<KeySessions> for RocksSpill {
         }
     }
 
-    fn put(&mut self, evicted: &mut Vec<(KeyBytes, KeySessions, i64)>) -> Result<(), SpillError> {
+    fn put(&mut self, evicted: &mut Vec<(KeyBytes, S, i64)>) -> Result<(), SpillError> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let (sessions, timers) = self.cfs();
         let mut earliest = i64::MAX;
@@ -248,7 +323,7 @@ impl SpillStore<KeySessions> for RocksSpill {
             for (key, state, deadline) in chunk {
                 scratch.clear();
                 scratch.extend_from_slice(&deadline.to_le_bytes());
-                encode_sessions(state, &mut scratch);
+                self.codec.encode(state, &mut scratch);
                 batch.put_cf(sessions, key, &scratch);
                 batch.put_cf(timers, Self::timer_key(*deadline, key), []);
                 earliest = earliest.min(*deadline);
@@ -269,7 +344,7 @@ impl SpillStore<KeySessions> for RocksSpill {
         &mut self,
         upto: i64,
         max: usize,
-        f: &mut dyn FnMut(&[u8], KeySessions, i64),
+        f: &mut dyn FnMut(&[u8], S, i64),
     ) -> Result<i64, SpillError> {
         let (sessions, timers) = self.cfs();
         let db = self.db();
@@ -317,7 +392,7 @@ impl SpillStore<KeySessions> for RocksSpill {
         Ok(next)
     }
 
-    fn for_each(&self, f: &mut dyn FnMut(&[u8], &KeySessions)) -> Result<(), SpillError> {
+    fn for_each(&self, f: &mut dyn FnMut(&[u8], &S)) -> Result<(), SpillError> {
         let (sessions, _) = self.cfs();
         let mut it = self.db().raw_iterator_cf(sessions);
         it.seek_to_first();
@@ -328,6 +403,20 @@ impl SpillStore<KeySessions> for RocksSpill {
             it.next();
         }
         it.status().map_err(|e| self.error(e))
+    }
+
+    /// A RocksDB checkpoint of the store (its memtables flushed, its table files hard
+    /// links) in `<dir>.image`: taking it costs a flush, not a read of every key.
+    fn image(&mut self) -> Result<Option<Box<dyn StoreImage>>, SpillError> {
+        let dir = image_dir(&self.dir);
+        remove_if_there(&dir).map_err(|source| SpillError::Dir {
+            dir: dir.display().to_string(),
+            source,
+        })?;
+        rocksdb::checkpoint::Checkpoint::new(self.db())
+            .and_then(|c| c.create_checkpoint(&dir))
+            .map_err(|e| self.error(e))?;
+        Ok(Some(Box::new(RocksImage { dir })))
     }
 
     fn disk_bytes(&self) -> u64 {

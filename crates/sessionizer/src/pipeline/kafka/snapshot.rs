@@ -183,11 +183,11 @@ fn write_one(
     };
     let header = serde_json::to_vec(&header).expect("snapshot header encodes");
     snaps.entries.clear();
-    for (_, key, sessions) in task.shard.op.store().iter() {
-        snaps
-            .entries
-            .put_with(key, |buf| codec::encode_sessions(sessions, buf));
-    }
+    // Every key, in memory or in the task's RocksDB store.
+    let entries = &mut snaps.entries;
+    task.shard.op.for_each_key(|key, sessions| {
+        entries.put_with(key, |buf| codec::encode_sessions(sessions, buf));
+    })?;
     let name = task::file_name(changelog, task.tp.partition);
     Ok(snaps
         .dir
