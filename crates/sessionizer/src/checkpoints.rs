@@ -41,8 +41,8 @@
 //! ```
 
 use sessionizer_checkpoint::{
-    CheckpointError, CheckpointWriter, Damage, EncodedState, LoadedState, Manifest, StateDir,
-    StateEntries,
+    CheckpointError, CheckpointWriter, Damage, EncodedState, KafkaPosition, LoadedState, Manifest,
+    StateDir, StateEntries,
 };
 use std::path::{Path, PathBuf};
 
@@ -64,6 +64,9 @@ pub struct Checkpoints {
     pub(crate) found_epoch: Option<u64>,
     pub(crate) restored: bool,
     skipped: Vec<(u64, Damage)>,
+    /// How far the job's Kafka source had read at the checkpoint found, then as
+    /// recorded by the source: written into every checkpoint.
+    pub(crate) kafka_positions: Vec<KafkaPosition>,
 }
 
 impl Checkpoints {
@@ -73,6 +76,10 @@ impl Checkpoints {
         let dir = StateDir::open(&path)?;
         let recovery = dir.recover()?;
         let found = recovery.found.map(|r| (r.manifest, r.state));
+        let kafka_positions = found
+            .as_ref()
+            .map(|(m, _)| m.kafka_positions.clone())
+            .unwrap_or_default();
         let writer = CheckpointWriter::new(dir, found.as_ref().map(|(m, s)| (m, s)))?;
         Ok(Checkpoints {
             path,
@@ -81,6 +88,7 @@ impl Checkpoints {
             found,
             restored: false,
             skipped: recovery.skipped,
+            kafka_positions,
         })
     }
 
@@ -124,9 +132,9 @@ impl Checkpoints {
         &mut self,
         base: bool,
         entries: &StateEntries,
-        manifest: Manifest,
+        mut manifest: Manifest,
     ) -> Result<Committed, StateError> {
-        if base != self.writer.next_is_base() {
+        if !self.writer.settle_kind(base) {
             // Prevented by next_is_base; the writer labels the file, so they must agree.
             return Err(StateError::State {
                 dir: self.path.clone(),
@@ -138,6 +146,7 @@ impl Checkpoints {
             puts: entries.puts(),
             tombstones: entries.tombstones(),
         };
+        manifest.kafka_positions = self.kafka_positions.clone();
         let committed = self.writer.commit(&state, manifest)?;
         self.restored = true;
         self.found_epoch = Some(committed.epoch);
@@ -233,6 +242,17 @@ pub enum StateError {
         /// Events the job has processed.
         events: u64,
     },
+    /// The state backend's store (RocksDB) failed.
+    #[error(transparent)]
+    StateStore(#[from] sessionizer_window::spill::SpillError),
+    /// The state backend asked for cannot be used (this build lacks it, or the job has
+    /// state already).
+    #[error("{0}")]
+    Backend(String),
+    /// The workers asked for cannot be set up (the job has state already, or the
+    /// threads did not start).
+    #[error("{0}")]
+    Workers(String),
 }
 
 /// What a job resumed from.

@@ -85,6 +85,8 @@ pub mod aggregators;
 pub mod checkpoints;
 pub mod config;
 mod flatten;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod late;
 pub mod pipeline;
 pub mod sink;
@@ -114,6 +116,7 @@ pub mod prelude {
         Collect, Count, CountDistinct, First, Last, Max, Min, Named, Sum,
     };
     pub use crate::checkpoints::{Checkpoints, Resumed, StateError};
+    pub use crate::config::StateBackend;
     pub use crate::late::Late;
     pub use crate::sink::{JsonLinesSink, OutputTarget, Sink, SinkError};
     pub use crate::source::{DeadLetter, InputSource, JsonLines, SourceError};

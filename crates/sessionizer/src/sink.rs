@@ -24,6 +24,15 @@ pub enum SinkError {
     /// An item could not be encoded as JSON.
     #[error("cannot encode an output record as JSON: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The job's state store (the `rocksdb` backend) failed: the job cannot go on, and
+    /// what it emitted in the failing step may be wrong. Restore it from its last
+    /// checkpoint.
+    #[error(transparent)]
+    StateStore(#[from] sessionizer_window::spill::SpillError),
+    /// Producing to Kafka failed (a [`KafkaJsonSink`](crate::kafka::KafkaJsonSink)).
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
 }
 
 /// A destination for items of type `T`.

@@ -21,7 +21,7 @@ pub use sessionizer_connectors::InputSource;
 pub struct DeadLetter {
     /// Why (serde's message, e.g. ``missing field `visit_id` at line 1 column 40``).
     pub reason: String,
-    /// `file:line` (or `stdin:line`).
+    /// `file:line` (or `stdin:line`; `topic/partition@offset` for a Kafka source).
     pub source: String,
     /// The record as read (bytes that are not UTF-8 replaced by U+FFFD).
     pub raw: String,
@@ -29,6 +29,18 @@ pub struct DeadLetter {
     /// that `raw` could not hold them); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub raw_base64: Option<String>,
+}
+
+impl DeadLetter {
+    /// The dead letter of the record `raw` read at `source`, refused for `reason`.
+    pub(crate) fn of(reason: String, source: String, raw: &[u8]) -> DeadLetter {
+        DeadLetter {
+            reason,
+            source,
+            raw: String::from_utf8_lossy(raw).into_owned(),
+            raw_base64: sessionizer_connectors::encode::raw_base64(raw),
+        }
+    }
 }
 
 /// Why a source stopped.
@@ -40,6 +52,10 @@ pub enum SourceError {
     /// The dead-letter sink refused a record.
     #[error("cannot write a dead letter: {0}")]
     DeadLetter(#[from] SinkError),
+    /// Reading Kafka failed (a [`KafkaJson`](crate::kafka::KafkaJson) source).
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
 }
 
 /// What a [`JsonLines`] source read.
@@ -182,16 +198,9 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                 Err(e) => {
                     self.counts.invalid += 1;
                     let span = self.batch.lines[i];
-                    let letter = DeadLetter {
-                        reason: e.to_string(),
-                        source: format!(
-                            "{}:{}",
-                            self.inputs.name(span.input as usize),
-                            span.line_no
-                        ),
-                        raw: String::from_utf8_lossy(line).into_owned(),
-                        raw_base64: sessionizer_connectors::encode::raw_base64(line),
-                    };
+                    let source =
+                        format!("{}:{}", self.inputs.name(span.input as usize), span.line_no);
+                    let letter = DeadLetter::of(e.to_string(), source, line);
                     if let Err(e) = self.dead.send(letter) {
                         self.error = Some(e.into());
                         return None;

@@ -16,6 +16,8 @@ use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::Watermark;
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::{Clock, SystemClock};
+
+mod parallel;
 use sessionizer_window::stateful::{
     BatchReport, GroupState, LateEvent, LatePolicy, SnapshotError, StatefulOperator,
 };
@@ -143,6 +145,8 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             late_policy: self.late_policy,
             state_ttl: self.state_ttl,
             checkpointed: false,
+            workers: Vec::new(),
+            parallel: None,
         }
     }
 }
@@ -209,6 +213,72 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     state_ttl: Option<sessionizer_core::DurationMs>,
     /// A checkpoint was written or restored: the next one may be a delta.
     checkpointed: bool,
+    /// With [`set_workers`](StatefulJob::set_workers): the operators that own the other
+    /// shards' keys, and their threads.
+    workers: Vec<parallel::Worker<E, S, F>>,
+    parallel: Option<Parallel<E, S, W, C, F>>,
+}
+
+/// How a job with workers runs a step on all its operators (chosen in
+/// [`StatefulJob::set_workers`], where the thread-safety bounds hold, so that `push`,
+/// `end_batch` and `finish` need no more bounds than with one worker), and the batch's
+/// bookkeeping.
+struct Parallel<E, S, W, C, F> {
+    pool: rayon::ThreadPool,
+    beat: parallel::Beat,
+    on_all: OnAll<E, S, W, C, F>,
+    /// A batch is open; the next event's index in it (its key's rank if it is the key's
+    /// first); its late events (the job's own late check).
+    open: bool,
+    next_rank: u32,
+    late: u64,
+    /// The first operator's events of the open batch.
+    first: parallel::Pending<E>,
+}
+
+impl<E, S, W: WatermarkStrategy, C: Clock, F> Parallel<E, S, W, C, F> {
+    /// Opens a batch on the first operator, if none is open (it reads the clock), and
+    /// gives the others its processing time.
+    fn open_batch(&mut self, first: &mut StatefulOperator<E, S, W, C>) {
+        if !self.open {
+            self.beat.set_now(first.begin_batch());
+            self.open = true;
+        }
+    }
+}
+
+/// Runs a step on every operator; the outputs come back merged, as a
+/// `Vec<R::Item>` behind `Any` (the output type is the function's, which the job's
+/// type does not name).
+type OnAll<E, S, W, C, F> = fn(
+    &rayon::ThreadPool,
+    parallel::Step,
+    &mut StatefulOperator<E, S, W, C>,
+    &mut F,
+    &mut parallel::Pending<E>,
+    &mut [parallel::Worker<E, S, F>],
+) -> (BatchReport, Box<dyn std::any::Any>);
+
+fn on_all<E, S, W, C, F, R>(
+    pool: &rayon::ThreadPool,
+    step: parallel::Step,
+    op: &mut StatefulOperator<E, S, W, C>,
+    f: &mut F,
+    first: &mut parallel::Pending<E>,
+    workers: &mut [parallel::Worker<E, S, F>],
+) -> (BatchReport, Box<dyn std::any::Any>)
+where
+    E: Send,
+    S: Send,
+    W: WatermarkStrategy,
+    C: Clock,
+    F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R + Send,
+    R: IntoIterator,
+    R::Item: Send + 'static,
+{
+    let mut items: Vec<R::Item> = Vec::new();
+    let report = parallel::run_step(pool, step, (op, f, first), workers, &mut |o| items.push(o));
+    (report, Box::new(items))
 }
 
 impl<E, K, T, W: fmt::Debug, S: fmt::Debug, F, C: fmt::Debug> fmt::Debug
@@ -240,6 +310,7 @@ where
     C: Clock,
     F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
     R: IntoIterator,
+    R::Item: 'static,
 {
     /// Adds one event to the open batch (opening one: the clock is read then). A late
     /// event, or one whose time is outside the valid time range, goes to `late` at once.
@@ -256,16 +327,86 @@ where
             });
         }
         self.key.key_into(&event, &mut self.key_buf);
-        if let Some(l) = self.op.push(&self.key_buf, time, event) {
+        let pushed = match &mut self.parallel {
+            None => self.op.push(&self.key_buf, time, event),
+            Some(p) => {
+                p.open_batch(&mut self.op);
+                let rank = p.next_rank;
+                p.next_rank += 1;
+                // The late check of one operator, here; each operator pushes its own
+                // keys' events on its own thread when the batch ends.
+                let late = self.op.is_late(time);
+                self.op.observe(time);
+                if late {
+                    p.late += 1;
+                    Some(LateEvent {
+                        event,
+                        time,
+                        watermark: self.op.watermark(),
+                    })
+                } else {
+                    match shard_of(self.key_buf.as_bytes(), 1 + self.workers.len()) {
+                        0 => p.first.add(&self.key_buf, time, event, rank),
+                        w => {
+                            self.workers[w as usize - 1]
+                                .batch
+                                .add(&self.key_buf, time, event, rank)
+                        }
+                    }
+                    None
+                }
+            }
+        };
+        if let Some(l) = pushed {
             self.counts.late += 1;
             late.send(to_late(l))?;
         }
         Ok(())
     }
 
+    /// Runs `step` on every operator (with workers), outputs to `out` in one
+    /// operator's order.
+    fn on_all<O: Sink<R::Item>>(
+        &mut self,
+        step: parallel::Step,
+        out: &mut O,
+    ) -> Result<BatchReport, SinkError> {
+        let p = self.parallel.as_mut().expect("called with workers only");
+        let (mut events, mut late) = (0, 0);
+        if let parallel::Step::EndBatch = step {
+            p.open_batch(&mut self.op);
+            p.beat.set_watermark(self.op.next_watermark());
+            p.open = false;
+            events = u64::from(std::mem::take(&mut p.next_rank));
+            late = std::mem::take(&mut p.late);
+        }
+        let (mut report, items) = (p.on_all)(
+            &p.pool,
+            step,
+            &mut self.op,
+            &mut self.f,
+            &mut p.first,
+            &mut self.workers,
+        );
+        report.events = events;
+        report.late = late;
+        let items = items
+            .downcast::<Vec<R::Item>>()
+            .expect("on_all was chosen for this job's output type");
+        for item in *items {
+            out.send(item)?;
+        }
+        Ok(report)
+    }
+
     /// Ends the open batch (an empty one if none is open): data calls, watermark step,
     /// timeout calls; their outputs go to `out` in that order.
     pub fn end_batch<O: Sink<R::Item>>(&mut self, out: &mut O) -> Result<BatchReport, SinkError> {
+        if self.parallel.is_some() {
+            let report = self.on_all(parallel::Step::EndBatch, out)?;
+            self.count(&report);
+            return Ok(report);
+        }
         let mut error = None;
         let report = self.op.end_batch(&mut self.f, &mut |o| {
             if error.is_none()
@@ -309,6 +450,19 @@ where
         O: Sink<R::Item>,
         L: Sink<Late<E>>,
     {
+        if let Some(open) = self.parallel.as_ref().map(|p| p.open) {
+            if open {
+                self.end_batch(out)?;
+            }
+            let now = self.op.now();
+            let p = self.parallel.as_ref().expect("with workers");
+            p.beat.set(Watermark::MAX, now);
+            let report = self.on_all(parallel::Step::FinishAt(now), out)?;
+            self.count(&report);
+            out.flush()?;
+            late.flush()?;
+            return Ok(self.counts);
+        }
         let mut error = None;
         let report = self.op.finish(&mut self.f, &mut |o| {
             if error.is_none()
@@ -371,14 +525,95 @@ where
 
     /// The state of `key`, if any.
     pub fn state(&self, key: &str) -> Option<&S> {
-        self.op.state(key)
+        match shard_of(key.as_bytes(), 1 + self.workers.len()) {
+            0 => self.op.state(key),
+            w => self.workers[w as usize - 1].op.state(key),
+        }
     }
 
     /// The underlying operator (on the same keyed-state + timers core as the session
-    /// window).
+    /// window); with [`set_workers`](Self::set_workers), the first worker's.
     pub fn operator(&self) -> &StatefulOperator<E, S, W, C> {
         &self.op
     }
+
+    /// Runs the job on `workers` threads (the command line's `--workers`), each owning
+    /// the keys of one hash shard with an operator and a copy of the function of its
+    /// own; the first keeps time for all (it sees every event's time and reads the clock
+    /// once per batch), and each batch end runs on all of them at once. **The outputs,
+    /// late events and counts are those of one worker, in the same order**: data calls
+    /// by their key's first appearance in the batch, then timeouts and timers by
+    /// deadline and key. Checkpoints are the same files whatever the number of workers
+    /// and restore onto any number. Call it before the first event and before
+    /// [`restore_checkpoint`](Self::restore_checkpoint).
+    ///
+    /// Each worker calls its own clone of the function: a function that keeps state
+    /// of its own between calls (outside `GroupState`) sees only its workers' keys.
+    /// Workers pay off with large batches ([`Batching::Events`]); with
+    /// [`Batching::PerEvent`] every event is a step on every thread.
+    pub fn set_workers(&mut self, workers: usize) -> Result<(), StateError>
+    where
+        E: Send,
+        S: Send,
+        F: Clone + Send,
+        R::Item: Send,
+    {
+        if self.counts.events > 0 || self.op.keys() > 0 || self.checkpointed {
+            return Err(StateError::Workers(
+                "set_workers() must come before the job's first event and restore_checkpoint()"
+                    .into(),
+            ));
+        }
+        let workers = workers.max(1);
+        if workers == 1 {
+            self.workers.clear();
+            self.parallel = None;
+            return Ok(());
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers - 1)
+            .thread_name(|i| format!("sessionizer-stateful-{}", i + 1))
+            .build()
+            .map_err(|e| {
+                StateError::Workers(format!("cannot start {workers} worker threads: {e}"))
+            })?;
+        let beat = parallel::Beat::default();
+        self.workers = (1..workers)
+            .map(|_| {
+                let mut op = StatefulOperator::new(beat.clone(), beat.clone())
+                    .with_late_policy(self.late_policy);
+                if let Some(ttl) = self.state_ttl {
+                    op = op.with_state_ttl(ttl);
+                }
+                parallel::Worker {
+                    op,
+                    f: self.f.clone(),
+                    batch: parallel::Pending::default(),
+                }
+            })
+            .collect();
+        self.parallel = Some(Parallel {
+            pool,
+            beat,
+            on_all: on_all::<E, S, W, C, F, R>,
+            open: false,
+            next_rank: 0,
+            late: 0,
+            first: parallel::Pending::default(),
+        });
+        Ok(())
+    }
+}
+
+impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F, C> {
+    /// Keys with state or a pending timeout, on every worker.
+    pub fn keys(&self) -> usize {
+        self.op.keys() + self.workers.iter().map(|w| w.op.keys()).sum::<usize>()
+    }
+}
+
+fn shard_of(key: &[u8], shards: usize) -> u32 {
+    crate::pipeline::parse::shard_of(key, shards)
 }
 
 impl<E, K, T, W, S, F, C> StatefulJob<E, K, T, W, S, F, C>
@@ -389,12 +624,23 @@ where
 {
     /// The keyed state and watermark as bytes (see
     /// [`StatefulOperator::snapshot`]); between batches only.
+    /// Refused with workers ([`checkpoint`](Self::checkpoint) works with any number).
     pub fn snapshot(&self) -> Result<Vec<u8>, SnapshotError> {
+        if !self.workers.is_empty() {
+            return Err(SnapshotError::Unsupported(
+                "snapshot() holds one operator's state: a job with workers checkpoints with checkpoint()",
+            ));
+        }
         self.op.snapshot()
     }
 
-    /// Continues from a [`snapshot`](Self::snapshot).
+    /// Continues from a [`snapshot`](Self::snapshot) (refused with workers).
     pub fn restore(&mut self, bytes: &[u8]) -> Result<(), SnapshotError> {
+        if !self.workers.is_empty() {
+            return Err(SnapshotError::Unsupported(
+                "restore() takes one operator's state: a job with workers restores with restore_checkpoint()",
+            ));
+        }
         self.op.restore(bytes)
     }
 
@@ -415,15 +661,19 @@ where
     ) -> Result<sessionizer_checkpoint::Committed, StateError> {
         let base = checkpoints.next_is_base(self.checkpointed)?;
         let mut entries = StateEntries::default();
-        self.op
-            .encode_state(base, |key, record| match record {
-                Some(r) => entries.put_with(key, |buf| buf.extend_from_slice(r)),
-                None => entries.tombstone(key),
-            })
-            .map_err(|e| StateError::State {
-                dir: checkpoints.path().to_path_buf(),
-                reason: e.to_string(),
-            })?;
+        let mut put = |key: &[u8], record: Option<&[u8]>| match record {
+            Some(r) => entries.put_with(key, |buf| buf.extend_from_slice(r)),
+            None => entries.tombstone(key),
+        };
+        let encoded = self.op.encode_state(base, &mut put).and_then(|()| {
+            self.workers
+                .iter_mut()
+                .try_for_each(|w| w.op.encode_state(base, &mut put))
+        });
+        encoded.map_err(|e| StateError::State {
+            dir: checkpoints.path().to_path_buf(),
+            reason: e.to_string(),
+        })?;
         let c = self.counts;
         let manifest = Manifest {
             options: self.state_options(),
@@ -442,11 +692,14 @@ where
                 sessions_emitted: c.outputs,
                 ..Counters::default()
             },
-            keys: self.op.keys() as u64,
+            keys: self.keys() as u64,
             ..Manifest::default()
         };
         let committed = checkpoints.write(base, &entries, manifest)?;
         self.op.track_changes(true);
+        for w in &mut self.workers {
+            w.op.track_changes(true);
+        }
         self.checkpointed = true;
         Ok(committed)
     }
@@ -474,16 +727,28 @@ where
         let restored = match read {
             Err(LiveError::Damaged(d)) => Err(d.to_string()),
             Err(LiveError::Apply(reason)) => Err(reason),
-            Ok(()) => self
-                .op
-                .restore_state(
-                    Watermark(manifest.watermark.watermark_ms),
-                    0,
-                    keys.iter().map(|(k, v)| (&k[..], &v[..])),
-                )
-                .map_err(|e| e.to_string()),
+            Ok(()) => {
+                let watermark = Watermark(manifest.watermark.watermark_ms);
+                let shards = 1 + self.workers.len();
+                let of = |i: u32| {
+                    keys.iter()
+                        .filter(move |(k, _)| shard_of(k, shards) == i)
+                        .map(|(k, v)| (&k[..], &v[..]))
+                };
+                let mut restored = self.op.restore_state(watermark, 0, of(0));
+                for (i, w) in (1u32..).zip(&mut self.workers) {
+                    restored = restored.and_then(|()| w.op.restore_state(watermark, 0, of(i)));
+                }
+                restored.map_err(|e| e.to_string())
+            }
         };
         if let Err(reason) = restored {
+            // Nothing of it stays: every operator back to no state.
+            let none = std::iter::empty::<(&[u8], &[u8])>;
+            let _ = self.op.restore_state(Watermark::MIN, 0, none());
+            for w in &mut self.workers {
+                let _ = w.op.restore_state(Watermark::MIN, 0, none());
+            }
             return Err(checkpoints.keep_found((manifest, state), reason));
         }
         let c = &manifest.counters;
@@ -495,6 +760,9 @@ where
             ..StatefulCounts::default()
         };
         self.op.track_changes(true);
+        for w in &mut self.workers {
+            w.op.track_changes(true);
+        }
         self.checkpointed = true;
         checkpoints.mark_restored();
         Ok(Some(Resumed {

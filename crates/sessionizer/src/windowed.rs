@@ -7,7 +7,9 @@
 //! watermark, emit what became due.
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::config::StateBackend;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
+use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::de::DeserializeOwned;
@@ -19,11 +21,16 @@ use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
 use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
 use sessionizer_window::codec;
 use sessionizer_window::session::KeySessions;
+use sessionizer_window::spill::{SpillError, StateCodec};
 use sessionizer_window::{
     Emit, EmitMode, LateReason, SessionOperator, SessionView, TypedEvent, Verdict,
     WatermarkStrategy, WindowConfig, session_id,
 };
 use std::fmt;
+use std::path::Path;
+
+mod parallel;
+use parallel::Place;
 
 /// A per-event gap: `None` means the window's gap.
 pub trait GapFn<E> {
@@ -212,6 +219,8 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
         };
         SessionWindowJob {
             op: SessionOperator::with_aggregate(cfg, Custom::new(self.aggregate)),
+            workers: Vec::new(),
+            parallel: None,
             key: self.stream.key,
             time: self.stream.time,
             watermark: self.stream.watermark,
@@ -226,6 +235,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             key_buf: String::new(),
             counts: WindowCounts::default(),
             checkpointed: false,
+            spill_root: None,
         }
     }
 }
@@ -424,7 +434,13 @@ pub struct WindowCounts {
 
 /// A running session window job; made by [`SessionWindowBuilder::build`].
 pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
+    /// The operator (of the first worker, with several).
     op: SessionOperator<Custom<A, E>>,
+    /// The operators of workers 2.. ([`set_workers`](Self::set_workers)); each owns the
+    /// keys of one hash shard.
+    workers: Vec<SessionOperator<Custom<A, E>>>,
+    /// With several workers: their threads.
+    parallel: Option<parallel::Workers<E, A, C>>,
     key: K,
     time: T,
     watermark: W,
@@ -443,6 +459,8 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     counts: WindowCounts,
     /// A checkpoint was written or restored: the operator tracks changed keys.
     checkpointed: bool,
+    /// The directory of the `rocksdb` backend's store (after `op`: dropped after it).
+    spill_root: Option<SpillRoot>,
 }
 
 /// What became of one pushed event.
@@ -464,7 +482,8 @@ impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G, C> fmt::Debug
         f.debug_struct("SessionWindowJob")
             .field("config", self.op.config())
             .field("watermark", &self.op.watermark())
-            .field("open_sessions", &self.op.open_sessions())
+            .field("workers", &(1 + self.workers.len()))
+            .field("open_sessions", &self.open_sessions_all())
             .field("counts", &self.counts)
             .finish()
     }
@@ -482,6 +501,9 @@ struct EmitTo<'s, S, C> {
     error: Option<SinkError>,
     sessions: u64,
     retractions: u64,
+    /// With several workers: where each record goes in the merged output.
+    places: Option<&'s mut Vec<Place>>,
+    step: u64,
 }
 
 impl<'s, S, C: Clock> EmitTo<'s, S, C> {
@@ -495,6 +517,19 @@ impl<'s, S, C: Clock> EmitTo<'s, S, C> {
             error: None,
             sessions: 0,
             retractions: 0,
+            places: None,
+            step: 0,
+        }
+    }
+
+    fn place(&mut self, class: u8, close: i64, start: EventTime) {
+        if let Some(places) = self.places.as_deref_mut() {
+            places.push(Place {
+                step: self.step,
+                class,
+                close,
+                start: start.millis(),
+            });
         }
     }
 
@@ -547,11 +582,13 @@ where
             value: s.aggregates.finish(),
             emitted,
         };
+        self.place(u8::from(s.complete), s.close.millis(), s.start);
         self.send(WindowOutput::Session(record));
     }
 
     fn retraction(&mut self, key: &[u8], start: EventTime) {
         self.retractions += 1;
+        self.place(0, i64::MIN, start);
         let emitted = self.emission(true);
         self.send(WindowOutput::Retraction(Retraction {
             key: String::from_utf8_lossy(key).into_owned(),
@@ -585,6 +622,9 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
+        if !self.workers.is_empty() {
+            return self.push_parallel(vec![event], sessions, late);
+        }
         let time = self.time.time_of(&event);
         if !time_is_valid(self.valid, time) {
             self.counts.events += 1;
@@ -626,6 +666,7 @@ where
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
         out.result()?;
+        self.store_error()?;
         match verdict {
             // No dedup in this job: `Duplicate` cannot happen, and would be "in" anyway.
             Verdict::Applied | Verdict::Duplicate => {
@@ -657,15 +698,47 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
+        if !self.workers.is_empty() {
+            return self.finish_parallel(sessions, late);
+        }
         let last = self.op.watermark();
         let mut out = EmitTo::new(sessions, &self.clock, last, Trigger::EndOfInput);
         self.op.advance_to(Watermark::MAX, &mut out);
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
         out.result()?;
+        self.store_error()?;
         sessions.flush()?;
         late.flush()?;
         Ok(self.counts)
+    }
+
+    /// Pushes every event of `events`: one at a time with one worker, in batches through
+    /// every worker with several ([`set_workers`](Self::set_workers)). The records are
+    /// those of pushing each event in turn.
+    pub fn push_batch<I, S, L>(
+        &mut self,
+        events: I,
+        sessions: &mut S,
+        late: &mut L,
+    ) -> Result<(), SinkError>
+    where
+        I: IntoIterator<Item = E>,
+        S: Sink<WindowOutput<A::Output>>,
+        L: Sink<Late<E>>,
+    {
+        let mut events = events.into_iter().peekable();
+        if self.workers.is_empty() {
+            for event in events {
+                self.push(event, sessions, late)?;
+            }
+            return Ok(());
+        }
+        while events.peek().is_some() {
+            let batch: Vec<E> = events.by_ref().take(parallel::BATCH).collect();
+            self.push_parallel(batch, sessions, late)?;
+        }
+        Ok(())
     }
 
     /// Pushes every event of `events`, then [`finish`](Self::finish)es.
@@ -680,9 +753,7 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        for event in events {
-            self.push(event, sessions, late)?;
-        }
+        self.push_batch(events, sessions, late)?;
         self.finish(sessions, late)
     }
 
@@ -711,12 +782,17 @@ where
             return Ok(());
         }
         self.watermark.resume_at(target);
+        if !self.workers.is_empty() {
+            return self.advance_parallel(target, Trigger::Idle, Some(now), sessions);
+        }
         let mut out = EmitTo::new(sessions, &self.clock, target, Trigger::Idle);
         out.now = Some(now);
         self.op.advance_to(target, &mut out);
         self.counts.sessions_emitted += out.sessions;
         self.counts.retractions += out.retractions;
-        out.result()
+        out.result()?;
+        self.store_error()?;
+        Ok(())
     }
 
     /// The watermark the next event is judged against.
@@ -726,7 +802,7 @@ where
 
     /// Sessions not yet final.
     pub fn open_sessions(&self) -> usize {
-        self.op.open_sessions()
+        self.open_sessions_all()
     }
 
     /// The accounting so far.
@@ -735,9 +811,105 @@ where
     }
 
     /// The underlying operator: the same [`SessionOperator`] the command line runs,
-    /// with a user aggregate.
+    /// with a user aggregate (with several workers, the first worker's: see
+    /// [`operators`](Self::operators)).
     pub fn operator(&self) -> &SessionOperator<Custom<A, E>> {
         &self.op
+    }
+}
+
+impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
+    /// The first failure of the state backend's store: the step that met it may have
+    /// treated a key it could not read back as new, so the job stops.
+    fn store_error(&mut self) -> Result<(), SpillError> {
+        for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
+            if let Some(e) = op.take_spill_error() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every worker's operator, the first first: each holds the keys of one shard.
+    pub fn operators(&self) -> impl Iterator<Item = &SessionOperator<Custom<A, E>>> {
+        std::iter::once(&self.op).chain(self.workers.iter())
+    }
+
+    fn operators_mut(&mut self) -> impl Iterator<Item = &mut SessionOperator<Custom<A, E>>> {
+        std::iter::once(&mut self.op).chain(self.workers.iter_mut())
+    }
+
+    fn open_sessions_all(&self) -> usize {
+        self.operators().map(SessionOperator::open_sessions).sum()
+    }
+
+    /// The worker that owns `key` (the command line's assignment of keys to shards).
+    fn worker_of(&self, key: &[u8]) -> usize {
+        crate::pipeline::parse::shard_of(key, 1 + self.workers.len()) as usize
+    }
+
+    /// Runs the job on `workers` threads (the command line's `--workers`), each owning
+    /// the keys of one hash shard with an operator of its own. Every worker sees every
+    /// event's time and gap, so the watermark is that of one operator, and the workers'
+    /// records are merged back in the order one operator emits them: **the output is
+    /// the same, record for record, for any number of workers** (the emission context's
+    /// processing time aside, read once per batch). Events are worked on in batches
+    /// of 4,096: give them to [`run`](Self::run) or [`push_batch`](Self::push_batch);
+    /// [`push`](Self::push) still works, one event at a time, without the speed.
+    /// Checkpoints are the same files whatever the number of workers, and restore onto
+    /// any number. Call it before the first event, before [`restore`](Self::restore)
+    /// and before [`set_state_backend`](Self::set_state_backend).
+    pub fn set_workers(&mut self, workers: usize) -> Result<(), StateError>
+    where
+        E: Sync,
+        A: Clone + Send,
+        A::Acc: Send,
+        A::Output: Send,
+        C: Clock + Sync,
+    {
+        if self.counts.events > 0 || self.op.keys() > 0 || self.spill_root.is_some() {
+            return Err(StateError::Workers(
+                "set_workers() must come before the job's first event, restore() and set_state_backend()".into(),
+            ));
+        }
+        let workers = workers.max(1);
+        self.parallel = if workers > 1 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(workers - 1)
+                .thread_name(|i| format!("sessionizer-worker-{}", i + 1))
+                .build()
+                .map_err(|e| {
+                    StateError::Workers(format!("cannot start {workers} worker threads: {e}"))
+                })?;
+            Some(parallel::Workers::new(pool, workers))
+        } else {
+            None
+        };
+        let cfg = self.op.config().clone();
+        let aggregate = &self.op.aggregate().aggregator;
+        self.workers = (1..workers)
+            .map(|_| SessionOperator::with_aggregate(cfg.clone(), Custom::new(aggregate.clone())))
+            .collect();
+        Ok(())
+    }
+}
+
+/// A library window's state in the checkpoint codec, each accumulator as JSON: how its
+/// checkpoints and its `rocksdb` store write a key's sessions.
+struct JsonAcc<Acc>(std::marker::PhantomData<fn() -> Acc>);
+
+impl<Acc: Serialize + DeserializeOwned> StateCodec<KeySessions<Acc>> for JsonAcc<Acc> {
+    fn encode(&self, sessions: &KeySessions<Acc>, out: &mut Vec<u8>) {
+        codec::encode_sessions_with(sessions, out, |acc, out| {
+            serde_json::to_writer(out, acc).expect("accumulator state serializes as JSON");
+        });
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<KeySessions<Acc>, String> {
+        codec::decode_sessions_with(bytes, |b| {
+            serde_json::from_slice::<Acc>(b).map_err(|e| e.to_string())
+        })
+        .map_err(|e| e.to_string())
     }
 }
 
@@ -792,23 +964,27 @@ where
         &mut self,
         checkpoints: &mut Checkpoints,
     ) -> Result<sessionizer_checkpoint::Committed, StateError> {
-        let base = checkpoints.next_is_base(self.checkpointed)?;
+        let base = checkpoints.next_is_base(self.checkpointed)?
+            || self.operators().any(SessionOperator::changes_lost);
         let mut entries = StateEntries::default();
-        let encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| {
-            codec::encode_sessions_with(sessions, buf, |acc, out| {
-                serde_json::to_writer(out, acc).expect("accumulator state serializes as JSON");
-            });
-        };
+        let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
+        let encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(sessions, buf);
         if base {
-            self.op.forget_changes();
-            for (_, key, sessions) in self.op.store().iter() {
-                entries.put_with(key, |buf| encode(sessions, buf));
+            // Every key of every worker: in memory and in the state backend's store.
+            for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
+                op.forget_changes();
+                op.for_each_key(|key, sessions| {
+                    entries.put_with(key, |buf| encode(sessions, buf));
+                })?;
             }
+            self.store_error()?;
         } else {
-            self.op.drain_changes(|key, sessions| match sessions {
-                Some(s) => entries.put_with(key, |buf| encode(s, buf)),
-                None => entries.tombstone(key),
-            });
+            for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
+                op.drain_changes(|key, sessions| match sessions {
+                    Some(s) => entries.put_with(key, |buf| encode(s, buf)),
+                    None => entries.tombstone(key),
+                });
+            }
         }
         let c = self.counts;
         let manifest = Manifest {
@@ -829,14 +1005,69 @@ where
                 retractions: c.retractions,
                 ..Counters::default()
             },
-            keys: self.op.keys() as u64,
-            open_sessions: self.op.open_sessions() as u64,
+            keys: self.operators().map(SessionOperator::keys).sum::<usize>() as u64,
+            open_sessions: self.open_sessions_all() as u64,
             ..Manifest::default()
         };
         let committed = checkpoints.write(base, &entries, manifest)?;
-        self.op.track_changes(true);
+        self.operators_mut().for_each(|op| {
+            op.track_changes(true);
+            op.bound_tracked_changes();
+        });
         self.checkpointed = true;
         Ok(committed)
+    }
+
+    /// Keeps the job's keyed state on `backend` (SPEC §4), the command line's
+    /// `--state-backend`. With [`StateBackend::RocksDb`] (cargo feature `rocksdb`) the
+    /// keys in memory are held to about half of `memory_bytes`; the coldest (the
+    /// earliest next deadline) go to a RocksDB store in `dir` (or a temporary
+    /// directory), within the other half for its cache and write buffers, and come back
+    /// when an event for them arrives or their deadline is due. The output is the memory
+    /// backend's, record for record; checkpoints hold every key, wherever it is, in the
+    /// same format. Your accumulator's size in memory is not measured (the budget
+    /// counts keys and sessions). Call it before the first event and before
+    /// [`restore`](Self::restore), once.
+    pub fn set_state_backend(&mut self, backend: &StateBackend) -> Result<(), StateError>
+    where
+        A::Acc: 'static,
+    {
+        if self.counts.events > 0 || self.op.keys() > 0 || self.spill_root.is_some() {
+            return Err(StateError::Backend(
+                "set_state_backend() must come once, before the job's first event and before restore()".into(),
+            ));
+        }
+        match backend {
+            StateBackend::Memory => Ok(()),
+            StateBackend::RocksDb { memory_bytes, dir } => {
+                self.open_rocks(*memory_bytes, dir.as_deref())
+            }
+        }
+    }
+
+    #[cfg(feature = "rocksdb")]
+    fn open_rocks(&mut self, memory_bytes: u64, dir: Option<&Path>) -> Result<(), StateError>
+    where
+        A::Acc: 'static,
+    {
+        use crate::pipeline::backend::rocks_budget;
+        use sessionizer_window::spill::RocksSpill;
+        let root = SpillRoot::choose(dir, None);
+        let (memory, hot) = rocks_budget(memory_bytes, 1 + self.workers.len());
+        for (i, op) in (0u32..).zip(std::iter::once(&mut self.op).chain(self.workers.iter_mut())) {
+            let codec = Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData));
+            let store = RocksSpill::open_with(&root.part(i), codec, &memory)?;
+            op.spill_to(Box::new(store), hot);
+        }
+        self.spill_root = Some(root);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "rocksdb"))]
+    fn open_rocks(&mut self, _: u64, _: Option<&Path>) -> Result<(), StateError> {
+        Err(StateError::Backend(
+            "this build of the sessionizer crate has no RocksDB state backend: enable its cargo feature `rocksdb`".into(),
+        ))
     }
 
     /// Continues from the newest checkpoint in `checkpoints` (`None` when there is
@@ -862,12 +1093,11 @@ where
         }
         // Decode every key before changing anything.
         let mut keys = Vec::new();
+        let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
         let decoded = state.for_each_live(|key, value| {
-            codec::decode_sessions_with(value, |bytes| {
-                serde_json::from_slice::<A::Acc>(bytes).map_err(|e| e.to_string())
-            })
-            .map(|sessions| keys.push((key.to_vec(), sessions)))
-            .map_err(|e| format!("key {}: {e}", String::from_utf8_lossy(key)))
+            json.decode(value)
+                .map(|sessions| keys.push((key.to_vec(), sessions)))
+                .map_err(|e| format!("key {}: {e}", String::from_utf8_lossy(key)))
         });
         if let Err(e) = decoded {
             let reason = match e {
@@ -877,16 +1107,23 @@ where
             return Err(checkpoints.keep_found((manifest, state), reason));
         }
         let w = &manifest.watermark;
-        self.op.observe_gap(DurationMs(w.largest_gap_ms));
         let watermark = Watermark(w.watermark_ms);
-        self.op.restore_watermark(watermark);
-        self.op.restore_new_key_floor(w.new_key_floor_ms);
+        let workers = 1 + self.workers.len();
+        for op in self.operators_mut() {
+            op.observe_gap(DurationMs(w.largest_gap_ms));
+            op.restore_watermark(watermark);
+            op.restore_new_key_floor(w.new_key_floor_ms);
+            op.reserve_keys(keys.len() / workers);
+        }
         self.watermark.resume_at(watermark);
         self.max_time = w.max_event_time_ms.map(EventTime);
-        self.op.reserve_keys(keys.len());
         for (key, sessions) in keys {
-            self.op.restore_key(&key, sessions);
+            match self.worker_of(&key) {
+                0 => self.op.restore_key(&key, sessions),
+                i => self.workers[i - 1].restore_key(&key, sessions),
+            }
         }
+        self.store_error()?;
         let c = &manifest.counters;
         self.counts = WindowCounts {
             events: c.records_read,
@@ -897,8 +1134,11 @@ where
             retractions: c.retractions,
         };
         self.seq = manifest.next_seq;
-        self.op.forget_changes();
-        self.op.track_changes(true);
+        for op in self.operators_mut() {
+            op.forget_changes();
+            op.track_changes(true);
+            op.bound_tracked_changes();
+        }
         self.checkpointed = true;
         checkpoints.mark_restored();
         Ok(Some(Resumed {

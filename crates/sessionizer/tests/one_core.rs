@@ -2,6 +2,8 @@
 //! line's JSON pipeline are one engine: on the same input and options they emit the same
 //! sessions, revisions, retractions and late events, record for record.
 
+mod support;
+
 use serde::{Deserialize, Serialize};
 use sessionizer::config::{Aggregate, OnInvalid, PipelineConfig};
 use sessionizer::connectors::{InputSource, OutputTarget};
@@ -27,13 +29,7 @@ struct Pages {
 /// A dirty stream: 200 concurrent visits, times out of order by up to 4 minutes, some
 /// events far late, in a fixed pseudo-random order.
 fn write_input(path: &Path) {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = support::xorshift(0x9e37_79b9_7f4a_7c15);
     let t0 = 1_704_067_200_000i64;
     let mut lines = String::new();
     for i in 0..3000i64 {

@@ -2,45 +2,18 @@
 //! checkpoint in the command line's format, and a quiet input still closes sessions
 //! (idle advance).
 
+mod support;
+
 use sessionizer::checkpoints::FileKind;
 use sessionizer::prelude::*;
 use sessionizer::window::ProcessingTime;
 
-const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Visit {
-    visit: u32,
-    at: EventTime,
-    page: u8,
-}
+use support::{T0, Visit};
 
 /// A dirty stream: 60 concurrent visits, times out of order by up to 4 minutes, some
 /// far late, in a fixed pseudo-random order.
 fn visits(n: i64) -> Vec<Visit> {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    (0..n)
-        .map(|i| {
-            let visit = (next() % 60) as u32;
-            let jitter = (next() % 240_000) as i64;
-            let far_late = match next() % 50 {
-                0 => 1_800_000,
-                1..=5 => 300_000,
-                _ => 0,
-            };
-            Visit {
-                visit,
-                at: EventTime(T0 + i * 2_000 - jitter - far_late),
-                page: (next() % 7) as u8,
-            }
-        })
-        .collect()
+    support::visits(n, 60, 2_000, 0x9e37_79b9_7f4a_7c15)
 }
 
 type Job = SessionWindowJob<

@@ -1,8 +1,13 @@
 //! The stateful style as a restartable service: a `StatefulJob` checkpoints into a
 //! state directory in the command line's format (bases, then deltas) and a job
 //! restored from any of its checkpoints continues exactly as one that never stopped —
-//! with its state, Spark-style timeouts, registered timers and state TTL.
+//! with its state, Spark-style timeouts, registered timers and state TTL. On several
+//! workers (`set_workers`) the job gives one worker's outputs, late events and counts,
+//! and its checkpoints restore onto any number of workers.
 
+mod support;
+
+use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 use sessionizer::checkpoints::FileKind;
 use sessionizer::prelude::*;
@@ -17,13 +22,11 @@ struct Click {
 /// order: five busy users, and sixty who click now and then (their state expires in
 /// between).
 fn clicks(n: i64) -> Vec<Click> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    clicks_seeded(n, 0x2545_f491_4f6c_dd1d)
+}
+
+fn clicks_seeded(n: i64, seed: u64) -> Vec<Click> {
+    let mut next = support::xorshift(seed);
     (0..n)
         .map(|i| Click {
             user: match next() % 4 {
@@ -224,4 +227,146 @@ fn a_stateful_checkpoint_is_refused_by_other_options_and_by_a_session_window_job
         .build();
     let err = window.restore(&mut checkpoints).expect_err("refused");
     assert!(err.to_string().contains("job"), "{err}");
+}
+
+fn job_on(clock: &ManualClock, workers: usize) -> Job {
+    let mut job = job(clock);
+    job.set_workers(workers).expect("before the first event");
+    job
+}
+
+/// Batches of `batch` events, the clock at 7 s per batch and a tick (an empty batch)
+/// after every third; then the end of input. Outputs, late events and counts.
+fn drive_all(
+    job: &mut Job,
+    clock: &ManualClock,
+    input: &[Click],
+    batch: usize,
+) -> (
+    Vec<String>,
+    Vec<Late<Click>>,
+    sessionizer::stateful::StatefulCounts,
+    Vec<sessionizer::window::stateful::BatchReport>,
+) {
+    let (mut out, mut late, mut reports) = (Vec::new(), Vec::new(), Vec::new());
+    for (b, events) in input.chunks(batch).enumerate() {
+        clock.set(ProcessingTime(b as i64 * 7_000));
+        let report = job
+            .process_batch(events.iter().cloned(), &mut out, &mut late)
+            .expect("vectors");
+        reports.push(report);
+        if b % 3 == 2 {
+            clock.advance(seconds(3));
+            reports.push(job.tick(&mut out).expect("vectors"));
+        }
+    }
+    clock.advance(minutes(5));
+    let counts = job.finish(&mut out, &mut late).expect("vectors");
+    (out, late, counts, reports)
+}
+
+#[test]
+fn a_stateful_job_on_workers_gives_one_workers_outputs_late_events_and_counts() {
+    let input = clicks(800);
+    let clock = ManualClock::default();
+    let want = drive_all(&mut job(&clock), &clock, &input, BATCH);
+    assert!(!want.1.is_empty(), "the input has late events");
+    assert!(want.0.iter().any(|o| o.contains("clock@")), "{:?}", want.0);
+    for workers in [2, 3, 4] {
+        let clock = ManualClock::default();
+        let mut job = job_on(&clock, workers);
+        let got = drive_all(&mut job, &clock, &input, BATCH);
+        assert_eq!(got.0, want.0, "outputs on {workers} workers");
+        assert_eq!(got.1, want.1, "late events on {workers} workers");
+        assert_eq!(got.2, want.2, "counts on {workers} workers");
+        assert_eq!(got.3, want.3, "batch reports on {workers} workers");
+    }
+
+    // `run`, in the job's own batches.
+    let clock = ManualClock::default();
+    let mut one = Vec::new();
+    job(&clock)
+        .run(input.clone(), &mut one, &mut Vec::new())
+        .expect("vectors");
+    let mut three = Vec::new();
+    job_on(&clock, 3)
+        .run(input, &mut three, &mut Vec::new())
+        .expect("vectors");
+    assert_eq!(three, one);
+}
+
+#[test]
+fn checkpoints_of_a_stateful_job_on_workers_restore_onto_any_number_of_workers() {
+    let input = clicks(600);
+    let clock = ManualClock::default();
+    let (want, _) = drive(&mut job(&clock), &clock, &input, 0, None);
+    let stop = 6;
+    for (before, after) in [(2, 1), (2, 3), (1, 2), (3, 2)] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = ManualClock::default();
+        let mut first = job_on(&clock, before);
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let mut out = Vec::new();
+        for (b, batch) in input.chunks(BATCH).enumerate().take(stop + 1) {
+            clock.set(ProcessingTime(b as i64 * 10_000));
+            first
+                .process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
+                .expect("vectors");
+            first.checkpoint(&mut checkpoints).expect("checkpoint");
+        }
+        let keys = first.keys();
+        drop((first, checkpoints));
+
+        let clock = ManualClock::default();
+        let mut second = job_on(&clock, after);
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let resumed = second
+            .restore_checkpoint(&mut checkpoints)
+            .expect("restored")
+            .expect("a checkpoint");
+        assert_eq!(resumed.keys as usize, keys);
+        assert_eq!(second.keys(), keys);
+        let (rest, _) = drive(&mut second, &clock, &input, stop + 1, None);
+        out.extend(rest);
+        assert_eq!(out, want, "{before} workers, then {after}");
+    }
+}
+
+#[test]
+fn stateful_workers_are_set_before_the_first_event_and_snapshots_are_refused() {
+    let clock = ManualClock::default();
+    let mut job = job(&clock);
+    job.push(clicks(1)[0].clone(), &mut Vec::new())
+        .expect("vectors");
+    let err = job.set_workers(2).expect_err("after an event");
+    assert!(
+        err.to_string().contains("before the job's first event"),
+        "{err}"
+    );
+
+    let job = job_on(&clock, 2);
+    let err = job.snapshot().expect_err("one operator's format");
+    assert!(err.to_string().contains("checkpoint()"), "{err}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn a_stateful_job_on_workers_matches_one_on_any_stream(
+        seed in any::<u64>(),
+        n in 1i64..400,
+        batch in 1usize..60,
+        workers in 2usize..5,
+    ) {
+        let input = clicks_seeded(n, seed);
+        let clock = ManualClock::default();
+        let want = drive_all(&mut job(&clock), &clock, &input, batch);
+        let clock = ManualClock::default();
+        let got = drive_all(&mut job_on(&clock, workers), &clock, &input, batch);
+        prop_assert_eq!(got.0, want.0);
+        prop_assert_eq!(got.1, want.1);
+        prop_assert_eq!(got.2, want.2);
+        prop_assert_eq!(got.3, want.3);
+    }
 }

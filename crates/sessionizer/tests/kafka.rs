@@ -1,0 +1,274 @@
+//! A library job on Apache Kafka (cargo feature `kafka`; a real broker started by
+//! `scripts/kafka-dev.sh`): `KafkaJson` in, `KafkaJsonSink` out, the source's position
+//! stored in the job's checkpoints. A job stopped after a checkpoint and started again
+//! on its state directory reads on from the checkpoint's position and writes, with
+//! what the first run wrote, the records of one uninterrupted run (and nothing else).
+
+#![cfg(feature = "kafka")]
+
+mod support;
+
+#[path = "../../cli/tests/support/kafka.rs"]
+mod kafka;
+
+use serde::{Deserialize, Serialize};
+use sessionizer::kafka::{KafkaJson, KafkaJsonSink};
+use sessionizer::prelude::*;
+use sessionizer::source::DeadLetter;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Visit {
+    visit_id: String,
+    event_time: EventTime,
+}
+
+/// `n` visit lines over 40 visits, out of order by up to 2 minutes, some 20 minutes
+/// late; every 500th line is not a visit.
+fn lines(n: i64) -> Vec<String> {
+    let mut next = support::xorshift(0x9e37_79b9_7f4a_7c15);
+    (0..n)
+        .map(|i| {
+            if i % 500 == 499 {
+                return format!("{{\"visit_id\": \"v{i}\", \"event_time\": \"not a time\"}}");
+            }
+            let late = if next().is_multiple_of(40) {
+                1_200_000
+            } else {
+                0
+            };
+            let visit = Visit {
+                visit_id: format!("v{}", next() % 40),
+                event_time: EventTime(T0 + i * 2_000 - (next() % 120_000) as i64 - late),
+            };
+            serde_json::to_string(&visit).expect("json")
+        })
+        .collect()
+}
+
+type Job = SessionWindowJob<
+    Visit,
+    fn(&Visit) -> String,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    Count,
+    sessionizer::windowed::FixedGap,
+    SystemClock,
+>;
+
+fn job() -> Job {
+    Stream::<Visit>::new()
+        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .session_windows(minutes(5))
+        .allowed_lateness(minutes(10))
+        .aggregate(Count)
+        .build()
+}
+
+fn produce(topic: &str, lines: &[String]) {
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    for l in lines {
+        writeln!(file, "{l}").expect("write");
+    }
+    file.flush().expect("flush");
+    kafka::produce_lines(topic, file.path(), "visit_id");
+}
+
+/// Polls `source` until it has read `records` records in all (dead letters included).
+fn read_until(
+    source: &mut KafkaJson<Visit, Vec<DeadLetter>>,
+    records: u64,
+    events: &mut Vec<Visit>,
+) {
+    let began = Instant::now();
+    while source.counts().records < records {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "read {} of {records} records in 60 s",
+            source.counts().records
+        );
+        let left = (records - source.counts().records) as usize;
+        source
+            .poll(Duration::from_millis(200), left, events)
+            .expect("poll");
+    }
+}
+
+fn session_lines(topic: &str) -> Vec<String> {
+    kafka::read_committed(topic)
+        .iter()
+        .flatten()
+        .map(kafka::text)
+        .collect()
+}
+
+#[test]
+fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
+    let _one = kafka::exclusive();
+    let (input, output) = (kafka::unique("lib-visits"), kafka::unique("lib-sessions"));
+    kafka::create_topics(&[&input], 1);
+    kafka::create_topics(&[&output], 3);
+    let lines = lines(3_000);
+    produce(&input, &lines);
+
+    // What one uninterrupted run gives: the same events, in the topic's order.
+    let mut reference = job();
+    let mut expected = Vec::new();
+    let events = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
+    reference
+        .run(events, &mut expected, &mut Vec::new())
+        .expect("vectors");
+    let expected: BTreeSet<String> = expected
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("json"))
+        .collect();
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let broker = kafka::broker();
+    // The first run: 1,700 records, a checkpoint, 600 more written out, then it stops
+    // before its next checkpoint.
+    {
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let mut job = job();
+        assert!(job.restore(&mut checkpoints).expect("restore").is_none());
+        let mut source =
+            KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        let mut sink = KafkaJsonSink::open(broker, &output, "key").expect("sink");
+        let mut events = Vec::new();
+        read_until(&mut source, 1_700, &mut events);
+        job.push_batch(events.drain(..), &mut sink, &mut Vec::new())
+            .expect("push");
+        sink.flush().expect("delivered");
+        source.record_position(&mut checkpoints);
+        job.checkpoint(&mut checkpoints).expect("checkpoint");
+        assert_eq!(source.positions(), [Some(1_700)]);
+        read_until(&mut source, 2_300, &mut events);
+        job.push_batch(events.drain(..), &mut sink, &mut Vec::new())
+            .expect("push");
+        sink.flush().expect("delivered");
+        let counts = source.finish().expect("counts");
+        assert_eq!((counts.records, counts.invalid), (2_300, 4));
+    }
+    let after_first = session_lines(&output);
+    assert!(
+        after_first.len() > 10,
+        "the first run emitted {} records",
+        after_first.len()
+    );
+
+    // The second run resumes from the checkpoint: it reads records 1,700.. only.
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let mut job = job();
+    let resumed = job
+        .restore(&mut checkpoints)
+        .expect("restore")
+        .expect("a checkpoint");
+    let mut dead = Vec::new();
+    let mut source =
+        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, &mut dead).expect("source");
+    let mut sink = KafkaJsonSink::open(broker, &output, "key").expect("sink");
+    let mut events = Vec::new();
+    let began = Instant::now();
+    while source.counts().records < 1_300 {
+        assert!(began.elapsed() < Duration::from_secs(60), "stuck");
+        source
+            .poll(Duration::from_millis(200), 10_000, &mut events)
+            .expect("poll");
+    }
+    // Nothing beyond the topic's end, nothing before the checkpoint's position.
+    source
+        .poll(Duration::from_millis(500), 10_000, &mut events)
+        .expect("poll");
+    assert_eq!(source.counts().records, 1_300);
+    assert_eq!(source.positions(), [Some(3_000)]);
+    assert_eq!(resumed.events + events.len() as u64, 3_000 - 6);
+    job.push_batch(events.drain(..), &mut sink, &mut Vec::new())
+        .expect("push");
+    job.finish(&mut sink, &mut Vec::new()).expect("finish");
+    sink.flush().expect("delivered");
+    let counts = source.finish().expect("counts");
+    assert_eq!(counts.invalid, 3);
+    assert_eq!(dead.len(), 3);
+    assert!(
+        dead[0].source.starts_with(&format!("{input}/0@"))
+            && dead[0].reason.contains("expected i64"),
+        "{:?}",
+        dead[0]
+    );
+
+    // With the first run's records: the uninterrupted run's, some of them twice (those
+    // the first run wrote after its checkpoint).
+    let all = session_lines(&output);
+    let written: BTreeSet<String> = all.iter().cloned().collect();
+    assert_eq!(written, expected);
+    assert!(
+        all.len() > written.len(),
+        "the records after the checkpoint are written again"
+    );
+}
+
+#[test]
+fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
+    let _one = kafka::exclusive();
+    let (input, other) = (kafka::unique("lib-parts"), kafka::unique("lib-other"));
+    kafka::create_topics(&[&input, &other], 3);
+    let lines = lines(900);
+    produce(&input, &lines);
+    let broker = kafka::broker();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut first = job();
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    first.restore(&mut checkpoints).expect("restore");
+    let mut source =
+        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+    let mut events = Vec::new();
+    read_until(&mut source, 900, &mut events);
+    let mut keys: Vec<String> = events.iter().map(|v| v.visit_id.clone()).collect();
+    let mut want: Vec<String> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Visit>(l).ok())
+        .map(|v| v.visit_id)
+        .collect();
+    keys.sort();
+    want.sort();
+    assert_eq!(keys, want);
+    let per_partition: i64 = source.positions().iter().map(|p| p.unwrap_or(0)).sum();
+    assert_eq!(per_partition, 900);
+    first
+        .push_batch(events.drain(..), &mut Vec::new(), &mut Vec::new())
+        .expect("push");
+    source.record_position(&mut checkpoints);
+    first.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop((first, source, checkpoints));
+
+    // Reopened on the checkpoint: nothing old, then exactly what is new.
+    let mut second = job();
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    second.restore(&mut checkpoints).expect("restore");
+    let mut source =
+        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+    source
+        .poll(Duration::from_secs(2), 10_000, &mut events)
+        .expect("poll");
+    assert_eq!(source.counts().records, 0);
+    produce(&input, &lines[..10]);
+    read_until(&mut source, 10, &mut events);
+    source
+        .poll(Duration::from_millis(500), 10_000, &mut events)
+        .expect("poll");
+    assert_eq!(events.len(), 10);
+
+    // Another topic on this state directory is refused, naming both.
+    let err = KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &other, &checkpoints, Vec::new())
+        .expect_err("another topic");
+    let text = err.to_string();
+    assert!(text.contains(&input) && text.contains(&other), "{text}");
+}

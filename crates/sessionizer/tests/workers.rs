@@ -1,0 +1,267 @@
+//! A library session window on several workers (`set_workers`, the command line's
+//! `--workers`): the same records, late events and counts as on one, in the same
+//! order, whatever the stream, and across checkpoints taken and restored with other
+//! numbers of workers.
+
+mod support;
+
+use proptest::prelude::*;
+use sessionizer::prelude::*;
+use sessionizer::window::ProcessingTime;
+
+use support::{T0, Visit};
+
+/// `n` events over `keys` visits, out of order by up to 4 minutes, some far late and
+/// a few in the year 2500 (outside the valid time range), in an order fixed by `seed`.
+fn visits(n: i64, keys: u64, seed: u64) -> Vec<Visit> {
+    let mut next = support::xorshift(seed);
+    (0..n)
+        .map(|i| {
+            let visit = (next() % keys) as u32;
+            let jitter = (next() % 240_000) as i64;
+            let at = match next() % 1_000 {
+                0 => 16_725_225_600_000, // 2500-01-01
+                1..=20 => T0 + i * 200 - jitter - 1_800_000,
+                21..=120 => T0 + i * 200 - jitter - 300_000,
+                _ => T0 + i * 200 - jitter,
+            };
+            Visit {
+                visit,
+                at: EventTime(at),
+                page: (next() % 7) as u8,
+            }
+        })
+        .collect()
+}
+
+type Job = SessionWindowJob<
+    Visit,
+    fn(&Visit) -> u32,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    (Count, Collect<fn(&Visit) -> Option<u8>>),
+    sessionizer::windowed::FixedGap,
+    ManualClock,
+>;
+
+fn job(
+    workers: usize,
+    gap: DurationMs,
+    lateness: DurationMs,
+    emit: EmitMode,
+    clock: &ManualClock,
+) -> Job {
+    let mut job: Job = Stream::<Visit>::new()
+        .key_by((|v| v.visit) as fn(&Visit) -> u32)
+        .event_time((|v| v.at) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .valid_time_range(EventTime(T0 - 86_400_000)..EventTime(T0 + 86_400_000 * 30))
+        .session_windows(gap)
+        .allowed_lateness(lateness)
+        .emit(emit)
+        .clock(clock.clone())
+        .aggregate((
+            Count,
+            Collect((|v| Some(v.page)) as fn(&Visit) -> Option<u8>),
+        ))
+        .build();
+    job.set_workers(workers).expect("workers");
+    job
+}
+
+type Out = WindowOutput<(u64, Vec<u8>)>;
+
+fn run(mut job: Job, input: &[Visit]) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts) {
+    let (mut out, mut late) = (Vec::new(), Vec::new());
+    let counts = job
+        .run(input.iter().cloned(), &mut out, &mut late)
+        .expect("vectors");
+    (out, late, counts)
+}
+
+fn clock() -> ManualClock {
+    ManualClock::new(ProcessingTime(0))
+}
+
+/// A dirty stream (late events, merges, retractions, out-of-range times) on 2, 3 and 4
+/// workers gives one worker's records in one worker's order, in both emit modes.
+#[test]
+fn several_workers_give_the_output_of_one() {
+    let input = visits(30_000, 3_000, 0x9e37_79b9_7f4a_7c15);
+    for emit in [EmitMode::OnClose, EmitMode::OnUpdate] {
+        let one = run(job(1, minutes(3), minutes(20), emit, &clock()), &input);
+        let counts = one.2;
+        assert!(
+            counts.late > 0 && counts.retractions > 0 && counts.invalid > 0,
+            "the input exercises lateness, merges and the guard: {counts:?}"
+        );
+        for workers in [2, 3, 4] {
+            let many = run(
+                job(workers, minutes(3), minutes(20), emit, &clock()),
+                &input,
+            );
+            assert_eq!(many.0.len(), one.0.len(), "{workers} workers, {emit:?}");
+            assert_eq!(many.0, one.0, "{workers} workers, {emit:?}");
+            assert_eq!(many.1, one.1, "{workers} workers, {emit:?}");
+            assert_eq!(many.2, counts, "{workers} workers, {emit:?}");
+        }
+    }
+}
+
+/// `push`, one event at a time, on several workers says what became of each event and
+/// emits what `run` does.
+#[test]
+fn push_one_at_a_time_on_workers_is_run() {
+    let input = visits(4_000, 200, 3);
+    let expected = run(
+        job(1, minutes(3), minutes(5), EmitMode::OnClose, &clock()),
+        &input,
+    );
+    let mut reference = job(1, minutes(3), minutes(5), EmitMode::OnClose, &clock());
+    let mut j = job(2, minutes(3), minutes(5), EmitMode::OnClose, &clock());
+    let (mut out, mut late) = (Vec::<Out>::new(), Vec::new());
+    let (mut ref_out, mut ref_late) = (Vec::<Out>::new(), Vec::new());
+    for v in &input {
+        let a = j.push(v.clone(), &mut out, &mut late).expect("vectors");
+        let b = reference
+            .push(v.clone(), &mut ref_out, &mut ref_late)
+            .expect("vectors");
+        assert_eq!(a, b, "the outcome of {v:?}");
+        assert_eq!(j.watermark(), reference.watermark());
+    }
+    assert_eq!(j.open_sessions(), reference.open_sessions());
+    let counts = j.finish(&mut out, &mut late).expect("vectors");
+    assert_eq!((out, late, counts), expected);
+}
+
+/// With an idle timeout, a quiet stream's sessions close on a tick, the same on one
+/// worker and on three.
+#[test]
+fn an_idle_timeout_closes_quiet_sessions_on_workers() {
+    let input = visits(3_000, 500, 9);
+    let mut outputs = Vec::new();
+    for workers in [1, 3] {
+        let clock = clock();
+        let mut j = Stream::<Visit>::new()
+            .key_by(|v: &Visit| v.visit)
+            .event_time(|v: &Visit| v.at)
+            .watermark(BoundedOutOfOrderness::new(minutes(1)))
+            .session_windows(minutes(3))
+            .allowed_lateness(minutes(5))
+            .idle_timeout(minutes(1))
+            .clock(clock.clone())
+            .aggregate(Count)
+            .build();
+        j.set_workers(workers).expect("workers");
+        let (mut out, mut late) = (Vec::new(), Vec::new());
+        j.push_batch(input.iter().cloned(), &mut out, &mut late)
+            .expect("vectors");
+        let open = j.open_sessions();
+        assert!(open > 0, "sessions still open at the end of the events");
+        let before = out.len();
+        clock.advance(minutes(30));
+        j.tick(&mut out).expect("vectors");
+        let idle: Vec<_> = out[before..]
+            .iter()
+            .filter_map(WindowOutput::session)
+            .map(|s| s.emitted.trigger)
+            .collect();
+        assert!(
+            !idle.is_empty() && idle.iter().all(|t| *t == Trigger::Idle),
+            "{idle:?}"
+        );
+        outputs.push((out, late, j.counts()));
+    }
+    assert_eq!(outputs[0], outputs[1]);
+}
+
+/// Checkpoints of a job on 2 workers restore onto 1, 2 or 3 workers and continue, with
+/// what was committed before, exactly as an uninterrupted one-worker run.
+#[test]
+fn checkpoints_restore_onto_any_number_of_workers() {
+    let input = visits(20_000, 2_000, 0x2545_f491_4f6c_dd1d);
+    let lateness = minutes(20);
+    let expected = run(
+        job(1, minutes(3), lateness, EmitMode::OnClose, &clock()),
+        &input,
+    );
+    for restore_on in [1, 2, 3] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut committed, mut committed_late) = (Vec::<Out>::new(), Vec::new());
+        {
+            let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+            let mut first = job(2, minutes(3), lateness, EmitMode::OnClose, &clock());
+            let (mut out, mut late) = (Vec::new(), Vec::new());
+            for (i, chunk) in input[..15_000].chunks(2_500).enumerate() {
+                first
+                    .push_batch(chunk.iter().cloned(), &mut out, &mut late)
+                    .expect("vectors");
+                if i == 1 || i == 3 {
+                    first.checkpoint(&mut checkpoints).expect("checkpoint");
+                    committed.append(&mut out);
+                    committed_late.append(&mut late);
+                }
+            } // killed after 15,000 events: what it emitted since 10,000 is lost
+        }
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let mut second = job(
+            restore_on,
+            minutes(3),
+            lateness,
+            EmitMode::OnClose,
+            &clock(),
+        );
+        let resumed = second
+            .restore(&mut checkpoints)
+            .expect("restored")
+            .expect("a checkpoint");
+        assert_eq!(resumed.events, 10_000);
+        let (mut out, mut late) = (Vec::new(), Vec::new());
+        let counts = second
+            .run(input.iter().skip(10_000).cloned(), &mut out, &mut late)
+            .expect("vectors");
+        committed.append(&mut out);
+        committed_late.append(&mut late);
+        assert_eq!(committed.len(), expected.0.len(), "onto {restore_on}");
+        assert_eq!(committed, expected.0, "onto {restore_on}");
+        assert_eq!(committed_late, expected.1, "onto {restore_on}");
+        assert_eq!(counts, expected.2, "onto {restore_on}");
+    }
+}
+
+/// Workers are chosen before the first event.
+#[test]
+fn workers_are_chosen_before_the_first_event() {
+    let mut j = job(1, minutes(3), minutes(5), EmitMode::OnClose, &clock());
+    let (mut out, mut late) = (Vec::<Out>::new(), Vec::new());
+    j.push(visits(1, 1, 7).remove(0), &mut out, &mut late)
+        .expect("vectors");
+    let err = j.set_workers(2).expect_err("too late");
+    assert!(
+        err.to_string().contains("before the job's first event"),
+        "{err}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Any stream, gap, lateness and emit mode: 2 to 4 workers give one worker's output.
+    #[test]
+    fn workers_match_one_on_any_stream(
+        seed in any::<u64>(),
+        n in 1i64..6_000,
+        keys in 1u64..400,
+        gap_s in 1i64..600,
+        lateness_s in 0i64..3_600,
+        on_update in any::<bool>(),
+        workers in 2usize..5,
+    ) {
+        let input = visits(n, keys, seed);
+        let emit = if on_update { EmitMode::OnUpdate } else { EmitMode::OnClose };
+        let (gap, lateness) = (seconds(gap_s), seconds(lateness_s));
+        let one = run(job(1, gap, lateness, emit, &clock()), &input);
+        let many = run(job(workers, gap, lateness, emit, &clock()), &input);
+        prop_assert_eq!(many, one);
+    }
+}
