@@ -11,7 +11,10 @@ mod kafka;
 #[path = "support/process.rs"]
 mod process;
 
-use kafka::{Read, broker, create_topics, produce_lines, read_committed, text, unique};
+use kafka::{
+    Read, broker, create_topics, high_watermarks, last_stable_offsets, produce_lines,
+    read_committed, text, unique,
+};
 use process::{bin, generate, run, run_ok, s};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -405,23 +408,24 @@ fn kafka_output_per_partition_equals_the_file_run_of_each_partition_with_two_wor
     assert_eq!(before, again, "aborted input records are never read");
 }
 
-#[test]
-fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterrupted_one() {
-    let _one_at_a_time = kafka::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("visits.jsonl");
-    generate(&data, 60_000, 11);
-    let t = Topics::new(4);
-    // A live input, written over 12 s while the job runs and is killed again and
-    // again (so the number of kills does not depend on how fast the machine is); then
-    // a run with --stop-at-end finishes the job.
+/// Produces `data` into `t.input` over `over` while the job (its options and `extra`)
+/// runs and is killed again and again, each run `kill_ms` after its start and at least
+/// `kills` times (so the number of kills does not depend on how fast the machine is);
+/// then a run with --stop-at-end finishes the job. Checks that each output partition
+/// is the file run of its input partition and returns the last run's stats.
+fn killed_while_producing(
+    t: &Topics,
+    dir: &Path,
+    data: &Path,
+    over: Duration,
+    extra: &[&str],
+    (seed, kills, kill_ms): (u64, usize, std::ops::Range<u64>),
+) -> serde_json::Value {
     let producer = {
-        let (topic, data) = (t.input.clone(), data.clone());
-        std::thread::spawn(move || {
-            kafka::produce_lines_paced(&topic, &data, "visit_id", Duration::from_secs(12))
-        })
+        let (topic, data) = (t.input.clone(), data.to_path_buf());
+        std::thread::spawn(move || kafka::produce_lines_paced(&topic, &data, "visit_id", over))
     };
-    let stats = dir.path().join("stats.json");
+    let stats = dir.join("stats.json");
     let mut live = t.args();
     live.extend(
         [
@@ -430,28 +434,75 @@ fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterru
             "--kafka-instance-id",
             "worker-1",
         ]
-        .map(String::from),
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string()),
     );
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(2024);
-    let mut kills = 0;
-    while !producer.is_finished() || kills < 10 {
-        let killed = run_then_kill(&live, Duration::from_millis(rng.random_range(300..1300)));
-        assert!(killed, "a live run ended by itself");
-        kills += 1;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+    let mut killed = 0;
+    while !producer.is_finished() || killed < kills {
+        let after = Duration::from_millis(rng.random_range(kill_ms.clone()));
+        assert!(run_then_kill(&live, after), "a live run ended by itself");
+        killed += 1;
     }
     let produced = producer.join().expect("producer");
     let mut last = live.clone();
     last.extend(["--stop-at-end", "--stats-file", s(&stats)].map(String::from));
     run_ok(&as_strs(&last));
-    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    let records = assert_matches_file_runs(t, dir, 4);
     assert_eq!(records as usize, produced);
     // The last run reports the job's accounting, carried in the changelogs across
     // every killed process, beside its own share.
     let stats = stats_of(&stats);
     assert_adds_up(&stats["kafka"]["job"], records);
+    stats
+}
+
+#[test]
+fn killed_at_random_instants_and_restarted_the_committed_output_is_the_uninterrupted_one() {
+    let _one_at_a_time = kafka::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 60_000, 11);
+    let t = Topics::new(4);
+    let over = Duration::from_secs(12);
+    let stats = killed_while_producing(&t, dir.path(), &data, over, &[], (2024, 10, 300..1300));
     assert_eq!(
         stats["kafka"]["partitions"].as_array().map(Vec::len),
         Some(4)
+    );
+}
+
+/// `--state-backend rocksdb` on Kafka tasks with a budget that holds few keys: most
+/// keys of every task live in its RocksDB store, every restart restores the tasks from
+/// their changelogs (or local snapshots, written with the spilled keys) into new
+/// stores, and killed at random instants the committed output is still the file run's
+/// of each partition.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn rocksdb_tasks_killed_and_restarted_give_the_memory_backends_output() {
+    let _one_at_a_time = kafka::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 30_000, 13);
+    let t = Topics::new(4);
+    let state = dir.path().join("state");
+    let extra = [
+        "--state-backend",
+        "rocksdb",
+        "--state-memory",
+        "64KB",
+        "--state-dir",
+        s(&state),
+        "--snapshot-interval",
+        "300ms",
+    ];
+    let over = Duration::from_secs(6);
+    let stats = killed_while_producing(&t, dir.path(), &data, over, &extra, (77, 5, 500..1500));
+    let store = &stats["state_store"];
+    assert!(
+        store["evicted"].as_u64() > Some(1_000) && store["spilled_keys_max"].as_u64() > Some(100),
+        "most keys went to RocksDB: {stats}"
     );
 }
 
@@ -707,6 +758,13 @@ fn changelog_counters(t: &Topics) -> BTreeMap<String, serde_json::Value> {
 
 /// Runs `args` and kills it (SIGKILL) after `after`, unless it ends first.
 fn run_then_kill(args: &[String], after: Duration) -> bool {
+    let began = Instant::now();
+    run_until_then_kill(args, || began.elapsed() >= after)
+}
+
+/// Runs `args` and kills it (SIGKILL) once `until` holds (asked every 20 ms, for at
+/// most a minute), unless it ends first.
+fn run_until_then_kill(args: &[String], until: impl Fn() -> bool) -> bool {
     let mut child = bin()
         .args(as_strs(args))
         .stdout(Stdio::null())
@@ -714,7 +772,11 @@ fn run_then_kill(args: &[String], after: Duration) -> bool {
         .spawn()
         .expect("spawn");
     let began = Instant::now();
-    while began.elapsed() < after {
+    while !until() {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "the condition did not hold within a minute"
+        );
         if child.try_wait().expect("wait").is_some() {
             return false;
         }
@@ -793,8 +855,16 @@ fn a_restart_with_state_dir_reads_only_the_changelog_tail_after_its_snapshot() {
     child.wait().expect("reap");
     assert_eq!(snapshots(), 4, "one snapshot per task");
     let full = changelog_records(&t);
+    // Killed as soon as it has committed changelog records after the snapshots' (a
+    // fixed delay let a fast machine finish first): the changelog's last stable offsets
+    // pass its ends before the run (the killed run's open transaction included) plus
+    // the abort markers that fencing it writes, at most one per partition.
+    let changelog = format!("{}-{}-changelog", t.group, t.input);
+    let before: i64 = high_watermarks(&changelog, 4).iter().sum::<i64>() + 4;
     assert!(
-        run_then_kill(&plain, Duration::from_millis(1500)),
+        run_until_then_kill(&plain, || {
+            last_stable_offsets(&changelog, 4).iter().sum::<i64>() > before
+        }),
         "ran to its end too fast"
     );
     let st = stats_of_or_none(&stats);
@@ -910,23 +980,41 @@ fn standby_takes_over(env: &[(&str, &str)]) {
     );
     a.kill().expect("kill -9 a");
     a.wait().expect("reap a");
+    let a_log = a_log.rest();
     let status = b.wait().expect("wait b");
     let log = b_log.rest();
     assert!(status.success(), "process b failed: {log}");
-    eprintln!(
-        "b's log:\n{log}\nb's stats: {}",
-        std::fs::read_to_string(&stats).unwrap_or_default()
-    );
-    let records = assert_matches_file_runs(&t, dir.path(), 4);
+    // Both logs on failure, and the failure last: a long log must not hide it.
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        check_takeover(&t, dir.path(), &stats, produced, !env.is_empty());
+    }));
+    if let Err(failure) = checked {
+        eprintln!(
+            "a's log:\n{a_log}\n\nb's log:\n{log}\nb's stats: {}",
+            std::fs::read_to_string(&stats).unwrap_or_default()
+        );
+        let why = failure
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| failure.downcast_ref::<&str>().copied())
+            .unwrap_or("(not a message)");
+        eprintln!("the failure, again: {why}");
+        std::panic::resume_unwind(failure);
+    }
+}
+
+/// What a finished takeover must show: each partition's file run, and b's stats.
+fn check_takeover(t: &Topics, dir: &Path, stats: &Path, produced: usize, aborted: bool) {
+    let records = assert_matches_file_runs(t, dir, 4);
     assert_eq!(records as usize, produced);
-    let st = stats_of(&stats);
+    let st = stats_of(stats);
     assert_eq!(
         st["kafka"]["partitions"].as_array().map(Vec::len),
         Some(4),
         "{st}"
     );
     assert!(st["kafka"]["standby_records"].as_u64() > Some(0), "{st}");
-    if !env.is_empty() {
+    if aborted {
         // b's assignments (at its start and at the takeover) were each preceded by an
         // aborted transaction, and its own tasks then rewound from their changelogs.
         assert!(st["kafka"]["aborts"].as_u64() >= Some(2), "{st}");

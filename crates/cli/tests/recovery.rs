@@ -3,34 +3,19 @@
 //! fail. The one property checked everywhere: the file outputs at the end equal, byte
 //! for byte, those of one uninterrupted run.
 
+#[path = "support/outputs.rs"]
+mod outputs;
+#[path = "support/process.rs"]
+mod process;
+
+use outputs::{KillDelays, assert_same_outputs, done_fraction, run_or_kill, stats};
+use process::{bin, run, run_ok, s};
 use rand::{Rng, SeedableRng};
 use sessionizer_checkpoint::dir::file_name;
 use sessionizer_checkpoint::{FileKind, Manifest, StateDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("spawn sessionizer")
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "sessionizer {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -80,60 +65,6 @@ const JOB: &[&str] = &[
     "--progress",
     "never",
 ];
-
-/// The three file outputs of a job writing `dir/out.jsonl`.
-fn outputs(dir: &Path) -> [PathBuf; 3] {
-    [
-        dir.join("out.jsonl"),
-        dir.join("out.dead-letter.jsonl"),
-        dir.join("out.late.jsonl"),
-    ]
-}
-
-/// Asserts that two output files are equal, showing the first line that differs rather
-/// than megabytes of bytes.
-fn assert_same_file(got: &Path, want: &Path) {
-    let (g, w) = (
-        std::fs::read(got).unwrap_or_else(|e| panic!("{}: {e}", got.display())),
-        std::fs::read(want).unwrap_or_else(|e| panic!("{}: {e}", want.display())),
-    );
-    if g == w {
-        return;
-    }
-    let (gl, wl): (Vec<&[u8]>, Vec<&[u8]>) = (
-        g.split(|&b| b == b'\n').collect(),
-        w.split(|&b| b == b'\n').collect(),
-    );
-    let i = gl
-        .iter()
-        .zip(&wl)
-        .position(|(a, b)| a != b)
-        .unwrap_or(gl.len().min(wl.len()));
-    panic!(
-        "{} differs from {} ({} vs {} bytes, {} vs {} lines); first difference at line {}:\n got: {}\nwant: {}",
-        got.display(),
-        want.display(),
-        g.len(),
-        w.len(),
-        gl.len(),
-        wl.len(),
-        i + 1,
-        gl.get(i)
-            .map_or("<none>".into(), |l| String::from_utf8_lossy(l)),
-        wl.get(i)
-            .map_or("<none>".into(), |l| String::from_utf8_lossy(l)),
-    );
-}
-
-fn assert_same_outputs(got_dir: &Path, want_dir: &Path) {
-    for (g, w) in outputs(got_dir).iter().zip(outputs(want_dir).iter()) {
-        assert_same_file(g, w);
-    }
-}
-
-fn stats(path: &Path) -> serde_json::Value {
-    serde_json::from_slice(&std::fs::read(path).expect("stats file")).expect("stats JSON")
-}
 
 /// The accounting of a stats file, without timings.
 fn counts(path: &Path) -> Vec<(String, u64)> {
@@ -193,19 +124,6 @@ fn run_durable(input: &[&Path], dir: &Path, extra: &[&str], env: &[(&str, &str)]
     cmd.output().expect("spawn sessionizer")
 }
 
-/// How much of the input the newest checkpoint has consumed (0 without one).
-fn done_fraction(state: &Path, events: u64) -> f64 {
-    let Ok(dir) = StateDir::existing(state) else {
-        return 0.0;
-    };
-    match dir.recover() {
-        Ok(r) => r.found.map_or(0.0, |f| {
-            f.manifest.counters.records_read as f64 / events as f64
-        }),
-        Err(_) => 0.0,
-    }
-}
-
 /// SPEC §4's promise, tested the hard way: ~1M events, a checkpoint every 20 ms, the
 /// process killed with SIGKILL at 20+ random instants (during startup, restore, reading,
 /// checkpointing, anywhere) and restarted each time with a random number of workers
@@ -233,7 +151,7 @@ fn killed_at_random_instants_and_restarted_the_job_gives_the_uninterrupted_outpu
     let log_path = tmp.path().join("runs.log");
     let (mut kills, mut runs) = (0u32, 0u32);
     let mut progress: Vec<f64> = Vec::new();
-    let mut slice = took / 16;
+    let mut delays = KillDelays::new(took, took / 16, 20);
     loop {
         runs += 1;
         assert!(
@@ -244,63 +162,24 @@ fn killed_at_random_instants_and_restarted_the_job_gives_the_uninterrupted_outpu
         // Each run gets on average 1/32 of the uninterrupted run's time (uniform in
         // [0.5 ms, 1/16]), so the kills spread over the whole job — startup, restore,
         // reading, checkpointing, the end of input — and it takes about 30 runs, 20+
-        // of them killed, to finish. Runs that made no progress (killed before their
-        // first checkpoint: startup and restore take a while on a slow machine) get
-        // 25% more time each, so the job always gets through. Should it near the end
-        // with fewer than 20 kills, the delays shrink so the last stretch is killed too.
+        // of them killed, to finish (see KillDelays for runs without progress and for
+        // the last stretch).
         let done = done_fraction(&got.join("state"), events);
-        if progress.last().is_some_and(|&last| last >= done) {
-            slice = slice.mul_f64(1.25);
-        } else {
-            slice = took / 16;
-        }
         progress.push(done);
-        let slice = if kills < 20 && done > 0.6 {
-            slice.min(took.mul_f64((1.0 - done) / f64::from(2 * (21 - kills))))
-        } else {
-            slice
-        };
-        let delay =
-            Duration::from_micros(rng.random_range(500..=slice.as_micros().max(1_000) as u64));
+        let delay = delays.next(done, kills, &mut rng);
         let workers = rng.random_range(1..=3u32).to_string();
         let args = durable_args(
             &[&input],
             &got,
             &["--checkpoint-interval", "20ms", "--workers", &workers],
         );
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .expect("log");
-        let mut child = bin()
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn");
-        let deadline = Instant::now() + delay;
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                break Some(status);
-            }
-            if Instant::now() >= deadline {
-                break None;
-            }
-            std::thread::sleep(Duration::from_micros(500));
-        };
-        match status {
+        match run_or_kill(&args, &log_path, delay) {
             Some(status) if status.success() => break,
             Some(status) => panic!(
                 "run {runs} failed ({status}); log:\n{}",
                 std::fs::read_to_string(&log_path).unwrap_or_default()
             ),
-            None => {
-                child.kill().expect("SIGKILL");
-                child.wait().expect("reap");
-                kills += 1;
-            }
+            None => kills += 1,
         }
     }
     assert!(

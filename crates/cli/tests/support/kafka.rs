@@ -343,13 +343,14 @@ fn read_all_settled(topic: &str, isolation: &str) -> (Vec<Vec<Read>>, bool) {
         }
     }
     // At its end a read_committed reader stands at the last stable offset; below the
-    // high watermark, a transaction is still open.
+    // high watermark, a transaction is still open. The high watermark must come from a
+    // read_uncommitted client: librdkafka asks for offsets with the client's isolation
+    // level, and a read_committed one is told the last stable offset instead — then
+    // every read looks settled, and committed records behind a killed process's open
+    // transaction go unseen.
     let positions = consumer.position().expect("positions");
     let mut settled = true;
-    for p in 0..partitions as i32 {
-        let (_, high) = consumer
-            .fetch_watermarks(topic, p, Duration::from_secs(10))
-            .expect("watermarks");
+    for (p, high) in (0..partitions as i32).zip(high_watermarks(topic, partitions)) {
         let at = positions
             .find_partition(topic, p)
             .and_then(|e| match e.offset() {
@@ -362,6 +363,36 @@ fn read_all_settled(topic: &str, isolation: &str) -> (Vec<Vec<Read>>, bool) {
         }
     }
     (out, settled)
+}
+
+/// The high watermark of each of the first `partitions` partitions of `topic`: the
+/// offset after its last record, committed or not.
+pub fn high_watermarks(topic: &str, partitions: usize) -> Vec<i64> {
+    end_offsets(topic, partitions, "read_uncommitted")
+}
+
+/// The last stable offset of each of the first `partitions` partitions of `topic`: where
+/// the first transaction still open starts (the high watermark when none is).
+pub fn last_stable_offsets(topic: &str, partitions: usize) -> Vec<i64> {
+    end_offsets(topic, partitions, "read_committed")
+}
+
+/// librdkafka asks for a partition's end with the client's isolation level: a
+/// `read_committed` client is told the last stable offset, a `read_uncommitted` one the
+/// high watermark.
+fn end_offsets(topic: &str, partitions: usize, isolation: &str) -> Vec<i64> {
+    let client: BaseConsumer = config()
+        .set("isolation.level", isolation)
+        .create()
+        .expect("consumer");
+    (0..partitions as i32)
+        .map(|p| {
+            client
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks")
+                .1
+        })
+        .collect()
 }
 
 /// A record's value as text.

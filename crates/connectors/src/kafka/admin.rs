@@ -10,8 +10,11 @@ use rdkafka::types::RDKafkaRespErr;
 /// Metadata and topic management for one job.
 pub struct Admin {
     settings: KafkaSettings,
-    /// A plain consumer (no group) used for metadata only.
+    /// A plain consumer (no group) used for metadata only, `read_committed`: a
+    /// partition's end it is told is the last stable offset.
     meta: BaseConsumer,
+    /// The same, `read_uncommitted`: told the high watermark.
+    uncommitted: BaseConsumer,
     admin: AdminClient<DefaultClientContext>,
 }
 
@@ -26,10 +29,15 @@ impl std::fmt::Debug for Admin {
 impl Admin {
     /// Connects (lazily: the first call reaches the brokers).
     pub fn new(settings: &KafkaSettings) -> Result<Admin, KafkaError> {
-        let meta: BaseConsumer = settings
-            .finish(settings.client_config())
-            .create()
-            .map_err(KafkaError::client("create a metadata client"))?;
+        // librdkafka asks for a partition's end with the client's isolation level.
+        let client = |isolation: &str| -> Result<BaseConsumer, KafkaError> {
+            let mut c = settings.finish(settings.client_config());
+            c.set("isolation.level", isolation);
+            c.create()
+                .map_err(KafkaError::client("create a metadata client"))
+        };
+        let meta = client("read_committed")?;
+        let uncommitted = client("read_uncommitted")?;
         let admin: AdminClient<DefaultClientContext> = settings
             .finish(settings.client_config())
             .create()
@@ -37,6 +45,7 @@ impl Admin {
         Ok(Admin {
             settings: settings.clone(),
             meta,
+            uncommitted,
             admin,
         })
     }
@@ -169,22 +178,37 @@ impl Admin {
         )))
     }
 
-    /// The first and next offsets of a partition (`low`, `high`).
+    /// The first offset of a partition and its end as a `read_committed` reader sees
+    /// it (`low`, `high`): `high` is the last stable offset, where the first transaction
+    /// still open starts (the offset after the last record when none is).
     /// A partition whose leader is moving, or that was created a moment ago and has no
     /// leader yet, answers with a retriable error: asked again until `--kafka-timeout`.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), KafkaError> {
+        Self::ends_of(&self.meta, &self.settings, topic, partition)
+    }
+
+    /// The offset after a partition's last record, committed or not (its high
+    /// watermark): records a transaction has written but whose marker has not reached
+    /// the partition yet lie below it.
+    pub fn written_end(&self, topic: &str, partition: i32) -> Result<i64, KafkaError> {
+        Ok(Self::ends_of(&self.uncommitted, &self.settings, topic, partition)?.1)
+    }
+
+    fn ends_of(
+        client: &BaseConsumer,
+        settings: &KafkaSettings,
+        topic: &str,
+        partition: i32,
+    ) -> Result<(i64, i64), KafkaError> {
         let began = std::time::Instant::now();
         loop {
-            match self
-                .meta
-                .fetch_watermarks(topic, partition, self.settings.timeout)
-            {
+            match client.fetch_watermarks(topic, partition, settings.timeout) {
                 Ok(w) => return Ok(w),
                 Err(ClientError::MetadataFetch(
                     RDKafkaErrorCode::NotLeaderForPartition
                     | RDKafkaErrorCode::LeaderNotAvailable
                     | RDKafkaErrorCode::UnknownTopicOrPartition,
-                )) if began.elapsed() < self.settings.timeout => {
+                )) if began.elapsed() < settings.timeout => {
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
                 Err(e) => {

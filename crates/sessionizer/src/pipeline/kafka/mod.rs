@@ -151,6 +151,11 @@ struct KafkaJob<'c> {
     /// Scratch.
     key_buf: Vec<u8>,
     value_buf: Vec<u8>,
+    /// `--state-backend rocksdb`: where each task's store goes, and its budget; what
+    /// the stores did (those of tasks given up included).
+    stores: Option<super::backend::TaskStores>,
+    store_stats: Option<crate::stats::StateStoreStats>,
+    released_store: (u64, u64),
 }
 
 impl<'c> KafkaJob<'c> {
@@ -301,6 +306,9 @@ impl<'c> KafkaJob<'c> {
             key_buf: Vec::new(),
             value_buf: Vec::new(),
             pool: super::worker_pool(cfg.workers.max(1))?,
+            stores: None,
+            store_stats: None,
+            released_store: (0, 0),
         };
         for w in [&mut job.sessions, &mut job.dead, &mut job.late] {
             if let Out::Writer(w) = w
@@ -318,6 +326,17 @@ impl<'c> KafkaJob<'c> {
                 });
             }
         }
+        // The budget is shared as if every partition whose records are tasks came to
+        // this process.
+        let task_partitions = match &job.rekey {
+            Some(_) => partitions.last().copied().unwrap_or(1),
+            None => partitions.iter().sum(),
+        };
+        job.stores = super::backend::TaskStores::open(
+            &cfg.state_backend,
+            kafka.state_dir.as_deref(),
+            task_partitions,
+        )?;
         if kafka.stop_at_end {
             // "The end" is where every partition stood when this run started, whoever
             // comes to process it. The internal topic's end is known only once every
@@ -596,10 +615,16 @@ impl<'c> KafkaJob<'c> {
                 topic: t,
                 partition: p,
             });
+            // Its end is its high watermark, not its last stable offset: a committed
+            // transaction's markers reach the partitions after the commit returns, so
+            // right after it the last stable offset can still stand before the records
+            // just committed (which would then count as past the end). Everything below
+            // the high watermark was committed or aborted by now; the tasks read up to it
+            // once the markers are there.
             for tp in internal {
-                let (_, high) = self
+                let high = self
                     .admin
-                    .watermarks(&self.topics[tp.topic as usize], tp.partition)?;
+                    .written_end(&self.topics[tp.topic as usize], tp.partition)?;
                 self.ends.insert(tp, high);
                 if let Some(task) = self.tasks.get_mut(&tp) {
                     task.end = Some(high);
@@ -729,7 +754,7 @@ impl<'c> KafkaJob<'c> {
                 starts.push((tp, StartAt::Offset(at)));
                 continue;
             }
-            fresh.push(self.new_task(tp));
+            fresh.push(self.new_task(tp)?);
             fresh_committed.push(committed);
         }
         let restored = if self.durable {
@@ -784,10 +809,13 @@ impl<'c> KafkaJob<'c> {
             }
             self.tasks.insert(tp, task);
         }
+        // A restore puts keys into the tasks' stores too (most of them on disk when
+        // the budget is small): the stats count them before any record is read.
+        self.sample_state_stores();
         Ok(starts)
     }
 
-    fn new_task(&self, tp: TopicPartition) -> Task {
+    fn new_task(&self, tp: TopicPartition) -> Result<Task, RunError> {
         let topic = &self.topics[tp.topic as usize];
         let mut shard = Shard::new(
             0,
@@ -799,7 +827,10 @@ impl<'c> KafkaJob<'c> {
         if self.durable {
             shard.track_changes();
         }
-        Task {
+        if let Some(stores) = &self.stores {
+            stores.attach(self.cfg, &mut shard, &format!("{topic}-{}", tp.partition))?;
+        }
+        Ok(Task {
             tp,
             names: vec![SourceName::partition(topic, tp.partition)],
             last_offset: -1,
@@ -820,7 +851,7 @@ impl<'c> KafkaJob<'c> {
             flushed: false,
             last_input: Instant::now(),
             watermark_at_last_input: Watermark::MIN,
-        }
+        })
     }
 
     /// Drops a task, keeping this process's committed share of its accounting.
@@ -829,6 +860,10 @@ impl<'c> KafkaJob<'c> {
             r.positions.remove(tp);
         }
         if let Some(task) = self.tasks.remove(tp) {
+            if let Some(c) = task.shard.op.spill_counts() {
+                self.released_store.0 += c.evicted;
+                self.released_store.1 += c.unspilled;
+            }
             self.telemetry.task_removed(&task.names[0].name);
             self.released.add_counters(&task.committed);
             self.released.sub_counters(&task.carried);
@@ -945,6 +980,10 @@ impl<'c> KafkaJob<'c> {
         }
         for id in ids {
             let task = self.tasks.get_mut(&id).expect("staged task exists");
+            // A task's RocksDB store failed: stop before anything of the step is sent.
+            if let Some(e) = task.shard.op.take_spill_error() {
+                return Err(e.into());
+            }
             if let Some((line, reason)) = &task.parsed.first_invalid {
                 let span = task.batch.lines[*line as usize];
                 return Err(RunError::InvalidRecord {
@@ -962,7 +1001,19 @@ impl<'c> KafkaJob<'c> {
         if let Some(p) = &self.producer {
             p.poll();
         }
+        self.sample_state_stores();
         Ok(())
+    }
+
+    /// Updates what the tasks' RocksDB stores did (nothing without them).
+    fn sample_state_stores(&mut self) {
+        if self.stores.is_some() {
+            let live = self
+                .tasks
+                .values()
+                .filter_map(|t| t.shard.op.spill_counts());
+            super::backend::sample_stores(&mut self.store_stats, self.released_store, live);
+        }
     }
 
     /// Moves the watermark of every task whose partition has been quiet for `limit`
@@ -1070,6 +1121,9 @@ impl<'c> KafkaJob<'c> {
                     if let Some(e) = failed {
                         return Err(commit_error(e));
                     }
+                    if let Some(e) = task.shard.op.take_spill_error() {
+                        return Err(e.into());
+                    }
                     let meta =
                         serde_json::to_vec(&task.meta(options)).expect("progress record encodes");
                     bytes += meta.len() as u64;
@@ -1161,6 +1215,7 @@ impl<'c> KafkaJob<'c> {
     /// tasks it held), and the job's cumulative counters of the tasks it holds now.
     fn stats(&self) -> RunStats {
         let mut stats = self.released.clone();
+        stats.state_store = self.store_stats.clone();
         let mut job = RunStats::default();
         for task in self.tasks.values() {
             stats.add_counters(&task.committed);

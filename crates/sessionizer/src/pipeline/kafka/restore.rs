@@ -151,8 +151,10 @@ impl KafkaJob<'_> {
                 if states[i].meta.as_ref().is_some_and(|m| m.next_offset >= o) {
                     continue;
                 }
+                // Records written but not yet readable lie below the high watermark,
+                // not below the last stable offset.
                 let topic = &self.changelogs[task.tp.topic as usize];
-                let (_, high) = self.admin.watermarks(topic, task.tp.partition)?;
+                let high = self.admin.written_end(topic, task.tp.partition)?;
                 if states[i].offset.is_some_and(|at| at < high) {
                     behind.push(i);
                 }
