@@ -84,6 +84,7 @@
 pub mod aggregators;
 pub mod checkpoints;
 pub mod config;
+mod engine;
 mod flatten;
 #[cfg(feature = "kafka")]
 pub mod kafka;

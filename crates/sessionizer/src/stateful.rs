@@ -6,6 +6,7 @@
 //! extractors, the batching of an input into micro-batches ([`Batching`]) and the sinks.
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::engine::shard_of;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
@@ -224,7 +225,7 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
 /// `end_batch` and `finish` need no more bounds than with one worker), and the batch's
 /// bookkeeping.
 struct Parallel<E, S, W, C, F> {
-    pool: rayon::ThreadPool,
+    threads: crate::engine::Workers,
     beat: parallel::Beat,
     on_all: OnAll<E, S, W, C, F>,
     /// A batch is open; the next event's index in it (its key's rank if it is the key's
@@ -251,7 +252,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock, F> Parallel<E, S, W, C, F> {
 /// `Vec<R::Item>` behind `Any` (the output type is the function's, which the job's
 /// type does not name).
 type OnAll<E, S, W, C, F> = fn(
-    &rayon::ThreadPool,
+    &crate::engine::Workers,
     parallel::Step,
     &mut StatefulOperator<E, S, W, C>,
     &mut F,
@@ -260,7 +261,7 @@ type OnAll<E, S, W, C, F> = fn(
 ) -> (BatchReport, Box<dyn std::any::Any>);
 
 fn on_all<E, S, W, C, F, R>(
-    pool: &rayon::ThreadPool,
+    threads: &crate::engine::Workers,
     step: parallel::Step,
     op: &mut StatefulOperator<E, S, W, C>,
     f: &mut F,
@@ -270,14 +271,16 @@ fn on_all<E, S, W, C, F, R>(
 where
     E: Send,
     S: Send,
-    W: WatermarkStrategy,
-    C: Clock,
+    W: WatermarkStrategy + Send,
+    C: Clock + Send,
     F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R + Send,
     R: IntoIterator,
     R::Item: Send + 'static,
 {
     let mut items: Vec<R::Item> = Vec::new();
-    let report = parallel::run_step(pool, step, (op, f, first), workers, &mut |o| items.push(o));
+    let report = parallel::run_step(threads, step, (op, f, first), workers, &mut |o| {
+        items.push(o)
+    });
     (report, Box::new(items))
 }
 
@@ -381,7 +384,7 @@ where
             late = std::mem::take(&mut p.late);
         }
         let (mut report, items) = (p.on_all)(
-            &p.pool,
+            &p.threads,
             step,
             &mut self.op,
             &mut self.f,
@@ -555,6 +558,8 @@ where
     where
         E: Send,
         S: Send,
+        W: Send,
+        C: Send,
         F: Clone + Send,
         R::Item: Send,
     {
@@ -570,11 +575,8 @@ where
             self.parallel = None;
             return Ok(());
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(workers - 1)
-            .thread_name(|i| format!("sessionizer-stateful-{}", i + 1))
-            .build()
-            .map_err(|e| {
+        let threads =
+            crate::engine::Workers::start(workers, "sessionizer-stateful").map_err(|e| {
                 StateError::Workers(format!("cannot start {workers} worker threads: {e}"))
             })?;
         let beat = parallel::Beat::default();
@@ -593,7 +595,7 @@ where
             })
             .collect();
         self.parallel = Some(Parallel {
-            pool,
+            threads,
             beat,
             on_all: on_all::<E, S, W, C, F, R>,
             open: false,
@@ -610,10 +612,6 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
     pub fn keys(&self) -> usize {
         self.op.keys() + self.workers.iter().map(|w| w.op.keys()).sum::<usize>()
     }
-}
-
-fn shard_of(key: &[u8], shards: usize) -> u32 {
-    crate::pipeline::parse::shard_of(key, shards)
 }
 
 impl<E, K, T, W, S, F, C> StatefulJob<E, K, T, W, S, F, C>

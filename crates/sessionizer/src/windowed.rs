@@ -8,29 +8,25 @@
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
-use crate::late::{Late, TIME_OUT_OF_RANGE};
+use crate::late::Late;
 use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
-use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
+use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes};
 use serde::de::DeserializeOwned;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sessionizer_checkpoint::state::LiveError;
 use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
-use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
+use sessionizer_window::aggregate::{Aggregator, Custom};
 use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
 use sessionizer_window::codec;
 use sessionizer_window::session::KeySessions;
 use sessionizer_window::spill::{SpillError, StateCodec};
-use sessionizer_window::{
-    Emit, EmitMode, LateReason, SessionOperator, SessionView, TypedEvent, Verdict,
-    WatermarkStrategy, WindowConfig, session_id,
-};
+use sessionizer_window::{EmitMode, LateReason, SessionOperator, WatermarkStrategy, WindowConfig};
 use std::fmt;
 use std::path::Path;
 
-mod parallel;
-use parallel::Place;
+mod batches;
 
 /// A per-event gap: `None` means the window's gap.
 pub trait GapFn<E> {
@@ -221,6 +217,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             op: SessionOperator::with_aggregate(cfg, Custom::new(self.aggregate)),
             workers: Vec::new(),
             parallel: None,
+            outputs: vec![batches::Outputs::default()],
             key: self.stream.key,
             time: self.stream.time,
             watermark: self.stream.watermark,
@@ -299,7 +296,7 @@ pub struct Emission {
 pub struct SessionRecord<O> {
     /// The key's text.
     pub key: String,
-    /// The deterministic id of (key, start) — see [`session_id`].
+    /// The deterministic id of (key, start) — see [`session_id`](sessionizer_window::session_id).
     pub session_id: u64,
     /// The first event time.
     pub start: EventTime,
@@ -440,7 +437,9 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     /// keys of one hash shard.
     workers: Vec<SessionOperator<Custom<A, E>>>,
     /// With several workers: their threads.
-    parallel: Option<parallel::Workers<E, A, C>>,
+    parallel: Option<batches::Workers<E, A, C>>,
+    /// Each worker's outputs of a batch.
+    outputs: Vec<batches::Outputs<A::Output>>,
     key: K,
     time: T,
     watermark: W,
@@ -489,116 +488,6 @@ impl<E, K, T, W: fmt::Debug, A: Aggregator<E>, G, C> fmt::Debug
     }
 }
 
-/// Adapts a [`Sink`] of [`WindowOutput`] to the operator's [`Emit`], keeping the first
-/// sink error (the operator's output path cannot fail), and stamps the records with the
-/// emission context (the clock is read once, at the first record).
-struct EmitTo<'s, S, C> {
-    sink: &'s mut S,
-    clock: &'s C,
-    now: Option<ProcessingTime>,
-    watermark: Watermark,
-    trigger: Trigger,
-    error: Option<SinkError>,
-    sessions: u64,
-    retractions: u64,
-    /// With several workers: where each record goes in the merged output.
-    places: Option<&'s mut Vec<Place>>,
-    step: u64,
-}
-
-impl<'s, S, C: Clock> EmitTo<'s, S, C> {
-    fn new(sink: &'s mut S, clock: &'s C, watermark: Watermark, trigger: Trigger) -> Self {
-        EmitTo {
-            sink,
-            clock,
-            now: None,
-            watermark,
-            trigger,
-            error: None,
-            sessions: 0,
-            retractions: 0,
-            places: None,
-            step: 0,
-        }
-    }
-
-    fn place(&mut self, class: u8, close: i64, start: EventTime) {
-        if let Some(places) = self.places.as_deref_mut() {
-            places.push(Place {
-                step: self.step,
-                class,
-                close,
-                start: start.millis(),
-            });
-        }
-    }
-
-    fn emission(&mut self, complete: bool) -> Emission {
-        let processing_time = *self.now.get_or_insert_with(|| self.clock.now());
-        Emission {
-            watermark: self.watermark,
-            processing_time,
-            trigger: match self.trigger {
-                Trigger::Watermark | Trigger::Update if !complete => Trigger::Update,
-                Trigger::Update => Trigger::Watermark,
-                other => other,
-            },
-        }
-    }
-
-    fn send<T>(&mut self, item: T)
-    where
-        S: Sink<T>,
-    {
-        if self.error.is_none()
-            && let Err(e) = self.sink.send(item)
-        {
-            self.error = Some(e);
-        }
-    }
-
-    fn result(self) -> Result<(), SinkError> {
-        self.error.map_or(Ok(()), Err)
-    }
-}
-
-impl<A, E, S, C> Emit<Custom<A, E>> for EmitTo<'_, S, C>
-where
-    A: Aggregator<E>,
-    S: Sink<WindowOutput<A::Output>>,
-    C: Clock,
-{
-    fn session<'a>(&mut self, s: &SessionView<'a, CustomView<'a, A, E>>) {
-        self.sessions += 1;
-        let emitted = self.emission(s.complete);
-        let record = SessionRecord {
-            key: String::from_utf8_lossy(s.key).into_owned(),
-            session_id: session_id(s.key, s.start.millis()),
-            start: s.start,
-            end: s.end,
-            event_count: s.event_count,
-            revision: s.revision,
-            complete: s.complete,
-            value: s.aggregates.finish(),
-            emitted,
-        };
-        self.place(u8::from(s.complete), s.close.millis(), s.start);
-        self.send(WindowOutput::Session(record));
-    }
-
-    fn retraction(&mut self, key: &[u8], start: EventTime) {
-        self.retractions += 1;
-        self.place(0, i64::MIN, start);
-        let emitted = self.emission(true);
-        self.send(WindowOutput::Retraction(Retraction {
-            key: String::from_utf8_lossy(key).into_owned(),
-            session_id: session_id(key, start.millis()),
-            start,
-            emitted,
-        }));
-    }
-}
-
 impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
 where
     K: KeyFn<E>,
@@ -622,68 +511,7 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        if !self.workers.is_empty() {
-            return self.push_parallel(vec![event], sessions, late);
-        }
-        let time = self.time.time_of(&event);
-        if !time_is_valid(self.valid, time) {
-            self.counts.events += 1;
-            self.counts.invalid += 1;
-            late.send(Late {
-                event,
-                time,
-                watermark: self.op.watermark(),
-                reason: TIME_OUT_OF_RANGE,
-            })?;
-            return Ok(Outcome::OutOfRange);
-        }
-        self.key.key_into(&event, &mut self.key_buf);
-        let gap = self.gap_fn.gap_of(&event).unwrap_or(self.gap);
-        let before = self.op.watermark();
-        let mut out = EmitTo::new(sessions, &self.clock, before, Trigger::Update);
-        let verdict = self.op.on_typed(
-            &TypedEvent {
-                key: self.key_buf.as_bytes(),
-                time,
-                gap,
-                seq: self.seq,
-                dedup: None,
-                input: &event,
-            },
-            &mut out,
-        );
-        self.seq += 1;
-        self.counts.events += 1;
-        let w = self.watermark.observe(time);
-        self.max_time = Some(self.max_time.map_or(time, |m| m.max(time)));
-        out.watermark = w.max(before);
-        out.trigger = Trigger::Watermark;
-        self.op.advance_to(w, &mut out);
-        if self.idle_timeout.is_some() {
-            let now = *out.now.get_or_insert_with(|| self.clock.now());
-            self.last_input = Some((now, self.op.watermark()));
-        }
-        self.counts.sessions_emitted += out.sessions;
-        self.counts.retractions += out.retractions;
-        out.result()?;
-        self.store_error()?;
-        match verdict {
-            // No dedup in this job: `Duplicate` cannot happen, and would be "in" anyway.
-            Verdict::Applied | Verdict::Duplicate => {
-                self.counts.in_sessions += 1;
-                Ok(Outcome::InSession)
-            }
-            Verdict::Late(reason) => {
-                self.counts.late += 1;
-                late.send(Late {
-                    event,
-                    time,
-                    watermark: before,
-                    reason: reason.as_str(),
-                })?;
-                Ok(Outcome::Late(reason))
-            }
-        }
+        self.push_events(vec![event], sessions, late)
     }
 
     /// The end of a bounded input: the watermark becomes +∞ and every session is
@@ -698,24 +526,15 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
-        if !self.workers.is_empty() {
-            return self.finish_parallel(sessions, late);
-        }
-        let last = self.op.watermark();
-        let mut out = EmitTo::new(sessions, &self.clock, last, Trigger::EndOfInput);
-        self.op.advance_to(Watermark::MAX, &mut out);
-        self.counts.sessions_emitted += out.sessions;
-        self.counts.retractions += out.retractions;
-        out.result()?;
-        self.store_error()?;
+        self.advance_all(Watermark::MAX, Trigger::EndOfInput, None, sessions)?;
         sessions.flush()?;
         late.flush()?;
         Ok(self.counts)
     }
 
-    /// Pushes every event of `events`: one at a time with one worker, in batches through
-    /// every worker with several ([`set_workers`](Self::set_workers)). The records are
-    /// those of pushing each event in turn.
+    /// Pushes every event of `events`, in batches of 4,096 (through every worker with
+    /// [`set_workers`](Self::set_workers)). The records are those of pushing each event
+    /// in turn; the emission context's processing time is read once per batch.
     pub fn push_batch<I, S, L>(
         &mut self,
         events: I,
@@ -728,15 +547,9 @@ where
         L: Sink<Late<E>>,
     {
         let mut events = events.into_iter().peekable();
-        if self.workers.is_empty() {
-            for event in events {
-                self.push(event, sessions, late)?;
-            }
-            return Ok(());
-        }
         while events.peek().is_some() {
-            let batch: Vec<E> = events.by_ref().take(parallel::BATCH).collect();
-            self.push_parallel(batch, sessions, late)?;
+            let batch: Vec<E> = events.by_ref().take(batches::BATCH).collect();
+            self.push_events(batch, sessions, late)?;
         }
         Ok(())
     }
@@ -782,17 +595,7 @@ where
             return Ok(());
         }
         self.watermark.resume_at(target);
-        if !self.workers.is_empty() {
-            return self.advance_parallel(target, Trigger::Idle, Some(now), sessions);
-        }
-        let mut out = EmitTo::new(sessions, &self.clock, target, Trigger::Idle);
-        out.now = Some(now);
-        self.op.advance_to(target, &mut out);
-        self.counts.sessions_emitted += out.sessions;
-        self.counts.retractions += out.retractions;
-        out.result()?;
-        self.store_error()?;
-        Ok(())
+        self.advance_all(target, Trigger::Idle, Some(now), sessions)
     }
 
     /// The watermark the next event is judged against.
@@ -845,17 +648,17 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
 
     /// The worker that owns `key` (the command line's assignment of keys to shards).
     fn worker_of(&self, key: &[u8]) -> usize {
-        crate::pipeline::parse::shard_of(key, 1 + self.workers.len()) as usize
+        crate::engine::shard_of(key, 1 + self.workers.len()) as usize
     }
 
     /// Runs the job on `workers` threads (the command line's `--workers`), each owning
     /// the keys of one hash shard with an operator of its own. Every worker sees every
     /// event's time and gap, so the watermark is that of one operator, and the workers'
     /// records are merged back in the order one operator emits them: **the output is
-    /// the same, record for record, for any number of workers** (the emission context's
-    /// processing time aside, read once per batch). Events are worked on in batches
-    /// of 4,096: give them to [`run`](Self::run) or [`push_batch`](Self::push_batch);
-    /// [`push`](Self::push) still works, one event at a time, without the speed.
+    /// the same, record for record, for any number of workers** (one worker is the
+    /// same path with one shard). Events are worked on in batches of 4,096: give them
+    /// to [`run`](Self::run) or [`push_batch`](Self::push_batch); [`push`](Self::push)
+    /// still works, one event at a time, without the speed.
     /// Checkpoints are the same files whatever the number of workers, and restore onto
     /// any number. Call it before the first event, before [`restore`](Self::restore)
     /// and before [`set_state_backend`](Self::set_state_backend).
@@ -874,14 +677,11 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
         }
         let workers = workers.max(1);
         self.parallel = if workers > 1 {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(workers - 1)
-                .thread_name(|i| format!("sessionizer-worker-{}", i + 1))
-                .build()
-                .map_err(|e| {
+            let threads =
+                crate::engine::Workers::start(workers, "sessionizer-worker").map_err(|e| {
                     StateError::Workers(format!("cannot start {workers} worker threads: {e}"))
                 })?;
-            Some(parallel::Workers::new(pool, workers))
+            Some(batches::Workers::new(threads))
         } else {
             None
         };
@@ -890,6 +690,7 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
         self.workers = (1..workers)
             .map(|_| SessionOperator::with_aggregate(cfg.clone(), Custom::new(aggregate.clone())))
             .collect();
+        self.outputs = (0..workers).map(|_| batches::Outputs::default()).collect();
         Ok(())
     }
 }

@@ -272,7 +272,7 @@ mod imp {
             let record = record.strip_suffix(b"\n").unwrap_or(record);
             let partition = partition_for(key, self.partitions);
             self.key_buf.clear();
-            write_hex(session_id(key, tag.start), &mut self.key_buf);
+            write_hex(session_id(key, tag.place.start), &mut self.key_buf);
             let value = (!tag.retract).then_some(record);
             let producer = self
                 .producer

@@ -32,6 +32,7 @@ pub(crate) mod parse;
 mod shard;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
+use crate::engine::{Workers, merge_order, shard_of};
 use crate::stats::RunStats;
 use crate::telemetry::{
     CheckpointKind, CheckpointReport, KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry,
@@ -218,7 +219,7 @@ fn run_driver(
         return Err(RunError::Unsupported(without_kafka(kafka)));
     }
     let workers = cfg.workers.max(1);
-    let pool = worker_pool(workers)?;
+    let pool = start_workers(workers)?;
     // Files or stdin in, Kafka out: the topics replace some of the writers.
     let topics = match &cfg.kafka {
         Some(kafka) if kafka.is_sink() => {
@@ -235,19 +236,11 @@ fn run_driver(
 }
 
 /// The threads of `--workers N` (none for one worker: the pipeline thread does it all).
-fn worker_pool(workers: usize) -> Result<Option<rayon::ThreadPool>, RunError> {
-    if workers <= 1 {
-        return Ok(None);
-    }
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(workers)
-        .thread_name(|i| format!("sessionizer-worker-{i}"))
-        .build()
-        .map(Some)
-        .map_err(|e| RunError::Workers {
-            workers,
-            message: e.to_string(),
-        })
+fn start_workers(workers: usize) -> Result<Workers, RunError> {
+    Workers::start(workers, "sessionizer-worker").map_err(|e| RunError::Workers {
+        workers,
+        message: e.to_string(),
+    })
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -416,30 +409,14 @@ fn idle_tick(idle: Duration) -> Duration {
 
 /// Where a completion record of the end of input goes in the merged output.
 fn position<'a>(s: &'a Shard, t: &Tag) -> (i64, &'a [u8], i64) {
-    (t.close, s.out.key(t), t.start)
-}
-
-/// Runs `f` on every shard, shard `i` always on worker thread `i`: a shard's sessions
-/// are allocated and freed by one thread, which keeps the allocator's per-thread caches
-/// effective (work stealing would hand shards from thread to thread).
-fn on_each_shard(pool: &rayon::ThreadPool, shards: &mut [Shard], f: impl Fn(&mut Shard) + Sync) {
-    let cells: Vec<std::sync::Mutex<&mut Shard>> =
-        shards.iter_mut().map(std::sync::Mutex::new).collect();
-    pool.broadcast(|ctx| {
-        if let Some(cell) = cells.get(ctx.index()) {
-            let mut shard = cell
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            f(&mut shard);
-        }
-    });
+    t.place.completion(s.out.key(t))
 }
 
 /// The state of one run.
 struct Job<'c> {
     cfg: &'c PipelineConfig,
-    /// The worker threads; `None` with one worker (everything runs on this thread).
-    pool: Option<rayon::ThreadPool>,
+    /// The worker threads (none with one worker: everything runs on this thread).
+    pool: Workers,
     started: Instant,
     inputs: Inputs,
     names: Vec<SourceName>,
@@ -467,7 +444,7 @@ impl<'c> Job<'c> {
     fn new(
         cfg: &'c PipelineConfig,
         workers: usize,
-        pool: Option<rayon::ThreadPool>,
+        pool: Workers,
         topics: Option<Box<dyn TopicSink>>,
     ) -> Job<'c> {
         let encoder = SessionEncoder::new(
@@ -582,7 +559,7 @@ impl<'c> Job<'c> {
 
     /// A key's state, from the shard its hash names.
     fn lookup(&self, key: &str) -> Vec<KeyView> {
-        let shard = parse::shard_of(key.as_bytes(), self.shards.len()) as usize;
+        let shard = shard_of(key.as_bytes(), self.shards.len()) as usize;
         lookup::describe(&self.shards[shard], key.as_bytes(), "0")
             .into_iter()
             .collect()
@@ -824,7 +801,7 @@ impl<'c> Job<'c> {
         let mut spare: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(RESTORE_AHEAD + 1);
         let shards_now = &mut self.shards;
         let mut restored = state.for_each_live(|key, value| {
-            let shard = parse::shard_of(key, shards) as usize;
+            let shard = shard_of(key, shards) as usize;
             keys += 1;
             if keys % PROGRESS_EVERY == 0 {
                 telemetry.restore_progress(keys - reported);
@@ -938,7 +915,7 @@ impl<'c> Job<'c> {
         };
         let prepared = txn.is_some();
         durable.checkpoint(
-            self.pool.as_ref(),
+            self.pool.pool(),
             &mut self.shards,
             outputs,
             &self.stats,
@@ -971,11 +948,8 @@ impl<'c> Job<'c> {
         for s in &mut self.shards {
             s.clear_outputs();
         }
-        let advance = |s: &mut Shard| s.advance_idle(w, step);
-        match &self.pool {
-            Some(pool) => on_each_shard(pool, &mut self.shards, advance),
-            None => advance(&mut self.shards[0]),
-        }
+        self.pool
+            .on_each(&mut self.shards, |_, s| s.advance_idle(w, step));
         self.check_state_stores()?;
         self.merge()?;
         // A live reader is waiting for these: write them out now.
@@ -1017,7 +991,7 @@ impl<'c> Job<'c> {
             let range = (i * per).min(n)..((i + 1) * per).min(n);
             parse::parse_range(batch, range, decoder, settings, out);
         };
-        match &self.pool {
+        match self.pool.pool() {
             Some(pool) => {
                 use rayon::prelude::*;
                 let (decoders, parsed) = (&mut self.decoders, &mut self.parsed);
@@ -1071,11 +1045,8 @@ impl<'c> Job<'c> {
         for s in &mut self.shards {
             s.clear_outputs();
         }
-        let process = |s: &mut Shard| s.process(batch, parsed, first_step, names);
-        match &self.pool {
-            Some(pool) => on_each_shard(pool, &mut self.shards, process),
-            None => process(&mut self.shards[0]),
-        }
+        let process = |_, s: &mut Shard| s.process(batch, parsed, first_step, names);
+        self.pool.on_each(&mut self.shards, process);
     }
 
     /// The end of a bounded input: the watermark becomes +infinity and every session is
@@ -1095,15 +1066,12 @@ impl<'c> Job<'c> {
             s.ending = true;
         }
         while self.shards.iter().any(|s| s.ending) {
-            let round = |s: &mut Shard| {
+            let round = |_, s: &mut Shard| {
                 if s.ending && s.out.tags.len() <= END_PART / 2 {
                     s.ending = s.finish_part(END_PART);
                 }
             };
-            match &self.pool {
-                Some(pool) => on_each_shard(pool, &mut self.shards, round),
-                None => round(&mut self.shards[0]),
-            }
+            self.pool.on_each(&mut self.shards, round);
             self.check_state_stores()?;
             let completed = self.shards.iter_mut();
             let completed = completed.map(|s| std::mem::take(&mut s.out.completed));
@@ -1193,29 +1161,12 @@ impl<'c> Job<'c> {
             return Ok(());
         }
         let shards = &self.shards;
-        self.order.clear();
-        for (si, s) in shards.iter().enumerate() {
-            self.order.extend((0..s.out.tags.len()).map(|ti| (si, ti)));
-        }
-        let tag = |&(si, ti): &(usize, usize)| -> &Tag { &shards[si].out.tags[ti] };
-        self.order.sort_unstable_by(|a, b| {
-            let (ta, tb) = (tag(a), tag(b));
-            ta.step
-                .cmp(&tb.step)
-                .then(ta.class.cmp(&tb.class))
-                .then_with(|| {
-                    if ta.class == 0 {
-                        // The step's own records all come from one shard, in order.
-                        a.cmp(b)
-                    } else {
-                        (ta.close, shards[a.0].out.key(ta), ta.start).cmp(&(
-                            tb.close,
-                            shards[b.0].out.key(tb),
-                            tb.start,
-                        ))
-                    }
-                })
-        });
+        merge_order(
+            &mut self.order,
+            shards.iter().map(|s| s.out.tags.len()),
+            |si, ti| shards[si].out.tags[ti].place,
+            |si, ti| shards[si].out.key(&shards[si].out.tags[ti]),
+        );
         for &(si, ti) in &self.order {
             let t = &shards[si].out.tags[ti];
             match &mut self.topics {

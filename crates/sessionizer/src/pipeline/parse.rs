@@ -2,10 +2,10 @@
 //! ranges of the batch. Nothing here depends on the watermark or on other records.
 
 use crate::config::OnInvalid;
+use crate::engine::shard_of;
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter};
 use sessionizer_core::decode::Decoder;
-use std::hash::BuildHasher;
 
 /// What a line turned out to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,15 +48,6 @@ pub(crate) struct Parsed {
     pub blank: u64,
     /// The first invalid record of the range: (line index, reason), for `--on-invalid fail`.
     pub first_invalid: Option<(u32, String)>,
-}
-
-/// Assigns keys to shards; the same for every run and every number of workers' hashes.
-pub(crate) fn shard_of(key: &[u8], shards: usize) -> u32 {
-    if shards == 1 {
-        return 0;
-    }
-    let h = foldhash::fast::FixedState::with_seed(0x5eed_5e55).hash_one(key);
-    (h % shards as u64) as u32
 }
 
 /// Where `part` sits inside `whole`, if it does.

@@ -10,6 +10,7 @@
 //! produced them.
 
 use super::parse::{Kind, Parsed};
+use crate::engine::Place;
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
@@ -31,16 +32,10 @@ const STATE_AHEAD: usize = 8;
 /// The step of the end of input, after every record.
 pub(crate) const END_STEP: u64 = u64::MAX;
 
-/// Where one emitted record goes in the merged output.
+/// One emitted record: where it goes in the merged output, and where its bytes are.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tag {
-    /// The input position of the step that emitted it.
-    pub step: u64,
-    /// 0: caused by the step's own event (retraction, on-update record), in emission
-    /// order; 1: a completion, ordered by (close, key, start) across shards.
-    pub class: u8,
-    pub close: i64,
-    pub start: i64,
+    pub place: Place,
     /// The key in [`Tagged::keys`].
     pub key: (usize, usize),
     /// The record in [`Tagged::encoder`]'s buffer.
@@ -63,17 +58,14 @@ pub(crate) struct Tagged {
 }
 
 impl Tagged {
-    fn tag(&mut self, class: u8, close: i64, start: i64, key: &[u8], from: usize, retract: bool) {
+    fn tag(&mut self, place: Place, key: &[u8], from: usize, retract: bool) {
         if !self.tagging {
             return;
         }
         let k = (self.keys.len(), key.len());
         self.keys.extend_from_slice(key);
         self.tags.push(Tag {
-            step: self.step,
-            class,
-            close,
-            start,
+            place,
             key: k,
             bytes: (from, self.encoder.buf.len() - from),
             retract,
@@ -120,21 +112,14 @@ impl Emit for Tagged {
         let from = self.encoder.buf.len();
         self.encoder.session(s);
         self.completed += u64::from(s.complete);
-        let class = if s.complete { 1 } else { 0 };
-        self.tag(
-            class,
-            s.close.millis(),
-            s.start.millis(),
-            s.key,
-            from,
-            false,
-        );
+        let place = Place::session(self.step, s.complete, s.close, s.start);
+        self.tag(place, s.key, from, false);
     }
 
     fn retraction(&mut self, key: &[u8], start: EventTime) {
         let from = self.encoder.buf.len();
         self.encoder.retraction(key, start);
-        self.tag(0, i64::MIN, start.millis(), key, from, true);
+        self.tag(Place::retraction(self.step, start), key, from, true);
     }
 }
 

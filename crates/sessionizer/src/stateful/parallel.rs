@@ -138,11 +138,21 @@ pub(crate) enum Step {
     FinishAt(ProcessingTime),
 }
 
-/// Runs `step` on the first operator (on this thread) and on every worker (on the
-/// pool), then hands the outputs to `emit` in one operator's order; returns the sum
-/// of the reports (the first operator's watermark).
+/// One operator's part of a step: the first (it keeps time for all) or a follower.
+enum Part<'a, E, S, W, C, F> {
+    First(
+        &'a mut StatefulOperator<E, S, W, C>,
+        &'a mut F,
+        &'a mut Pending<E>,
+    ),
+    Follower(&'a mut Worker<E, S, F>),
+}
+
+/// Runs `step` on every operator, each on its worker thread, then hands the outputs to
+/// `emit` in one operator's order; returns the sum of the reports (the first
+/// operator's watermark).
 pub(crate) fn run_step<E, S, W, C, F, R>(
-    pool: &rayon::ThreadPool,
+    threads: &crate::engine::Workers,
     step: Step,
     first: (&mut StatefulOperator<E, S, W, C>, &mut F, &mut Pending<E>),
     workers: &mut [Worker<E, S, F>],
@@ -151,8 +161,8 @@ pub(crate) fn run_step<E, S, W, C, F, R>(
 where
     E: Send,
     S: Send,
-    W: WatermarkStrategy,
-    C: Clock,
+    W: WatermarkStrategy + Send,
+    C: Clock + Send,
     F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R + Send,
     R: IntoIterator,
     R::Item: Send,
@@ -180,18 +190,17 @@ where
 
     let mut outs: Vec<Vec<(Tag, R::Item)>> = (0..=workers.len()).map(|_| Vec::new()).collect();
     let mut reports = vec![BatchReport::default(); workers.len() + 1];
-    {
-        let (first_out, rest_out) = outs.split_first_mut().expect("one operator at least");
-        let (first_report, rest_reports) = reports.split_first_mut().expect("one at least");
-        pool.in_place_scope(|scope| {
-            for ((w, out), report) in workers.iter_mut().zip(rest_out).zip(rest_reports) {
-                scope.spawn(move |_| {
-                    *report = one(&mut w.op, &mut w.f, &mut w.batch, step, out);
-                });
-            }
-            *first_report = one(first.0, first.1, first.2, step, first_out);
-        });
-    }
+    let mut parts: Vec<_> = std::iter::once(Part::First(first.0, first.1, first.2))
+        .chain(workers.iter_mut().map(Part::Follower))
+        .zip(outs.iter_mut().zip(reports.iter_mut()))
+        .collect();
+    threads.on_each(&mut parts, |_, (part, (out, report))| {
+        **report = match part {
+            Part::First(op, f, batch) => one(op, f, batch, step, out),
+            Part::Follower(w) => one(&mut w.op, &mut w.f, &mut w.batch, step, out),
+        };
+    });
+    drop(parts);
     let mut all: Vec<(Tag, R::Item)> = outs.into_iter().flatten().collect();
     // Stable: the outputs of one call keep their order.
     all.sort_by(|a, b| a.0.cmp(&b.0));

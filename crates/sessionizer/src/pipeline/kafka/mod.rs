@@ -114,7 +114,7 @@ struct KafkaJob<'c> {
     changelogs: Vec<String>,
     tasks: BTreeMap<TopicPartition, Task>,
     /// `--workers N`: the threads that sessionize the tasks' batches in parallel.
-    pool: Option<rayon::ThreadPool>,
+    pool: crate::engine::Workers,
     encoder: SessionEncoder,
     options: Vec<(String, String)>,
     started: Instant,
@@ -305,7 +305,7 @@ impl<'c> KafkaJob<'c> {
             stale_skipped: 0,
             key_buf: Vec::new(),
             value_buf: Vec::new(),
-            pool: super::worker_pool(cfg.workers.max(1))?,
+            pool: super::start_workers(cfg.workers.max(1))?,
             stores: None,
             store_stats: None,
             released_store: (0, 0),
@@ -965,7 +965,7 @@ impl<'c> KafkaJob<'c> {
             .filter(|t| !t.batch.lines.is_empty())
             .collect();
         let ids: Vec<TopicPartition> = staged.iter().map(|t| t.tp).collect();
-        match &self.pool {
+        match self.pool.pool() {
             Some(pool) if staged.len() > 1 => pool.install(|| {
                 use rayon::prelude::*;
                 staged

@@ -96,7 +96,7 @@ impl KafkaJob<'_> {
                     let record = record.strip_suffix(b"\n").unwrap_or(record);
                     let partition = partition_for(key, *partitions);
                     key_buf.clear();
-                    write_hex(session_id(key, tag.start), key_buf);
+                    write_hex(session_id(key, tag.place.start), key_buf);
                     let value = (!tag.retract).then_some(record);
                     p.send(name, Some(partition), Some(key_buf), value, tag.retract)
                         .map_err(commit_error)?;

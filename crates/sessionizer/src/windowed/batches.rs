@@ -1,5 +1,7 @@
-//! Several workers for one session window job ([`SessionWindowJob::set_workers`]), by
-//! the command line's scheme (`pipeline/shard.rs`, `pipeline/mod.rs`'s merge):
+//! How a session window job runs its events: in batches, on one worker or on several
+//! ([`SessionWindowJob::set_workers`]), by the scheme of every job ([`crate::engine`];
+//! the command line's side of it is `pipeline/shard.rs`). One worker is the same path
+//! with one shard, whose records need no merge:
 //!
 //! 1. the calling thread reads each event of a batch once — its time (the valid-time
 //!    guard), key, gap, the worker that owns the key, and the watermark after it — so
@@ -14,34 +16,25 @@
 //! So the output is the same, record for record, for any number of workers.
 
 use super::{
-    EmitTo, GapFn, KeyFn, Late, Outcome, SessionWindowJob, Sink, SinkError, TimeFn, Trigger,
-    WindowOutput,
+    Emission, GapFn, KeyFn, Late, Outcome, Retraction, SessionRecord, SessionWindowJob, Sink,
+    SinkError, TimeFn, Trigger, WindowOutput,
 };
+use crate::engine::{Place, merge_order, shard_of};
 use crate::late::TIME_OUT_OF_RANGE;
 use crate::stream::time_is_valid;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
-use sessionizer_window::aggregate::{Aggregator, Custom};
+use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
 use sessionizer_window::clock::{Clock, ProcessingTime};
-use sessionizer_window::{SessionOperator, TypedEvent, Verdict, WatermarkStrategy};
+use sessionizer_window::{
+    Emit, SessionOperator, SessionView, TypedEvent, Verdict, WatermarkStrategy, session_id,
+};
 
 /// Events per batch of [`SessionWindowJob::run`] and
-/// [`SessionWindowJob::push_batch`] with several workers.
+/// [`SessionWindowJob::push_batch`].
 pub(super) const BATCH: usize = 4096;
 
 /// The step of the end of input and of an idle advance, after every event of the batch.
 const AFTER: u64 = u64::MAX;
-
-/// Where one emitted record goes in the merged output (the command line's `Tag`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Place {
-    /// The event of the batch whose step emitted it.
-    pub step: u64,
-    /// 0: caused by the step's own event (a retraction, an on-update record), in
-    /// emission order; 1: a completion, ordered by (close, key, start) across workers.
-    pub class: u8,
-    pub close: i64,
-    pub start: i64,
-}
 
 type Op<A, E> = SessionOperator<Custom<A, E>>;
 
@@ -100,12 +93,12 @@ impl<O> Default for Outputs<O> {
     }
 }
 
-/// Runs a task on every worker of a pool: the operators (the first, then the others)
-/// each with its outputs. A plain function chosen where the thread-safety bounds hold
+/// Runs a task on every worker: the operators (the first, then the others) each with
+/// its outputs. A plain function chosen where the thread-safety bounds hold
 /// ([`SessionWindowJob::set_workers`]), so that `push`, `run`, `finish` and `tick` need
 /// no more bounds than with one worker.
 type OnWorkers<E, A, C> = fn(
-    &rayon::ThreadPool,
+    &crate::engine::Workers,
     &mut Op<A, E>,
     &mut [Op<A, E>],
     &mut [Outputs<<A as Aggregator<E>>::Output>],
@@ -114,9 +107,8 @@ type OnWorkers<E, A, C> = fn(
 
 /// The workers' threads and what they run.
 pub(super) struct Workers<E, A: Aggregator<E>, C> {
-    pool: rayon::ThreadPool,
+    threads: crate::engine::Workers,
     on_workers: OnWorkers<E, A, C>,
-    outs: Vec<Outputs<A::Output>>,
 }
 
 impl<E, A: Aggregator<E>, C> Workers<E, A, C>
@@ -127,17 +119,16 @@ where
     A::Output: Send,
     C: Clock + Sync,
 {
-    pub(super) fn new(pool: rayon::ThreadPool, workers: usize) -> Self {
+    pub(super) fn new(threads: crate::engine::Workers) -> Self {
         Workers {
-            pool,
+            threads,
             on_workers: on_pool::<E, A, C>,
-            outs: (0..workers).map(|_| Outputs::default()).collect(),
         }
     }
 }
 
 fn on_pool<E, A, C>(
-    pool: &rayon::ThreadPool,
+    threads: &crate::engine::Workers,
     first: &mut Op<A, E>,
     rest: &mut [Op<A, E>],
     outs: &mut [Outputs<A::Output>],
@@ -149,14 +140,77 @@ fn on_pool<E, A, C>(
     A::Output: Send,
     C: Clock + Sync,
 {
-    // The first operator's part runs on this thread, the others' on the pool.
-    let (first_out, rest_out) = outs.split_first_mut().expect("one operator at least");
-    pool.in_place_scope(|scope| {
-        for ((i, op), out) in (1u32..).zip(rest.iter_mut()).zip(rest_out.iter_mut()) {
-            scope.spawn(move |_| work(i, op, out, task));
+    let mut parts: Vec<_> = std::iter::once(first)
+        .chain(rest.iter_mut())
+        .zip(outs.iter_mut())
+        .collect();
+    threads.on_each(&mut parts, |i, (op, out)| work(i as u32, op, out, task));
+}
+
+/// The operator's [`Emit`] for a worker's part of a task: builds the records, stamped
+/// with the emission context (the clock is read once, at the first record), and notes
+/// each one's place in the merged output.
+struct EmitTo<'s, O, C> {
+    records: &'s mut Vec<WindowOutput<O>>,
+    places: &'s mut Vec<Place>,
+    clock: &'s C,
+    now: Option<ProcessingTime>,
+    watermark: Watermark,
+    trigger: Trigger,
+    sessions: u64,
+    retractions: u64,
+    step: u64,
+}
+
+impl<'s, O, C: Clock> EmitTo<'s, O, C> {
+    fn emission(&mut self, complete: bool) -> Emission {
+        let processing_time = *self.now.get_or_insert_with(|| self.clock.now());
+        Emission {
+            watermark: self.watermark,
+            processing_time,
+            trigger: match self.trigger {
+                Trigger::Watermark | Trigger::Update if !complete => Trigger::Update,
+                Trigger::Update => Trigger::Watermark,
+                other => other,
+            },
         }
-        work(0, first, first_out, task);
-    });
+    }
+}
+
+impl<A, E, C> Emit<Custom<A, E>> for EmitTo<'_, A::Output, C>
+where
+    A: Aggregator<E>,
+    C: Clock,
+{
+    fn session<'a>(&mut self, s: &SessionView<'a, CustomView<'a, A, E>>) {
+        self.sessions += 1;
+        let emitted = self.emission(s.complete);
+        self.places
+            .push(Place::session(self.step, s.complete, s.close, s.start));
+        self.records.push(WindowOutput::Session(SessionRecord {
+            key: String::from_utf8_lossy(s.key).into_owned(),
+            session_id: session_id(s.key, s.start.millis()),
+            start: s.start,
+            end: s.end,
+            event_count: s.event_count,
+            revision: s.revision,
+            complete: s.complete,
+            value: s.aggregates.finish(),
+            emitted,
+        }));
+    }
+
+    fn retraction(&mut self, key: &[u8], start: EventTime) {
+        self.retractions += 1;
+        self.places.push(Place::retraction(self.step, start));
+        let emitted = self.emission(true);
+        self.records.push(WindowOutput::Retraction(Retraction {
+            key: String::from_utf8_lossy(key).into_owned(),
+            session_id: session_id(key, start.millis()),
+            start,
+            emitted,
+        }));
+    }
 }
 
 /// One worker's part of a task.
@@ -185,8 +239,17 @@ fn work<E, A: Aggregator<E>, C: Clock>(
             keys,
             clock,
         } => {
-            let mut emit = EmitTo::new(records, *clock, Watermark::MIN, Trigger::Update);
-            emit.places = Some(places);
+            let mut emit = EmitTo {
+                records,
+                places,
+                clock: *clock,
+                now: None,
+                watermark: Watermark::MIN,
+                trigger: Trigger::Update,
+                sessions: 0,
+                retractions: 0,
+                step: 0,
+            };
             for (j, p) in preps.iter().enumerate() {
                 if p.worker == u32::MAX {
                     continue;
@@ -228,10 +291,17 @@ fn work<E, A: Aggregator<E>, C: Clock>(
             now,
             clock,
         } => {
-            let mut emit = EmitTo::new(records, *clock, *shown, *trigger);
-            emit.now = *now;
-            emit.places = Some(places);
-            emit.step = AFTER;
+            let mut emit = EmitTo {
+                records,
+                places,
+                clock: *clock,
+                now: *now,
+                watermark: *shown,
+                trigger: *trigger,
+                sessions: 0,
+                retractions: 0,
+                step: AFTER,
+            };
             op.advance_to(*to, &mut emit);
             *sessions = emit.sessions;
             *retractions = emit.retractions;
@@ -239,10 +309,10 @@ fn work<E, A: Aggregator<E>, C: Clock>(
     }
 }
 
-fn key_of<O>(record: &WindowOutput<O>) -> &str {
+fn key_of<O>(record: &WindowOutput<O>) -> &[u8] {
     match record {
-        WindowOutput::Session(s) => &s.key,
-        WindowOutput::Retraction(r) => &r.key,
+        WindowOutput::Session(s) => s.key.as_bytes(),
+        WindowOutput::Retraction(r) => r.key.as_bytes(),
     }
 }
 
@@ -251,26 +321,19 @@ fn merge<O, S: Sink<WindowOutput<O>>>(
     outs: &mut [Outputs<O>],
     sessions: &mut S,
 ) -> Result<(), SinkError> {
-    let mut order: Vec<(usize, usize)> = Vec::new();
-    for (w, o) in outs.iter().enumerate() {
-        order.extend((0..o.places.len()).map(|i| (w, i)));
+    if let [only] = outs {
+        for record in only.records.drain(..) {
+            sessions.send(record)?;
+        }
+        return Ok(());
     }
-    order.sort_unstable_by(|&(wa, ia), &(wb, ib)| {
-        let (pa, pb) = (&outs[wa].places[ia], &outs[wb].places[ib]);
-        pa.step
-            .cmp(&pb.step)
-            .then(pa.class.cmp(&pb.class))
-            .then_with(|| {
-                if pa.class == 0 {
-                    // The step's own records all come from one worker, in order.
-                    (wa, ia).cmp(&(wb, ib))
-                } else {
-                    let ka = key_of(&outs[wa].records[ia]);
-                    let kb = key_of(&outs[wb].records[ib]);
-                    (pa.close, ka, pa.start).cmp(&(pb.close, kb, pb.start))
-                }
-            })
-    });
+    let mut order: Vec<(usize, usize)> = Vec::new();
+    merge_order(
+        &mut order,
+        outs.iter().map(|o| o.places.len()),
+        |w, i| outs[w].places[i],
+        |w, i| key_of(&outs[w].records[i]),
+    );
     let mut records: Vec<Vec<Option<WindowOutput<O>>>> = outs
         .iter_mut()
         .map(|o| o.records.drain(..).map(Some).collect())
@@ -282,6 +345,20 @@ fn merge<O, S: Sink<WindowOutput<O>>>(
     Ok(())
 }
 
+/// Runs a task on the job's one operator, or on every worker.
+fn run_task<E, A: Aggregator<E>, C: Clock>(
+    parallel: Option<&Workers<E, A, C>>,
+    first: &mut Op<A, E>,
+    rest: &mut [Op<A, E>],
+    outs: &mut [Outputs<A::Output>],
+    task: &Task<'_, E, C>,
+) {
+    match parallel {
+        Some(p) => (p.on_workers)(&p.threads, first, rest, outs, task),
+        None => work(0, first, &mut outs[0], task),
+    }
+}
+
 impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
 where
     K: KeyFn<E>,
@@ -291,9 +368,9 @@ where
     G: GapFn<E>,
     C: Clock,
 {
-    /// Pushes the events of a batch through every worker; returns what became of the
-    /// last one.
-    pub(super) fn push_parallel<S, L>(
+    /// Pushes the events of a batch through the job's operators; returns what became of
+    /// the last one.
+    pub(super) fn push_events<S, L>(
         &mut self,
         events: Vec<E>,
         sessions: &mut S,
@@ -328,7 +405,7 @@ where
             let w = self.watermark.observe(time);
             self.max_time = Some(self.max_time.map_or(time, |m| m.max(time)));
             preps.push(Prep {
-                worker: crate::pipeline::parse::shard_of(self.key_buf.as_bytes(), workers),
+                worker: shard_of(self.key_buf.as_bytes(), workers),
                 key,
                 time,
                 gap: self.gap_fn.gap_of(event).unwrap_or(self.gap),
@@ -338,12 +415,11 @@ where
             self.seq += 1;
             current = current.max(w);
         }
-        let parallel = self.parallel.as_mut().expect("several workers");
-        (parallel.on_workers)(
-            &parallel.pool,
+        run_task(
+            self.parallel.as_ref(),
             &mut self.op,
             &mut self.workers,
-            &mut parallel.outs,
+            &mut self.outputs,
             &Task::Batch {
                 events: &events,
                 preps: &preps,
@@ -353,9 +429,8 @@ where
         );
         self.store_error()?;
 
-        let parallel = self.parallel.as_mut().expect("several workers");
         let mut lates = rejected;
-        for o in &mut parallel.outs {
+        for o in &mut self.outputs {
             self.counts.in_sessions += o.in_sessions;
             self.counts.sessions_emitted += o.sessions;
             self.counts.retractions += o.retractions;
@@ -367,7 +442,7 @@ where
             Some(&(j, _, outcome)) if j + 1 == events.len() => outcome,
             _ => Outcome::InSession,
         };
-        merge(&mut parallel.outs, sessions)?;
+        merge(&mut self.outputs, sessions)?;
         let mut lates = lates.into_iter().peekable();
         for (j, event) in events.into_iter().enumerate() {
             let Some(&(at, watermark, outcome)) = lates.peek() else {
@@ -401,9 +476,9 @@ where
         Ok(last)
     }
 
-    /// Moves every worker's watermark to `to` without events (the end of input, an idle
-    /// advance) and sends what that emits.
-    pub(super) fn advance_parallel<S>(
+    /// Moves every operator's watermark to `to` without events (the end of input, an
+    /// idle advance) and sends what that emits.
+    pub(super) fn advance_all<S>(
         &mut self,
         to: Watermark,
         trigger: Trigger,
@@ -418,12 +493,11 @@ where
         } else {
             to
         };
-        let parallel = self.parallel.as_mut().expect("several workers");
-        (parallel.on_workers)(
-            &parallel.pool,
+        run_task(
+            self.parallel.as_ref(),
             &mut self.op,
             &mut self.workers,
-            &mut parallel.outs,
+            &mut self.outputs,
             &Task::Advance {
                 to,
                 shown,
@@ -433,27 +507,10 @@ where
             },
         );
         self.store_error()?;
-        let parallel = self.parallel.as_mut().expect("several workers");
-        for o in &parallel.outs {
+        for o in &self.outputs {
             self.counts.sessions_emitted += o.sessions;
             self.counts.retractions += o.retractions;
         }
-        merge(&mut parallel.outs, sessions)
-    }
-
-    /// The end of a bounded input with several workers (see `finish`).
-    pub(super) fn finish_parallel<S, L>(
-        &mut self,
-        sessions: &mut S,
-        late: &mut L,
-    ) -> Result<super::WindowCounts, SinkError>
-    where
-        S: Sink<WindowOutput<A::Output>>,
-        L: Sink<Late<E>>,
-    {
-        self.advance_parallel(Watermark::MAX, Trigger::EndOfInput, None, sessions)?;
-        sessions.flush()?;
-        late.flush()?;
-        Ok(self.counts)
+        merge(&mut self.outputs, sessions)
     }
 }

@@ -1,0 +1,17 @@
+//! How every job runs keyed operators on several workers — the command line's pipeline
+//! (its file, stdin and Kafka drivers) and the library's session windows and stateful
+//! jobs alike, so that there is one scheme and one set of its bugs:
+//!
+//! - keys are split into shards by a fixed hash of the key ([`shard_of`]), the same for
+//!   every run, so a checkpoint restores onto any number of workers;
+//! - shard `i` always runs on worker thread `i` ([`Workers::on_each`]);
+//! - every shard sees every event's time and gap and emits, for its own keys, exactly
+//!   the records one operator would, each at the step (input position) that caused it;
+//!   [`merge_order`] puts the shards' records back in one operator's order, so the
+//!   output is the same, record for record, for any number of workers.
+
+mod order;
+mod workers;
+
+pub(crate) use order::{Place, merge_order};
+pub(crate) use workers::{Workers, shard_of};
