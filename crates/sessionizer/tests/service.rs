@@ -16,32 +16,13 @@ fn visits(n: i64) -> Vec<Visit> {
     support::visits(n, 60, 2_000, 0x9e37_79b9_7f4a_7c15)
 }
 
-type Job = SessionWindowJob<
-    Visit,
-    fn(&Visit) -> u32,
-    fn(&Visit) -> EventTime,
-    BoundedOutOfOrderness,
-    (Count, Collect<fn(&Visit) -> Option<u8>>),
-    sessionizer::windowed::FixedGap,
-    ManualClock,
->;
+type Job = support::VisitJob;
+type Out = support::VisitOut;
 
 fn job(gap: DurationMs) -> Job {
-    Stream::<Visit>::new()
-        .key_by((|v| v.visit) as fn(&Visit) -> u32)
-        .event_time((|v| v.at) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(gap)
-        .allowed_lateness(minutes(5))
-        .clock(ManualClock::new(ProcessingTime(0)))
-        .aggregate((
-            Count,
-            Collect((|v| Some(v.page)) as fn(&Visit) -> Option<u8>),
-        ))
-        .build()
+    let clock = ManualClock::new(ProcessingTime(0));
+    support::visit_job(gap, minutes(5), EmitMode::OnClose, None, clock)
 }
-
-type Out = WindowOutput<(u64, Vec<u8>)>;
 
 /// A library job stopped at any point after a checkpoint and restored from it emits,
 /// with what it committed before, exactly the records of a run that never stopped:

@@ -18,33 +18,18 @@ fn visits(n: i64, keys: u64, seed: u64) -> Vec<Visit> {
     support::visits(n, keys, 200, seed)
 }
 
-type Job = SessionWindowJob<
-    Visit,
-    fn(&Visit) -> u32,
-    fn(&Visit) -> EventTime,
-    BoundedOutOfOrderness,
-    (Count, Collect<fn(&Visit) -> Option<u8>>),
-    sessionizer::windowed::FixedGap,
-    ManualClock,
->;
+type Job = support::VisitJob;
+type Out = support::VisitOut;
 
 fn job(gap: DurationMs, lateness: DurationMs, emit: EmitMode) -> Job {
-    Stream::<Visit>::new()
-        .key_by((|v| v.visit) as fn(&Visit) -> u32)
-        .event_time((|v| v.at) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(gap)
-        .allowed_lateness(lateness)
-        .emit(emit)
-        .clock(ManualClock::new(ProcessingTime(0)))
-        .aggregate((
-            Count,
-            Collect((|v| Some(v.page)) as fn(&Visit) -> Option<u8>),
-        ))
-        .build()
+    support::visit_job(
+        gap,
+        lateness,
+        emit,
+        None,
+        ManualClock::new(ProcessingTime(0)),
+    )
 }
-
-type Out = WindowOutput<(u64, Vec<u8>)>;
 
 /// A budget far below the job's state: a few hundred keys in memory.
 fn rocks(dir: &std::path::Path) -> StateBackend {
@@ -54,12 +39,8 @@ fn rocks(dir: &std::path::Path) -> StateBackend {
     }
 }
 
-fn run(mut job: Job, input: &[Visit]) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts, Job) {
-    let (mut out, mut late) = (Vec::new(), Vec::new());
-    let counts = job
-        .run(input.iter().cloned(), &mut out, &mut late)
-        .expect("vectors and the store");
-    (out, late, counts, job)
+fn run(job: Job, input: &[Visit]) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts, Job) {
+    support::run_visits(job, input)
 }
 
 /// Choosing a backend once the job has state is refused (it would hold keys the store

@@ -34,15 +34,8 @@ fn visits(n: i64, keys: u64, seed: u64) -> Vec<Visit> {
         .collect()
 }
 
-type Job = SessionWindowJob<
-    Visit,
-    fn(&Visit) -> u32,
-    fn(&Visit) -> EventTime,
-    BoundedOutOfOrderness,
-    (Count, Collect<fn(&Visit) -> Option<u8>>),
-    sessionizer::windowed::FixedGap,
-    ManualClock,
->;
+type Job = support::VisitJob;
+type Out = support::VisitOut;
 
 fn job(
     workers: usize,
@@ -51,31 +44,14 @@ fn job(
     emit: EmitMode,
     clock: &ManualClock,
 ) -> Job {
-    let mut job: Job = Stream::<Visit>::new()
-        .key_by((|v| v.visit) as fn(&Visit) -> u32)
-        .event_time((|v| v.at) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .valid_time_range(EventTime(T0 - 86_400_000)..EventTime(T0 + 86_400_000 * 30))
-        .session_windows(gap)
-        .allowed_lateness(lateness)
-        .emit(emit)
-        .clock(clock.clone())
-        .aggregate((
-            Count,
-            Collect((|v| Some(v.page)) as fn(&Visit) -> Option<u8>),
-        ))
-        .build();
+    let valid = EventTime(T0 - 86_400_000)..EventTime(T0 + 86_400_000 * 30);
+    let mut job = support::visit_job(gap, lateness, emit, Some(valid), clock.clone());
     job.set_workers(workers).expect("workers");
     job
 }
 
-type Out = WindowOutput<(u64, Vec<u8>)>;
-
-fn run(mut job: Job, input: &[Visit]) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts) {
-    let (mut out, mut late) = (Vec::new(), Vec::new());
-    let counts = job
-        .run(input.iter().cloned(), &mut out, &mut late)
-        .expect("vectors");
+fn run(job: Job, input: &[Visit]) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts) {
+    let (out, late, counts, _) = support::run_visits(job, input);
     (out, late, counts)
 }
 

@@ -163,6 +163,28 @@ struct EmitTo<'s, O, C> {
 }
 
 impl<'s, O, C: Clock> EmitTo<'s, O, C> {
+    /// Emits into a worker's outputs, the records stamped with `watermark` and
+    /// `trigger` (and `now`, else the clock at the first record).
+    fn new(
+        out: (&'s mut Vec<WindowOutput<O>>, &'s mut Vec<Place>),
+        clock: &'s C,
+        now: Option<ProcessingTime>,
+        watermark: Watermark,
+        trigger: Trigger,
+    ) -> Self {
+        EmitTo {
+            records: out.0,
+            places: out.1,
+            clock,
+            now,
+            watermark,
+            trigger,
+            sessions: 0,
+            retractions: 0,
+            step: 0,
+        }
+    }
+
     fn emission(&mut self, complete: bool) -> Emission {
         let processing_time = *self.now.get_or_insert_with(|| self.clock.now());
         Emission {
@@ -239,17 +261,13 @@ fn work<E, A: Aggregator<E>, C: Clock>(
             keys,
             clock,
         } => {
-            let mut emit = EmitTo {
-                records,
-                places,
-                clock: *clock,
-                now: None,
-                watermark: Watermark::MIN,
-                trigger: Trigger::Update,
-                sessions: 0,
-                retractions: 0,
-                step: 0,
-            };
+            let mut emit = EmitTo::new(
+                (records, places),
+                *clock,
+                None,
+                Watermark::MIN,
+                Trigger::Update,
+            );
             for (j, p) in preps.iter().enumerate() {
                 if p.worker == u32::MAX {
                     continue;
@@ -291,17 +309,8 @@ fn work<E, A: Aggregator<E>, C: Clock>(
             now,
             clock,
         } => {
-            let mut emit = EmitTo {
-                records,
-                places,
-                clock: *clock,
-                now: *now,
-                watermark: *shown,
-                trigger: *trigger,
-                sessions: 0,
-                retractions: 0,
-                step: AFTER,
-            };
+            let mut emit = EmitTo::new((records, places), *clock, *now, *shown, *trigger);
+            emit.step = AFTER;
             op.advance_to(*to, &mut emit);
             *sessions = emit.sessions;
             *retractions = emit.retractions;

@@ -48,3 +48,59 @@ pub fn visits(n: i64, keys: u64, step_ms: i64, seed: u64) -> Vec<Visit> {
         })
         .collect()
 }
+
+/// The window most tests run: `Count` and `Collect` of the page per visit, a watermark
+/// a minute behind, on a manual clock.
+pub type VisitJob = SessionWindowJob<
+    Visit,
+    fn(&Visit) -> u32,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    (Count, Collect<fn(&Visit) -> Option<u8>>),
+    sessionizer::windowed::FixedGap,
+    ManualClock,
+>;
+
+/// What a [`VisitJob`] emits.
+pub type VisitOut = WindowOutput<(u64, Vec<u8>)>;
+
+/// A [`VisitJob`] with `gap`, `lateness` and `emit`, its times limited to `valid` if
+/// given.
+pub fn visit_job(
+    gap: DurationMs,
+    lateness: DurationMs,
+    emit: EmitMode,
+    valid: Option<std::ops::Range<EventTime>>,
+    clock: ManualClock,
+) -> VisitJob {
+    let mut stream = Stream::<Visit>::new()
+        .key_by((|v| v.visit) as fn(&Visit) -> u32)
+        .event_time((|v| v.at) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)));
+    if let Some(valid) = valid {
+        stream = stream.valid_time_range(valid);
+    }
+    stream
+        .session_windows(gap)
+        .allowed_lateness(lateness)
+        .emit(emit)
+        .clock(clock)
+        .aggregate((
+            Count,
+            Collect((|v| Some(v.page)) as fn(&Visit) -> Option<u8>),
+        ))
+        .build()
+}
+
+/// Runs `input` through `job` to the end: its records, late events, counts, and the
+/// job.
+pub fn run_visits(
+    mut job: VisitJob,
+    input: &[Visit],
+) -> (Vec<VisitOut>, Vec<Late<Visit>>, WindowCounts, VisitJob) {
+    let (mut out, mut late) = (Vec::new(), Vec::new());
+    let counts = job
+        .run(input.iter().cloned(), &mut out, &mut late)
+        .expect("vectors and the store");
+    (out, late, counts, job)
+}
