@@ -230,6 +230,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             max_time: None,
             seq: 0,
             key_buf: String::new(),
+            walks: Vec::new(),
             counts: WindowCounts::default(),
             checkpointed: false,
             spill_root: None,
@@ -455,6 +456,8 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     max_time: Option<EventTime>,
     seq: u64,
     key_buf: String,
+    /// Per worker, the events of a batch it walks (kept between batches).
+    walks: Vec<Vec<u32>>,
     counts: WindowCounts,
     /// A checkpoint was written or restored: the operator tracks changed keys.
     checkpointed: bool,

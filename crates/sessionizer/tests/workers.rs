@@ -219,8 +219,104 @@ fn workers_are_chosen_before_the_first_event() {
     );
 }
 
+/// [`run`] of a job whose events carry their own gap (`gap_fn`): a long one on page 0,
+/// a short one on page 1, the window's on the others.
+fn run_with_event_gaps(
+    workers: usize,
+    gap: DurationMs,
+    lateness: DurationMs,
+    emit: EmitMode,
+    input: &[Visit],
+) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts) {
+    let valid = EventTime(T0 - 86_400_000)..EventTime(T0 + 86_400_000 * 30);
+    let long = DurationMs(gap.millis() * 3);
+    let mut job = Stream::<Visit>::new()
+        .key_by(|v: &Visit| v.visit)
+        .event_time(|v: &Visit| v.at)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .valid_time_range(valid)
+        .session_windows(gap)
+        .gap_fn(move |v: &Visit| match v.page {
+            0 => Some(long),
+            1 => Some(seconds(1)),
+            _ => None,
+        })
+        .allowed_lateness(lateness)
+        .emit(emit)
+        .clock(clock())
+        .aggregate((Count, Collect(|v: &Visit| Some(v.page))))
+        .build();
+    job.set_workers(workers).expect("workers");
+    let (mut out, mut late) = (Vec::new(), Vec::new());
+    let counts = job
+        .run(input.iter().cloned(), &mut out, &mut late)
+        .expect("vectors");
+    (out, late, counts)
+}
+
+/// A worker must hear a larger gap from an event it neither owns nor sees raise the
+/// watermark: a new key's floor is `W - A - Gmax` (docs/semantics.md S-30). Gap 10 s,
+/// watermark 1 min behind, no lateness: `a` at 160 s (W 100 s, a new key's floor 90 s);
+/// `b` at 95 s with a 30 s gap (it raises no time, only the largest gap); `c` at 260 s
+/// (W 200 s: a new key's floor is 170 s); the new key `n` at 180 s with a 30 s gap is in
+/// time. A worker that missed `b`'s gap would put the floor at 190 s and turn `n` away.
+/// The hash decides which worker owns which visit: the case runs with many visit
+/// numbers so that `b`'s owner differs from `n`'s in some of them.
+#[test]
+fn a_larger_gap_reaches_every_worker() {
+    let at = |visit: u32, s: i64, page: u8| Visit {
+        visit,
+        at: EventTime(T0 + s * 1_000),
+        page,
+    };
+    for i in 0..24u32 {
+        let v = 4 * i;
+        let input = [
+            at(v, 160, 3),
+            at(v + 1, 95, 0),
+            at(v + 2, 260, 3),
+            at(v + 3, 180, 0),
+        ];
+        let run = |workers| {
+            run_with_event_gaps(
+                workers,
+                seconds(10),
+                DurationMs(0),
+                EmitMode::OnClose,
+                &input,
+            )
+        };
+        let one = run(1);
+        assert!(one.1.is_empty(), "one worker: nothing is late");
+        assert_eq!(one.0.len(), 4, "a session per visit");
+        for workers in [2, 3] {
+            assert_eq!(run(workers), one, "{workers} workers, visits {v}..");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Per-event gaps: a worker that does not own an event's key must still hear a gap
+    /// larger than any before it (final bounds are kept for the largest gap).
+    #[test]
+    fn workers_match_one_with_event_gaps(
+        seed in any::<u64>(),
+        n in 1i64..4_000,
+        keys in 1u64..5_000,
+        gap_s in 1i64..600,
+        lateness_s in 0i64..3_600,
+        on_update in any::<bool>(),
+        workers in 2usize..5,
+    ) {
+        let input = visits(n, keys, seed);
+        let emit = if on_update { EmitMode::OnUpdate } else { EmitMode::OnClose };
+        let (gap, lateness) = (seconds(gap_s), seconds(lateness_s));
+        let one = run_with_event_gaps(1, gap, lateness, emit, &input);
+        let many = run_with_event_gaps(workers, gap, lateness, emit, &input);
+        prop_assert_eq!(many, one);
+    }
 
     /// Any stream, gap, lateness and emit mode: 2 to 4 workers give one worker's output.
     #[test]

@@ -1,5 +1,6 @@
 //! Phase one of a batch: decode lines into compact records, in parallel over contiguous
-//! ranges of the batch. Nothing here depends on the watermark or on other records.
+//! ranges of the batch, and list, per shard, the records that shard must walk. Nothing
+//! here depends on the watermark or on records of other ranges.
 
 use crate::config::OnInvalid;
 use crate::engine::shard_of;
@@ -48,6 +49,13 @@ pub(crate) struct Parsed {
     pub blank: u64,
     /// The first invalid record of the range: (line index, reason), for `--on-invalid fail`.
     pub first_invalid: Option<(u32, String)>,
+    /// Per shard, the indexes into [`recs`](Self::recs) of the valid records it walks,
+    /// in input order: those whose key it owns, and every *peak* — a record whose time
+    /// or per-event gap is larger than that of every valid record before it in the
+    /// range. Any other record cannot move a shard's watermark or largest gap (a record
+    /// of this range listed before it already did), so the shard that does not own it
+    /// has nothing to do with it.
+    pub walks: Vec<Vec<u32>>,
 }
 
 /// Where `part` sits inside `whole`, if it does.
@@ -87,6 +95,13 @@ pub(crate) fn parse_range(
     out.invalid = 0;
     out.blank = 0;
     out.first_invalid = None;
+    out.walks.resize_with(shards, Vec::new);
+    for w in &mut out.walks {
+        w.clear();
+    }
+    // The range's largest time and per-event gap so far (a record without its own gap
+    // has the default one, which every operator starts from).
+    let (mut max_time, mut max_gap) = (i64::MIN, i64::MIN);
     let data = &batch.data[..];
     for i in range {
         let bytes = batch.line(i);
@@ -146,6 +161,17 @@ pub(crate) fn parse_range(
                             offset_in(data, raw).map(|off| (off, raw.len() as u32))
                         }),
                     );
+                }
+                let at = out.recs.len() as u32;
+                let gap_peak = rec.gap.is_some_and(|g| g > max_gap);
+                if rec.time > max_time || gap_peak {
+                    max_time = max_time.max(rec.time);
+                    max_gap = max_gap.max(rec.gap.unwrap_or(i64::MIN));
+                    for w in &mut out.walks {
+                        w.push(at);
+                    }
+                } else {
+                    out.walks[rec.shard as usize].push(at);
                 }
             }
         }

@@ -1,10 +1,12 @@
 //! Phase two of a batch: one shard of the keys runs its own session operator over the
 //! batch's records in input order.
 //!
-//! Every shard walks every valid record: the watermark is a function of all event
-//! times, so each shard computes the same watermark sequence as a single operator would,
-//! and every shard hears every gap (final bounds are kept for the largest gap of any
-//! event). Only the shard that owns a record's key judges and applies it. What a shard
+//! The watermark is a function of all event times, and final bounds are kept for the
+//! largest gap of any event, so each shard must see every record that moves either:
+//! it walks the records whose key it owns and every record that is a new largest time
+//! or gap of its range ([`Parsed::walks`]) — no other record changes its watermark or
+//! largest gap. So each shard computes the same watermark sequence as a single operator
+//! would. Only the shard that owns a record's key judges and applies it. What a shard
 //! emits is tagged with the step (the record's position in the input) so that the
 //! outputs of all shards can be put back in exactly the order one operator would have
 //! produced them.
@@ -185,24 +187,22 @@ impl Shard {
     ) {
         let aggregates = self.op.config().aggregates.len();
         for part in parsed {
-            for (j, rec) in part.recs.iter().enumerate() {
+            let walk = &part.walks[self.index as usize];
+            for (j, &at) in walk.iter().enumerate() {
                 // With many keys their state is not in cache: ask for it ahead, the
                 // index entry first, the slot it names later.
-                if let Some(r) = part.recs.get(j + INDEX_AHEAD)
-                    && r.kind == Kind::Valid
-                    && r.shard == self.index
+                if let Some(&r) = walk.get(j + INDEX_AHEAD)
+                    && part.recs[r as usize].shard == self.index
                 {
-                    self.op.prefetch_index(r.hash);
+                    self.op.prefetch_index(part.recs[r as usize].hash);
                 }
-                if let Some(r) = part.recs.get(j + STATE_AHEAD)
-                    && r.kind == Kind::Valid
-                    && r.shard == self.index
+                if let Some(&r) = walk.get(j + STATE_AHEAD)
+                    && part.recs[r as usize].shard == self.index
                 {
-                    self.op.prefetch_state(r.hash);
+                    self.op.prefetch_state(part.recs[r as usize].hash);
                 }
-                if rec.kind != Kind::Valid {
-                    continue;
-                }
+                let rec = &part.recs[at as usize];
+                debug_assert_eq!(rec.kind, Kind::Valid);
                 let step = first_step + u64::from(rec.line);
                 let gap = rec.gap.map_or(self.default_gap, DurationMs);
                 let mine = rec.shard == self.index;

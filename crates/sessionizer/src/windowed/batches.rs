@@ -6,9 +6,11 @@
 //! 1. the calling thread reads each event of a batch once — its time (the valid-time
 //!    guard), key, gap, the worker that owns the key, and the watermark after it — so
 //!    the watermark sequence is that of one operator;
-//! 2. every worker walks the whole batch on its own thread: it judges and applies the
-//!    events of its keys, hears every gap, and advances its operator at every step,
-//!    tagging what it emits with the step and the record's place;
+//! 2. every worker walks, on its own thread, the events of its keys and every event
+//!    that raises the batch's largest watermark or gap (its [`walk`] list; no other
+//!    event changes its operator): it judges and applies the events of its keys, hears
+//!    the gaps, and advances its operator whenever the watermark moves, tagging what it
+//!    emits with the step and the record's place;
 //! 3. the records are merged back in the order one operator emits them (by step, then
 //!    the step's own records, then its completions by (close, key, start)), and the
 //!    late events in input order.
@@ -57,6 +59,8 @@ pub(super) enum Task<'a, E, C> {
     Batch {
         events: &'a [E],
         preps: &'a [Prep],
+        /// Per worker, the indexes of the events it walks: see [`walks`].
+        walks: &'a [Vec<u32>],
         keys: &'a [u8],
         clock: &'a C,
     },
@@ -236,6 +240,22 @@ where
 }
 
 /// One worker's part of a task.
+/// Lists event `j` in the walks of the workers that must see it: its key's owner, and,
+/// if it is a `peak` (it raises the watermark or the largest gap of the batch), every
+/// worker — no other event changes an operator's watermark or largest gap, so a worker
+/// that does not own its key has nothing to do with it (the command line's shards walk
+/// their records the same way).
+fn walk(walks: &mut [Vec<u32>], j: usize, owner: u32, peak: bool) {
+    let j = j as u32;
+    if peak {
+        for w in walks {
+            w.push(j);
+        }
+    } else {
+        walks[owner as usize].push(j);
+    }
+}
+
 fn work<E, A: Aggregator<E>, C: Clock>(
     me: u32,
     op: &mut Op<A, E>,
@@ -258,6 +278,7 @@ fn work<E, A: Aggregator<E>, C: Clock>(
         Task::Batch {
             events,
             preps,
+            walks,
             keys,
             clock,
         } => {
@@ -268,10 +289,9 @@ fn work<E, A: Aggregator<E>, C: Clock>(
                 Watermark::MIN,
                 Trigger::Update,
             );
-            for (j, p) in preps.iter().enumerate() {
-                if p.worker == u32::MAX {
-                    continue;
-                }
+            for &j in &walks[me as usize] {
+                let j = j as usize;
+                let p = &preps[j];
                 let mine = p.worker == me;
                 let before = op.watermark();
                 emit.step = j as u64;
@@ -394,6 +414,11 @@ where
         let mut keys = Vec::new();
         let mut rejected = Vec::new();
         let mut current = self.op.watermark();
+        self.walks.resize_with(workers, Vec::new);
+        for w in &mut self.walks {
+            w.clear();
+        }
+        let mut max_gap = DurationMs(i64::MIN);
         for (j, event) in events.iter().enumerate() {
             let time = self.time.time_of(event);
             if !time_is_valid(self.valid, time) {
@@ -413,14 +438,18 @@ where
             keys.extend_from_slice(self.key_buf.as_bytes());
             let w = self.watermark.observe(time);
             self.max_time = Some(self.max_time.map_or(time, |m| m.max(time)));
+            let worker = shard_of(self.key_buf.as_bytes(), workers);
+            let gap = self.gap_fn.gap_of(event).unwrap_or(self.gap);
             preps.push(Prep {
-                worker: shard_of(self.key_buf.as_bytes(), workers),
+                worker,
                 key,
                 time,
-                gap: self.gap_fn.gap_of(event).unwrap_or(self.gap),
+                gap,
                 seq: self.seq,
                 w,
             });
+            walk(&mut self.walks, j, worker, w > current || gap > max_gap);
+            max_gap = max_gap.max(gap);
             self.seq += 1;
             current = current.max(w);
         }
@@ -432,6 +461,7 @@ where
             &Task::Batch {
                 events: &events,
                 preps: &preps,
+                walks: &self.walks,
                 keys: &keys,
                 clock: &self.clock,
             },
