@@ -169,7 +169,7 @@ fn a_larger_gap_reaches_every_worker() {
             text += &line(&format!("z{i}"), 200_000, None);
         }
         std::fs::write(&input, text).expect("input");
-        let mut cfg = |s: Setting| {
+        let run_case = |s: Setting| {
             let mut c = config(dir.path(), &input, s);
             c.watermark_delay = DurationMs(0);
             c.dedup = DedupMode::Off;
@@ -178,12 +178,12 @@ fn a_larger_gap_reaches_every_worker() {
             let out = std::fs::read_to_string(dir.path().join(format!("out-{}.jsonl", s.workers)));
             (st.late, out.expect("output"))
         };
-        let (late, out) = cfg(one);
+        let (late, out) = run_case(one);
         assert_eq!(late, 0, "one worker: nothing is late");
         assert!(out.contains(&format!("\"n{i}\"")), "{out}");
         for workers in [2, 3] {
             assert_eq!(
-                cfg(Setting { workers, ..one }),
+                run_case(Setting { workers, ..one }),
                 (late, out.clone()),
                 "{workers} workers, keys *{i}"
             );
