@@ -230,7 +230,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             max_time: None,
             seq: 0,
             key_buf: String::new(),
-            walks: Vec::new(),
+            walks: Default::default(),
             counts: WindowCounts::default(),
             checkpointed: false,
             spill_root: None,
@@ -457,7 +457,7 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     seq: u64,
     key_buf: String,
     /// Per worker, the events of a batch it walks (kept between batches).
-    walks: Vec<Vec<u32>>,
+    walks: crate::engine::Walks,
     counts: WindowCounts,
     /// A checkpoint was written or restored: the operator tracks changed keys.
     checkpointed: bool,

@@ -110,14 +110,15 @@ fn config(dir: &Path, input: &Path, s: Setting) -> PipelineConfig {
     }
 }
 
-/// The three output files and the counts of a run.
-fn run(dir: &Path, input: &Path, s: Setting) -> (Vec<String>, [u64; 8]) {
-    let cfg = config(dir, input, s);
-    let st = sessionizer::pipeline::run(&cfg, &sessionizer::telemetry::Telemetry::default())
+/// The three output files (sessions, dead letters, late events) and the counts of a
+/// run of `cfg`.
+fn run(cfg: &PipelineConfig) -> (Vec<String>, [u64; 8]) {
+    let st = sessionizer::pipeline::run(cfg, &sessionizer::telemetry::Telemetry::default())
         .expect("run");
-    let files = ["out", "dead", "late"]
-        .map(|w| dir.join(format!("{w}-{}.jsonl", s.workers)))
-        .map(|p| std::fs::read_to_string(p).expect("output"));
+    let files = [&cfg.output, &cfg.dead_letter, &cfg.late_output].map(|t| match t {
+        OutputTarget::File(p) => std::fs::read_to_string(p).expect("output"),
+        other => panic!("not a file: {other:?}"),
+    });
     let counts = [
         st.records_read,
         st.in_sessions,
@@ -173,18 +174,16 @@ fn a_larger_gap_reaches_every_worker() {
             let mut c = config(dir.path(), &input, s);
             c.watermark_delay = DurationMs(0);
             c.dedup = DedupMode::Off;
-            let st = sessionizer::pipeline::run(&c, &sessionizer::telemetry::Telemetry::default())
-                .expect("run");
-            let out = std::fs::read_to_string(dir.path().join(format!("out-{}.jsonl", s.workers)));
-            (st.late, out.expect("output"))
+            run(&c)
         };
-        let (late, out) = run_case(one);
+        let one_worker = run_case(one);
+        let late = one_worker.1[3];
         assert_eq!(late, 0, "one worker: nothing is late");
+        let out = &one_worker.0[0];
         assert!(out.contains(&format!("\"n{i}\"")), "{out}");
         for workers in [2, 3] {
-            assert_eq!(
-                run_case(Setting { workers, ..one }),
-                (late, out.clone()),
+            assert!(
+                run_case(Setting { workers, ..one }) == one_worker,
                 "{workers} workers, keys *{i}"
             );
         }
@@ -209,9 +208,9 @@ proptest! {
         let input = dir.path().join("in.jsonl");
         std::fs::write(&input, lines(n, keys, seed, gaps)).expect("input");
         let one = Setting { workers: 1, gap_s, lateness_s, on_update, gaps };
-        let (files_one, counts_one) = run(dir.path(), &input, one);
+        let (files_one, counts_one) = run(&config(dir.path(), &input, one));
         prop_assert!(counts_one[0] > 0 || n < 3);
-        let (files, counts) = run(dir.path(), &input, Setting { workers, ..one });
+        let (files, counts) = run(&config(dir.path(), &input, Setting { workers, ..one }));
         prop_assert_eq!(counts, counts_one);
         for (many, one) in files.iter().zip(&files_one) {
             prop_assert!(many == one, "outputs differ with {} workers", workers);

@@ -227,7 +227,7 @@ fn run_with_event_gaps(
     lateness: DurationMs,
     emit: EmitMode,
     input: &[Visit],
-) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts) {
+) -> Outcomes {
     let valid = EventTime(T0 - 86_400_000)..EventTime(T0 + 86_400_000 * 30);
     let long = DurationMs(gap.millis() * 3);
     let mut job = Stream::<Visit>::new()
@@ -295,6 +295,38 @@ fn a_larger_gap_reaches_every_worker() {
     }
 }
 
+/// What a run gives: records, late events, counts.
+type Outcomes = (Vec<Out>, Vec<Late<Visit>>, WindowCounts);
+
+/// One case of the property tests: a stream of [`visits`] and the window's settings.
+struct Case {
+    seed: u64,
+    n: i64,
+    keys: u64,
+    gap_s: i64,
+    lateness_s: i64,
+    on_update: bool,
+}
+
+impl Case {
+    /// What `run` gives on `workers` workers, and on one.
+    fn on(
+        &self,
+        workers: usize,
+        run: impl Fn(usize, DurationMs, DurationMs, EmitMode, &[Visit]) -> Outcomes,
+    ) -> (Outcomes, Outcomes) {
+        let input = visits(self.n, self.keys, self.seed);
+        let emit = if self.on_update {
+            EmitMode::OnUpdate
+        } else {
+            EmitMode::OnClose
+        };
+        let (gap, lateness) = (seconds(self.gap_s), seconds(self.lateness_s));
+        let one = run(1, gap, lateness, emit, &input);
+        (run(workers, gap, lateness, emit, &input), one)
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -310,11 +342,8 @@ proptest! {
         on_update in any::<bool>(),
         workers in 2usize..5,
     ) {
-        let input = visits(n, keys, seed);
-        let emit = if on_update { EmitMode::OnUpdate } else { EmitMode::OnClose };
-        let (gap, lateness) = (seconds(gap_s), seconds(lateness_s));
-        let one = run_with_event_gaps(1, gap, lateness, emit, &input);
-        let many = run_with_event_gaps(workers, gap, lateness, emit, &input);
+        let case = Case { seed, n, keys, gap_s, lateness_s, on_update };
+        let (many, one) = case.on(workers, run_with_event_gaps);
         prop_assert_eq!(many, one);
     }
 
@@ -329,11 +358,10 @@ proptest! {
         on_update in any::<bool>(),
         workers in 2usize..5,
     ) {
-        let input = visits(n, keys, seed);
-        let emit = if on_update { EmitMode::OnUpdate } else { EmitMode::OnClose };
-        let (gap, lateness) = (seconds(gap_s), seconds(lateness_s));
-        let one = run(job(1, gap, lateness, emit, &clock()), &input);
-        let many = run(job(workers, gap, lateness, emit, &clock()), &input);
+        let case = Case { seed, n, keys, gap_s, lateness_s, on_update };
+        let (many, one) = case.on(workers, |workers, gap, lateness, emit, input| {
+            run(job(workers, gap, lateness, emit, &clock()), input)
+        });
         prop_assert_eq!(many, one);
     }
 }

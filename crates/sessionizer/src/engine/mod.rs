@@ -6,14 +6,16 @@
 //!   every run, so a checkpoint restores onto any number of workers;
 //! - shard `i` always runs on worker thread `i` ([`Workers::on_each`]);
 //! - every shard sees the events of its own keys and every event that raises the
-//!   batch's (or decode range's) largest time or gap — no other event changes its
-//!   watermark or largest gap — and emits, for its own keys, exactly the records one
+//!   batch's (or decode range's) largest time or gap ([`Walks`]) — no other event
+//!   changes its watermark or largest gap — and emits, for its own keys, exactly the records one
 //!   operator would, each at the step (input position) that caused it;
 //!   [`merge_order`] puts the shards' records back in one operator's order, so the
 //!   output is the same, record for record, for any number of workers.
 
 mod order;
+mod walks;
 mod workers;
 
 pub(crate) use order::{Place, merge_order};
+pub(crate) use walks::Walks;
 pub(crate) use workers::{Workers, shard_of};

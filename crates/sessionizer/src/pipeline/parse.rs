@@ -3,7 +3,7 @@
 //! here depends on the watermark or on records of other ranges.
 
 use crate::config::OnInvalid;
-use crate::engine::shard_of;
+use crate::engine::{Walks, shard_of};
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter};
 use sessionizer_core::decode::Decoder;
@@ -49,13 +49,10 @@ pub(crate) struct Parsed {
     pub blank: u64,
     /// The first invalid record of the range: (line index, reason), for `--on-invalid fail`.
     pub first_invalid: Option<(u32, String)>,
-    /// Per shard, the indexes into [`recs`](Self::recs) of the valid records it walks,
-    /// in input order: those whose key it owns, and every *peak* — a record whose time
-    /// or per-event gap is larger than that of every valid record before it in the
-    /// range. Any other record cannot move a shard's watermark or largest gap (a record
-    /// of this range listed before it already did), so the shard that does not own it
-    /// has nothing to do with it.
-    pub walks: Vec<Vec<u32>>,
+    /// Per shard, the indexes into [`recs`](Self::recs) of the valid records it walks:
+    /// those whose key it owns, and those that raise the range's largest time or
+    /// per-event gap.
+    pub walks: Walks,
 }
 
 /// Where `part` sits inside `whole`, if it does.
@@ -95,13 +92,7 @@ pub(crate) fn parse_range(
     out.invalid = 0;
     out.blank = 0;
     out.first_invalid = None;
-    out.walks.resize_with(shards, Vec::new);
-    for w in &mut out.walks {
-        w.clear();
-    }
-    // The range's largest time and per-event gap so far (a record without its own gap
-    // has the default one, which every operator starts from).
-    let (mut max_time, mut max_gap) = (i64::MIN, i64::MIN);
+    out.walks.start(shards);
     let data = &batch.data[..];
     for i in range {
         let bytes = batch.line(i);
@@ -163,16 +154,7 @@ pub(crate) fn parse_range(
                     );
                 }
                 let at = out.recs.len() as u32;
-                let gap_peak = rec.gap.is_some_and(|g| g > max_gap);
-                if rec.time > max_time || gap_peak {
-                    max_time = max_time.max(rec.time);
-                    max_gap = max_gap.max(rec.gap.unwrap_or(i64::MIN));
-                    for w in &mut out.walks {
-                        w.push(at);
-                    }
-                } else {
-                    out.walks[rec.shard as usize].push(at);
-                }
+                out.walks.list(at, rec.shard, rec.time, rec.gap);
             }
         }
         out.recs.push(rec);

@@ -187,7 +187,7 @@ impl Shard {
     ) {
         let aggregates = self.op.config().aggregates.len();
         for part in parsed {
-            let walk = &part.walks[self.index as usize];
+            let walk = part.walks.of(self.index);
             for (j, &at) in walk.iter().enumerate() {
                 // With many keys their state is not in cache: ask for it ahead, the
                 // index entry first, the slot it names later.

@@ -7,8 +7,8 @@
 //!    guard), key, gap, the worker that owns the key, and the watermark after it — so
 //!    the watermark sequence is that of one operator;
 //! 2. every worker walks, on its own thread, the events of its keys and every event
-//!    that raises the batch's largest watermark or gap (its [`walk`] list; no other
-//!    event changes its operator): it judges and applies the events of its keys, hears
+//!    that raises the batch's largest watermark or gap ([`Walks`]; no other event
+//!    changes its operator): it judges and applies the events of its keys, hears
 //!    the gaps, and advances its operator whenever the watermark moves, tagging what it
 //!    emits with the step and the record's place;
 //! 3. the records are merged back in the order one operator emits them (by step, then
@@ -21,7 +21,7 @@ use super::{
     Emission, GapFn, KeyFn, Late, Outcome, Retraction, SessionRecord, SessionWindowJob, Sink,
     SinkError, TimeFn, Trigger, WindowOutput,
 };
-use crate::engine::{Place, merge_order, shard_of};
+use crate::engine::{Place, Walks, merge_order, shard_of};
 use crate::late::TIME_OUT_OF_RANGE;
 use crate::stream::time_is_valid;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
@@ -59,8 +59,8 @@ pub(super) enum Task<'a, E, C> {
     Batch {
         events: &'a [E],
         preps: &'a [Prep],
-        /// Per worker, the indexes of the events it walks: see [`walks`].
-        walks: &'a [Vec<u32>],
+        /// Per worker, the indexes of the events it walks.
+        walks: &'a Walks,
         keys: &'a [u8],
         clock: &'a C,
     },
@@ -240,22 +240,6 @@ where
 }
 
 /// One worker's part of a task.
-/// Lists event `j` in the walks of the workers that must see it: its key's owner, and,
-/// if it is a `peak` (it raises the watermark or the largest gap of the batch), every
-/// worker — no other event changes an operator's watermark or largest gap, so a worker
-/// that does not own its key has nothing to do with it (the command line's shards walk
-/// their records the same way).
-fn walk(walks: &mut [Vec<u32>], j: usize, owner: u32, peak: bool) {
-    let j = j as u32;
-    if peak {
-        for w in walks {
-            w.push(j);
-        }
-    } else {
-        walks[owner as usize].push(j);
-    }
-}
-
 fn work<E, A: Aggregator<E>, C: Clock>(
     me: u32,
     op: &mut Op<A, E>,
@@ -289,7 +273,7 @@ fn work<E, A: Aggregator<E>, C: Clock>(
                 Watermark::MIN,
                 Trigger::Update,
             );
-            for &j in &walks[me as usize] {
+            for &j in walks.of(me) {
                 let j = j as usize;
                 let p = &preps[j];
                 let mine = p.worker == me;
@@ -414,11 +398,7 @@ where
         let mut keys = Vec::new();
         let mut rejected = Vec::new();
         let mut current = self.op.watermark();
-        self.walks.resize_with(workers, Vec::new);
-        for w in &mut self.walks {
-            w.clear();
-        }
-        let mut max_gap = DurationMs(i64::MIN);
+        self.walks.start(workers);
         for (j, event) in events.iter().enumerate() {
             let time = self.time.time_of(event);
             if !time_is_valid(self.valid, time) {
@@ -448,8 +428,8 @@ where
                 seq: self.seq,
                 w,
             });
-            walk(&mut self.walks, j, worker, w > current || gap > max_gap);
-            max_gap = max_gap.max(gap);
+            self.walks
+                .list(j as u32, worker, w.millis(), Some(gap.millis()));
             self.seq += 1;
             current = current.max(w);
         }
