@@ -10,6 +10,8 @@
 #   scripts/kafka-dev.sh status    # running or not; exit 0 when running
 #   scripts/kafka-dev.sh brokers   # print the bootstrap address (127.0.0.1:PORT)
 #   scripts/kafka-dev.sh topics ARGS...   # run Kafka's own TopicCommand against the broker
+#   scripts/kafka-dev.sh produce TOPIC < FILE   # each line of FILE a record (Kafka's console producer)
+#   scripts/kafka-dev.sh consume TOPIC          # print the committed records from the start, exit when idle 5 s
 #
 # Settings (environment):
 #   KAFKA_DEV_HOME   where jars, config, data and log live (default: ~/.cache/sessionizer-kafka)
@@ -160,8 +162,18 @@ case "${1:-}" in
     fetch_jars
     java_cp org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$PORT" "$@"
     ;;
+  produce)
+    fetch_jars
+    java_cp org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$PORT" --topic "$2"
+    ;;
+  consume)
+    fetch_jars
+    java_cp org.apache.kafka.tools.consumer.ConsoleConsumer --bootstrap-server "127.0.0.1:$PORT" \
+      --topic "$2" --from-beginning --isolation-level read_committed --timeout-ms 5000 2>/dev/null \
+      | grep -v -e '^\[20' -e '^org\.apache\.kafka' || true
+    ;;
   *)
-    sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -72,6 +72,15 @@ impl CheckpointWriter {
         })
     }
 
+    /// Continues after `resumed` instead of the checkpoint given to [`new`](Self::new)
+    /// (a newer one turned out not to be usable: its Kafka transaction never committed).
+    /// The next epoch stays past every file in the directory.
+    pub fn resume_from(&mut self, resumed: Option<(&Manifest, &LoadedState)>) {
+        self.chain = resumed
+            .filter(|(_, state)| state.format_version() == FORMAT_VERSION)
+            .map(|(m, _)| (m.base.clone(), m.deltas.clone()));
+    }
+
     /// Sets how many deltas may follow a base.
     pub fn max_deltas(mut self, n: usize) -> Self {
         self.max_deltas = n;

@@ -67,6 +67,40 @@ pub struct Checkpoints {
     /// How far the job's Kafka source had read at the checkpoint found, then as
     /// recorded by the source: written into every checkpoint.
     pub(crate) kafka_positions: Vec<KafkaPosition>,
+    /// An exactly-once Kafka output (`KafkaJsonSink::exactly_once`): its open
+    /// transaction commits with each checkpoint, in two phases.
+    pub(crate) transaction: Option<SharedTopicSink>,
+    /// The newest checkpoint whose records are committed: the one a checkpoint falls
+    /// back to if its own transaction never commits.
+    pub(crate) committed_epoch: Option<u64>,
+}
+
+/// A transactional Kafka output shared by a sink (which sends) and the checkpoints
+/// (which commit).
+#[derive(Clone)]
+pub(crate) struct SharedTopicSink(
+    std::sync::Arc<std::sync::Mutex<Box<dyn crate::pipeline::kafka_sink::TopicSink + Send>>>,
+);
+
+impl SharedTopicSink {
+    /// The sink, for one call (a panic elsewhere while it was held does not matter:
+    /// the transaction is then aborted by the next process of the job).
+    pub(crate) fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, Box<dyn crate::pipeline::kafka_sink::TopicSink + Send>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for SharedTopicSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sink = self.lock();
+        let (id, topic) = sink.identity();
+        f.debug_struct("TopicSink")
+            .field("transactional_id", &id)
+            .field("topic", &topic)
+            .finish()
+    }
 }
 
 impl Checkpoints {
@@ -89,6 +123,8 @@ impl Checkpoints {
             restored: false,
             skipped: recovery.skipped,
             kafka_positions,
+            transaction: None,
+            committed_epoch: None,
         })
     }
 
@@ -147,9 +183,27 @@ impl Checkpoints {
             tombstones: entries.tombstones(),
         };
         manifest.kafka_positions = self.kafka_positions.clone();
+        let Some(transaction) = self.transaction.clone() else {
+            let committed = self.writer.commit(&state, manifest)?;
+            self.restored = true;
+            self.found_epoch = Some(committed.epoch);
+            return Ok(committed);
+        };
+        // Two phases (as `sessionizer run --state-dir` with a Kafka output): the open
+        // transaction gets a progress record naming this checkpoint and is flushed;
+        // the checkpoint is written naming that record; then the transaction commits.
+        // A job stopped in between resumes from the checkpoint before.
+        let mut sink = transaction.lock();
+        let epoch = self.writer.next_epoch();
+        let mut txn = sink.prepare(epoch).map_err(StateError::output)?;
+        txn.fallback_epoch = self.committed_epoch;
+        manifest.kafka_txn = Some(txn);
         let committed = self.writer.commit(&state, manifest)?;
         self.restored = true;
         self.found_epoch = Some(committed.epoch);
+        sink.commit_prepared(committed.epoch)
+            .map_err(StateError::output)?;
+        self.committed_epoch = Some(committed.epoch);
         Ok(committed)
     }
 
@@ -168,6 +222,16 @@ impl Checkpoints {
         let Some((manifest, state)) = self.found.take() else {
             return Ok(None);
         };
+        if let Some(txn) = &manifest.kafka_txn
+            && self.transaction.is_none()
+        {
+            let (epoch, topic) = (manifest.epoch, txn.output_topic.clone());
+            self.found = Some((manifest, state));
+            return Err(StateError::Output(format!(
+                "checkpoint {epoch} in {} belongs to a job whose records went exactly once to the Kafka topic {topic}: open KafkaJsonSink::exactly_once on these checkpoints before restore(), or use another state directory",
+                self.path.display()
+            )));
+        }
         let differences = manifest.option_differences(options);
         if !differences.is_empty() {
             self.found = Some((manifest, state));
@@ -196,6 +260,52 @@ impl Checkpoints {
     /// A restore succeeded: the job's next checkpoint continues this directory.
     pub(crate) fn mark_restored(&mut self) {
         self.restored = true;
+    }
+
+    /// Joins the exactly-once Kafka output `sink` to these checkpoints, before the job
+    /// restores: the sink claims the job's transactional id (kept in the directory's
+    /// `instance-id`, fencing an earlier process of the job and aborting what it left
+    /// open); when the newest checkpoint's transaction never committed, the checkpoint
+    /// it fell back to becomes the one found, and the newer ones are discarded.
+    #[cfg(feature = "kafka")]
+    pub(crate) fn join_transaction(
+        &mut self,
+        mut sink: Box<dyn crate::pipeline::kafka_sink::TopicSink + Send>,
+    ) -> Result<SharedTopicSink, StateError> {
+        use sessionizer_checkpoint::Recovered;
+        if self.restored || self.transaction.is_some() {
+            return Err(StateError::Output(
+                "an exactly-once Kafka output joins the checkpoints before restore() and the first checkpoint, once".into(),
+            ));
+        }
+        sink.claim(Some(&self.path)).map_err(StateError::output)?;
+        let found = self
+            .found
+            .take()
+            .map(|(manifest, state)| Recovered { manifest, state });
+        let warn = &mut |m: &str| tracing::warn!("{m}");
+        let (found, discard) = crate::pipeline::durable::resolve_transaction(
+            self.writer.dir_mut(),
+            found,
+            Some(sink.as_mut()),
+            warn,
+        )
+        .map_err(StateError::output)?;
+        let found = found.map(|r| (r.manifest, r.state));
+        if let Some(after) = discard {
+            self.writer.resume_from(found.as_ref().map(|(m, s)| (m, s)));
+            self.writer.dir_mut().discard_after(after)?;
+            self.kafka_positions = found
+                .as_ref()
+                .map(|(m, _)| m.kafka_positions.clone())
+                .unwrap_or_default();
+        }
+        self.found_epoch = found.as_ref().map(|(m, _)| m.epoch);
+        self.committed_epoch = self.found_epoch;
+        self.found = found;
+        let shared = SharedTopicSink(std::sync::Arc::new(std::sync::Mutex::new(sink)));
+        self.transaction = Some(shared.clone());
+        Ok(shared)
     }
 }
 
@@ -253,6 +363,17 @@ pub enum StateError {
     /// threads did not start).
     #[error("{0}")]
     Workers(String),
+    /// The job's exactly-once Kafka output could not take part in a checkpoint or a
+    /// restore (the transaction did not commit, the checkpoint belongs to another
+    /// output, the brokers did not answer).
+    #[error("{0}")]
+    Output(String),
+}
+
+impl StateError {
+    fn output(e: crate::pipeline::RunError) -> StateError {
+        StateError::Output(e.to_string())
+    }
 }
 
 /// What a job resumed from.

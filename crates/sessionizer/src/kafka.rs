@@ -8,9 +8,11 @@
 //! each partition. [`record_position`](KafkaJson::record_position) puts that into the
 //! job's [`Checkpoints`], so the next checkpoint carries it beside the job's state, and
 //! a source opened on that state directory continues from there: the state and the
-//! input position of a restart always belong together. The sink is idempotent but not
-//! transactional: records emitted after the last checkpoint are written again after a
-//! restart (the same records, with the same session ids and revisions).
+//! input position of a restart always belong together. The sink opened with
+//! [`KafkaJsonSink::open`] is idempotent but not transactional: records emitted after
+//! the last checkpoint are written again after a restart (the same records, with the
+//! same session ids and revisions). One opened with [`KafkaJsonSink::exactly_once`]
+//! writes in transactions that commit with the job's checkpoints: every record once.
 //!
 //! ```no_run
 //! use sessionizer::kafka::{KafkaJson, KafkaJsonSink};
@@ -21,7 +23,10 @@
 //! struct Visit { visit_id: String, event_time: EventTime }
 //!
 //! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let brokers = "127.0.0.1:9092";
 //!     let mut checkpoints = Checkpoints::open("/var/lib/my-service/state")?;
+//!     // Before the restore: it settles which checkpoint is the last committed one.
+//!     let mut sessions = KafkaJsonSink::exactly_once(brokers, "sessions", "key", &mut checkpoints)?;
 //!     let mut job = Stream::<Visit>::new()
 //!         .key_by(|v| v.visit_id.clone())
 //!         .event_time(|v| v.event_time)
@@ -29,22 +34,19 @@
 //!         .aggregate(Count)
 //!         .build();
 //!     job.restore(&mut checkpoints)?;
-//!     let brokers = "127.0.0.1:9092";
 //!     let mut visits = KafkaJson::<Visit, _>::open(brokers, "visits", &checkpoints, Vec::new())?;
-//!     let mut sessions = KafkaJsonSink::open(brokers, "sessions", "key")?;
 //!     let mut events = Vec::new();
 //!     loop {
 //!         visits.poll(Duration::from_millis(200), 50_000, &mut events)?;
 //!         job.push_batch(events.drain(..), &mut sessions, &mut Vec::new())?;
 //!         job.tick(&mut sessions)?;
-//!         sessions.flush()?;                      // delivered, then
 //!         visits.record_position(&mut checkpoints);
-//!         job.checkpoint(&mut checkpoints)?;      // state and position together
+//!         job.checkpoint(&mut checkpoints)?; // state, position and the commit together
 //!     }
 //! }
 //! ```
 
-use crate::checkpoints::Checkpoints;
+use crate::checkpoints::{Checkpoints, SharedTopicSink, StateError};
 use crate::sink::{Sink, SinkError};
 use crate::source::{DeadLetter, SourceCounts, SourceError};
 use serde::Serialize;
@@ -52,7 +54,7 @@ use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::KafkaPosition;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, StartAt};
-use sessionizer_connectors::kafka::producer::LineProducer;
+use sessionizer_connectors::kafka::producer::{LineProducer, top_level_text};
 use sessionizer_connectors::kafka::{KafkaSettings, TopicPartition};
 use std::fmt;
 use std::marker::PhantomData;
@@ -230,21 +232,42 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 
 /// Writes items of any serde type to a Kafka topic as JSON values, keyed by the text
 /// of one top-level field (`"key"` for session records) and placed by Kafka's default
-/// partitioner, as a Java producer keyed by that field would place them. Idempotent,
-/// not transactional; [`flush`](Sink::flush) waits until everything sent is
-/// delivered and fails if anything was not.
+/// partitioner, as a Java producer keyed by that field would place them.
+///
+/// Two kinds: [`open`](Self::open) is idempotent, not transactional — records emitted
+/// after the last checkpoint are written again after a restart, and
+/// [`flush`](Sink::flush) waits until everything sent is delivered.
+/// [`exactly_once`](Self::exactly_once) writes in Kafka transactions that commit with
+/// the job's checkpoints: a `read_committed` reader sees every record once, whatever
+/// kills and restarts.
 pub struct KafkaJsonSink {
-    producer: LineProducer,
+    out: Producer,
+    key_field: Vec<u8>,
     line: Vec<u8>,
+    sent: u64,
+}
+
+enum Producer {
+    Idempotent(LineProducer),
+    Transactional(SharedTopicSink),
 }
 
 impl fmt::Debug for KafkaJsonSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.out {
+            Producer::Idempotent(_) => "idempotent",
+            Producer::Transactional(_) => "exactly once",
+        };
         f.debug_struct("KafkaJsonSink")
-            .field("producer", &self.producer)
+            .field("kind", &kind)
+            .field("sent", &self.sent)
             .finish()
     }
 }
+
+/// How long the brokers keep an exactly-once sink's transaction open: checkpoint more
+/// often than this (its transaction commits with each checkpoint).
+pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl KafkaJsonSink {
     /// A producer into `topic` (which must exist) at `brokers`, keying each record by
@@ -253,15 +276,56 @@ impl KafkaJsonSink {
         let settings = settings(brokers);
         Admin::new(&settings)?.require(topic, "the job's output")?;
         Ok(KafkaJsonSink {
-            producer: LineProducer::new(&settings, topic, key_field)?,
+            out: Producer::Idempotent(LineProducer::new(&settings, topic, key_field)?),
+            key_field: key_field.as_bytes().to_vec(),
             line: Vec::new(),
+            sent: 0,
         })
     }
 
-    /// Waits until every record sent is delivered; fails if any was not. Returns how
-    /// many were sent in all.
+    /// An exactly-once producer into `topic` (which must exist) at `brokers`, keying
+    /// each record by its top-level field `key_field`, whose transactions commit with
+    /// the job's checkpoints in `checkpoints` — as `sessionizer run --state-dir` does
+    /// with `--kafka-output-topic` (SPEC §3): each checkpoint adds a progress record to
+    /// the open transaction (topic `<topic>-sessionizer-progress`, created if missing),
+    /// flushes it, writes the checkpoint, then commits. Records become visible to
+    /// `read_committed` readers when the checkpoint after them is written.
+    ///
+    /// Call it right after [`Checkpoints::open`] and before the job's `restore` (and
+    /// before opening a [`KafkaJson`] source on the same checkpoints): it fences an
+    /// earlier process of the job (the transactional id, `sessionizer-lib-<instance>`,
+    /// is kept in the directory's `instance-id` file) and, when the newest checkpoint's
+    /// transaction never committed, makes the checkpoint before it the one to restore.
+    /// A checkpoint written with this sink cannot be restored without it. Checkpoint
+    /// at least every [`TRANSACTION_TIMEOUT`].
+    pub fn exactly_once(
+        brokers: &str,
+        topic: &str,
+        key_field: &str,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<Self, StateError> {
+        let sink = crate::pipeline::kafka_sink::open_library(brokers, topic, TRANSACTION_TIMEOUT)
+            .map_err(|e| StateError::Output(e.to_string()))?;
+        let shared = checkpoints.join_transaction(sink)?;
+        Ok(KafkaJsonSink {
+            out: Producer::Transactional(shared),
+            key_field: key_field.as_bytes().to_vec(),
+            line: Vec::new(),
+            sent: 0,
+        })
+    }
+
+    /// Idempotent: waits until every record sent is delivered; fails if any was not.
+    /// Exactly once: serves delivery reports (the records are delivered and committed
+    /// by the next checkpoint). Returns how many were sent in all.
     pub fn flush(&mut self) -> Result<u64, SinkError> {
-        Ok(self.producer.flush()?)
+        match &mut self.out {
+            Producer::Idempotent(p) => Ok(p.flush()?),
+            Producer::Transactional(t) => {
+                t.lock().poll();
+                Ok(self.sent)
+            }
+        }
     }
 }
 
@@ -269,7 +333,16 @@ impl<T: Serialize> Sink<T> for KafkaJsonSink {
     fn send(&mut self, item: T) -> Result<(), SinkError> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, &item)?;
-        self.producer.send(&self.line)?;
+        match &mut self.out {
+            Producer::Idempotent(p) => p.send(&self.line)?,
+            Producer::Transactional(t) => {
+                let key = top_level_text(&self.line, &self.key_field);
+                t.lock()
+                    .keyed(key, &self.line)
+                    .map_err(|e| KafkaError::Invalid(e.to_string()))?;
+            }
+        }
+        self.sent += 1;
         Ok(())
     }
 

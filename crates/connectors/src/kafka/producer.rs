@@ -506,7 +506,7 @@ impl LineProducer {
 
 /// The text of top-level member `"name": "text"` (or a number) of a JSON line, found by
 /// a plain search: enough to key sample data, not a validating parser.
-fn top_level_text<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+pub fn top_level_text<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
     let mut pat = Vec::with_capacity(name.len() + 2);
     pat.push(b'"');
     pat.extend_from_slice(name);

@@ -141,7 +141,8 @@ impl Durable {
         for (epoch, damage) in &recovery.skipped {
             telemetry.damaged_checkpoint(&dir_label, *epoch, damage);
         }
-        let (found, discard) = resolve_transaction(&dir, recovery.found, sink, telemetry)?;
+        let warn = &mut |m: &str| telemetry.warn(m);
+        let (found, discard) = resolve_transaction(&dir, recovery.found, sink, warn)?;
         let read_us = reading.elapsed().as_micros() as u64;
         let options = pipeline.state_options();
         let start = match found {
@@ -604,14 +605,16 @@ fn append_block(block: &mut StateEntries, file: &mut StateFile) -> Result<(), Ch
 
 /// With a Kafka output, the checkpoint to resume from is the newest whose transaction
 /// committed: the newest valid one if Kafka has its progress record, else the one it
-/// falls back to. Returns it, and — when the newest was never committed — the epoch
-/// after which checkpoints are to be discarded (`Some(None)`: all of them).
+/// falls back to (told to `warn`). Returns it, and — when the newest was never
+/// committed — the epoch after which checkpoints are to be discarded (`Some(None)`: all
+/// of them). The command line's file runs and the library's exactly-once Kafka sink
+/// both resume through it.
 #[allow(clippy::type_complexity)]
-fn resolve_transaction(
+pub(crate) fn resolve_transaction(
     dir: &StateDir,
     found: Option<Recovered>,
     sink: Option<&mut (dyn TopicSink + '_)>,
-    telemetry: &Telemetry,
+    warn: &mut dyn FnMut(&str),
 ) -> Result<(Option<Recovered>, Option<Option<u64>>), RunError> {
     let label = dir.path().display().to_string();
     let Some(found) = found else {
@@ -682,7 +685,7 @@ fn resolve_transaction(
                 Some(f) => format!("checkpoint {f}"),
                 None => "the beginning of the job".to_string(),
             };
-            telemetry.warn(&format!(
+            warn(&format!(
                 "checkpoint {epoch} in {label} was prepared but its Kafka transaction never committed (the run stopped in between); resuming from {to}"
             ));
             Ok((fallback, Some(txn.fallback_epoch)))

@@ -73,6 +73,11 @@ pub(crate) trait TopicSink {
     }
     /// Sends side-output records (each ending with a line end).
     fn side(&mut self, side: Side, records: &[u8]) -> Result<(), RunError>;
+    /// Sends one record of a library job to the output topic: `value` under `key`, in
+    /// the partition Kafka's default partitioner gives `key` (any partition without
+    /// one).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    fn keyed(&mut self, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError>;
     /// Serves delivery reports.
     fn poll(&mut self);
     /// Whether the open transaction must be committed now: its commit interval passed
@@ -98,7 +103,39 @@ pub(crate) trait TopicSink {
 /// Opens the Kafka output of a file or stdin run: checks that its topics exist.
 #[cfg(feature = "kafka")]
 pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSink>, RunError> {
-    Ok(Box::new(imp::KafkaSink::open(kafka)?))
+    Ok(Box::new(imp::KafkaSink::open(kafka, "sessionizer-file")?))
+}
+
+/// Opens the exactly-once output of a library job (`sessionizer::kafka::KafkaJsonSink`):
+/// one topic, transactions committed with the job's checkpoints, the transactional id
+/// `sessionizer-lib-<instance>` kept in the state directory.
+#[cfg(feature = "kafka")]
+pub(crate) fn open_library(
+    brokers: &str,
+    topic: &str,
+    transaction_timeout: std::time::Duration,
+) -> Result<Box<dyn TopicSink + Send>, RunError> {
+    let kafka = crate::config::KafkaConfig {
+        brokers: brokers.to_string(),
+        properties: Vec::new(),
+        timeout: std::time::Duration::from_secs(30),
+        topics: Vec::new(),
+        group: None,
+        start: crate::config::KafkaStart::Earliest,
+        stop_at_end: false,
+        output_topic: Some(topic.to_string()),
+        dead_letter_topic: None,
+        late_topic: None,
+        instance_id: None,
+        transaction_timeout,
+        commit_interval: transaction_timeout,
+        keep_open: false,
+        state_dir: None,
+        snapshot_interval: transaction_timeout,
+        standby_replicas: 0,
+        repartition: false,
+    };
+    Ok(Box::new(imp::KafkaSink::open(&kafka, "sessionizer-lib")?))
 }
 
 /// The progress record's value: `{"epoch":N}`.
@@ -142,6 +179,8 @@ mod imp {
     }
 
     pub(crate) struct KafkaSink {
+        /// The transactional id's prefix (the instance follows).
+        prefix: &'static str,
         settings: KafkaSettings,
         admin: Admin,
         producer: Option<TxnProducer>,
@@ -170,7 +209,7 @@ mod imp {
     }
 
     impl KafkaSink {
-        pub(crate) fn open(kafka: &KafkaConfig) -> Result<Self, RunError> {
+        pub(crate) fn open(kafka: &KafkaConfig, prefix: &'static str) -> Result<Self, RunError> {
             let settings = KafkaSettings {
                 brokers: kafka.brokers.clone(),
                 properties: kafka.properties.clone(),
@@ -190,6 +229,7 @@ mod imp {
                 admin.require(t, "--late-topic")?;
             }
             Ok(KafkaSink {
+                prefix,
                 settings,
                 admin,
                 producer: None,
@@ -239,7 +279,7 @@ mod imp {
                 (None, Some(dir)) => persisted_instance(dir)?,
                 (None, None) => random_instance(),
             };
-            self.transactional_id = format!("sessionizer-file-{instance}");
+            self.transactional_id = format!("{}-{instance}", self.prefix);
             if state_dir.is_some() {
                 let topic = format!("{}-sessionizer-progress", self.sessions);
                 let n = self.admin.ensure_progress(&topic)?;
@@ -305,6 +345,19 @@ mod imp {
                     .map_err(kafka_error("send a side-output record"))?;
                 self.sent_one();
             }
+            Ok(())
+        }
+
+        fn keyed(&mut self, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError> {
+            let partition = key.map(|k| partition_for(k, self.partitions));
+            let producer = self
+                .producer
+                .as_mut()
+                .expect("the Kafka output is claimed before anything is sent");
+            producer
+                .send(&self.sessions, partition, key, Some(value), false)
+                .map_err(kafka_error("send a record"))?;
+            self.sent_one();
             Ok(())
         }
 

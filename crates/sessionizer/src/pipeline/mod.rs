@@ -23,10 +23,10 @@
 //! and answer its questions about a key between batches.
 
 pub(crate) mod backend;
-mod durable;
+pub(crate) mod durable;
 #[cfg(feature = "kafka")]
 mod kafka;
-mod kafka_sink;
+pub(crate) mod kafka_sink;
 mod lookup;
 pub(crate) mod parse;
 mod shard;

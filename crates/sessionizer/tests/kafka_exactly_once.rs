@@ -1,0 +1,319 @@
+//! A library service with an exactly-once Kafka output (cargo feature `kafka`; a real
+//! broker started by `scripts/kafka-dev.sh`), run as a real process: the example
+//! `examples/kafka_exactly_once.rs`, which `cargo test` builds beside this test. Killed
+//! with SIGKILL at random instants (the first time while a transaction holding records
+//! is open) and started again with the same arguments, its committed output topic holds
+//! exactly the records of one uninterrupted run — none lost, none twice; a crash
+//! between a checkpoint and its commit resumes from the checkpoint before.
+
+#![cfg(feature = "kafka")]
+
+mod support;
+
+#[path = "../../cli/tests/support/kafka.rs"]
+mod kafka;
+
+use rand::{Rng, SeedableRng};
+use sessionizer::prelude::*;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const OUTPUT_PARTITIONS: usize = 3;
+
+/// Seconds without a record after which the service stops.
+const IDLE: &str = "2";
+
+/// The example's binary: `target/<profile>/examples/`, next to this test's `deps/`.
+/// `cargo test` builds it with the other targets, but not when only this test is
+/// named (`--test kafka_exactly_once`): then a binary older than a source file of the
+/// workspace is refused rather than tested.
+fn service() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    let profile = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = profile.join("examples").join("kafka_exactly_once");
+    let build = "cargo build -p sessionizer --features kafka --example kafka_exactly_once";
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} is missing: {build}", bin.display()));
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if let Some(newer) = newest_source(&crates).filter(|(at, _)| *at > built) {
+        panic!(
+            "{} is older than {}: {build}",
+            bin.display(),
+            newer.1.display()
+        );
+    }
+    bin
+}
+
+/// The most recently modified `.rs` file under `dir`'s `src/` and `examples/` folders.
+fn newest_source(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
+    let mut todo: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .flat_map(|c| [c.path().join("src"), c.path().join("examples")])
+        .collect();
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                todo.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && let Ok(at) = entry.metadata().and_then(|m| m.modified())
+                && newest.as_ref().is_none_or(|(n, _)| at > *n)
+            {
+                newest = Some((at, path));
+            }
+        }
+    }
+    newest
+}
+
+/// A visit line as the example reads it (and `sessionizer generate` writes it).
+#[derive(serde::Serialize)]
+struct VisitLine {
+    visit_id: String,
+    #[serde(with = "sessionizer::time::rfc3339")]
+    event_time: EventTime,
+    page: String,
+}
+
+/// `n` visit lines with pages (the example's input), some far late; every 500th line
+/// is not a visit.
+fn produce_visits(topic: &str, n: i64) {
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    for (i, v) in support::visits(n, 400, 300, 7).iter().enumerate() {
+        if i % 500 == 499 {
+            writeln!(
+                file,
+                r#"{{"visit_id":"v{i}","event_time":"not a time","page":"/"}}"#
+            )
+        } else {
+            let line = VisitLine {
+                visit_id: format!("v{}", v.visit),
+                event_time: v.at,
+                page: format!("/p{}", v.page),
+            };
+            writeln!(file, "{}", serde_json::to_string(&line).expect("JSON"))
+        }
+        .expect("write");
+    }
+    file.flush().expect("flush");
+    kafka::produce_lines(topic, file.path(), "visit_id");
+}
+
+struct Service {
+    input: String,
+    output: String,
+    state: PathBuf,
+}
+
+impl Service {
+    fn command(&self) -> Command {
+        let mut c = Command::new(service());
+        c.args([kafka::broker(), &self.input, &self.output])
+            .arg(&self.state)
+            .arg(IDLE)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Runs the service until it stops by itself; returns its stderr.
+    fn run_to_end(&self) -> String {
+        let out = self.command().output().expect("spawn");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "the service failed: {err}");
+        err
+    }
+
+    /// The committed records of the output topic, sorted (a multiset: a record written
+    /// twice is there twice).
+    fn committed(&self) -> Vec<String> {
+        let mut v: Vec<String> = kafka::read_committed(&self.output)
+            .iter()
+            .flatten()
+            .map(kafka::text)
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// A new output topic and state directory on `input`.
+fn service_on(input: &str, dir: &Path, name: &str) -> Service {
+    let output = kafka::unique(&format!("lib-eo-{name}"));
+    kafka::create_topics(&[&output], OUTPUT_PARTITIONS as i32);
+    Service {
+        input: input.to_string(),
+        output,
+        state: dir.join(name),
+    }
+}
+
+/// The uninterrupted run's records and how long it took (its idle wait not counted).
+fn uninterrupted(input: &str, dir: &Path) -> (Vec<String>, u64) {
+    let reference = service_on(input, dir, "uninterrupted");
+    let began = Instant::now();
+    reference.run_to_end();
+    let took = began.elapsed().saturating_sub(Duration::from_secs(2));
+    let records = reference.committed();
+    // Every session record once: no (session_id, revision) twice (retractions carry
+    // no revision).
+    let revisions: Vec<(String, u64)> = records
+        .iter()
+        .filter_map(|r| {
+            let v: serde_json::Value = serde_json::from_str(r).expect("JSON");
+            Some((v["session_id"].to_string(), v["revision"].as_u64()?))
+        })
+        .collect();
+    let mut ids = revisions.clone();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), revisions.len(), "a session record written twice");
+    assert!(records.len() > 500, "only {} records", records.len());
+    (records, took.as_millis() as u64)
+}
+
+#[test]
+fn a_service_killed_at_random_instants_commits_every_record_once() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("lib-eo-visits");
+    kafka::create_topics(&[&input], 1);
+    produce_visits(&input, 60_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (expected, took) = uninterrupted(&input, dir.path());
+
+    let killed = service_on(&input, dir.path(), "killed");
+    let mid_transaction = || {
+        kafka::high_watermarks(&killed.output, OUTPUT_PARTITIONS)
+            .iter()
+            .zip(kafka::last_stable_offsets(
+                &killed.output,
+                OUTPUT_PARTITIONS,
+            ))
+            .any(|(high, stable)| *high > stable)
+    };
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(14);
+    let (mut kills, mut finished) = (0, false);
+    for run in 0..40 {
+        let mut child = killed.command().spawn().expect("spawn");
+        // The first run dies once a transaction holding records is open, so that at
+        // least one kill lands mid-transaction; the others at random instants.
+        let wait = Duration::from_millis(rng.random_range(took / 50..took / 2 + 2));
+        let began = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                let mut err = String::new();
+                use std::io::Read as _;
+                let mut stderr = child.stderr.take().expect("stderr");
+                stderr.read_to_string(&mut err).ok();
+                assert!(status.success(), "the service failed: {err}");
+                finished = true;
+                break;
+            }
+            let due = if run == 0 {
+                mid_transaction()
+            } else {
+                began.elapsed() >= wait
+            };
+            if due {
+                child.kill().expect("kill -9");
+                child.wait().expect("reap");
+                kills += 1;
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(120),
+                "no transaction with records was seen open in 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if finished {
+            break;
+        }
+    }
+    if !finished {
+        killed.run_to_end();
+    }
+    let all: usize = kafka::read_uncommitted(&killed.output)
+        .iter()
+        .map(Vec::len)
+        .sum();
+    eprintln!(
+        "{kills} kills; the uninterrupted run took {took} ms; {} records, {} aborted",
+        expected.len(),
+        all.saturating_sub(expected.len())
+    );
+    assert!(kills >= 5, "only {kills} kills: the runs were too short");
+    let got = killed.committed();
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "committed records: {} against one run's {}",
+        got.len(),
+        expected.len()
+    );
+    assert!(
+        got == expected,
+        "the committed records differ from one run's"
+    );
+    assert!(
+        all > got.len(),
+        "no aborted records: no kill hit a transaction"
+    );
+}
+
+#[test]
+fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_before() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("lib-eo-crash");
+    kafka::create_topics(&[&input], 1);
+    produce_visits(&input, 20_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (expected, _) = uninterrupted(&input, dir.path());
+
+    let crashed = service_on(&input, dir.path(), "crashed");
+    // The third checkpoint is written, then the process exits before its commit: the
+    // transaction stays open, as after a kill at that instant.
+    let out = crashed
+        .command()
+        .env("SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT", "3")
+        .output()
+        .expect("spawn");
+    assert_eq!(
+        out.status.code(),
+        Some(86),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = crashed.run_to_end();
+    assert!(
+        err.contains("resumed from checkpoint 2"),
+        "checkpoint 3 never committed, so the run resumes from 2: {err}"
+    );
+    assert!(
+        crashed.committed() == expected,
+        "the committed records differ from one run's"
+    );
+
+    // Its checkpoints cannot be restored without the exactly-once sink.
+    let mut checkpoints = Checkpoints::open(&crashed.state).expect("state dir");
+    let mut job = Stream::<(String, EventTime)>::new()
+        .key_by(|e| e.0.clone())
+        .event_time(|e| e.1)
+        .session_windows(minutes(2))
+        .aggregate(Count)
+        .build();
+    let text = job
+        .restore(&mut checkpoints)
+        .expect_err("restored without the sink")
+        .to_string();
+    assert!(
+        text.contains("exactly once") && text.contains(&crashed.output),
+        "{text}"
+    );
+}
