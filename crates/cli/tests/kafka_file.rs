@@ -11,10 +11,7 @@ mod kafka;
 #[path = "support/process.rs"]
 mod process;
 
-use kafka::{
-    Read, broker, create_topics, high_watermarks, last_stable_offsets, read_committed,
-    read_uncommitted, text, unique,
-};
+use kafka::{Read, broker, create_topics, read_committed, read_uncommitted, text, unique};
 use process::{bin, generate, run, run_ok, s};
 use rand::{Rng, SeedableRng};
 use sessionizer_connectors::kafka::partitioner::partition_for;
@@ -327,56 +324,22 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
             .spawn()
             .expect("spawn");
         // The first run is killed as soon as a transaction holding records is open on
-        // the output topic (its high watermark above its last stable offset), so that
-        // at least one kill certainly lands mid-transaction; the others at random
-        // instants, wherever they fall (start-up, restore, a commit, the last flush).
+        // the output topic, so that at least one kill certainly lands mid-transaction;
+        // the others at random instants, wherever they fall (start-up, restore, a
+        // commit, the last flush).
         let wait = Duration::from_millis(rng.random_range(took / 50..took / 3 + 1));
-        let mid_transaction = || {
-            high_watermarks(&t.output, PARTITIONS)
-                .iter()
-                .zip(last_stable_offsets(&t.output, PARTITIONS))
-                .any(|(high, stable)| *high > stable)
-        };
         let began = Instant::now();
-        let mut exited = None;
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                exited = Some(status);
-                break;
-            }
-            let due = if run == 0 {
-                mid_transaction()
-            } else {
-                began.elapsed() >= wait
-            };
-            if due {
-                break;
-            }
-            assert!(
-                began.elapsed() < Duration::from_secs(120),
-                "no transaction with records was seen open in 120 s"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        match exited {
-            Some(status) => {
-                let mut err = String::new();
-                use std::io::Read as _;
-                child
-                    .stderr
-                    .take()
-                    .expect("stderr")
-                    .read_to_string(&mut err)
-                    .ok();
+        let due = || match run {
+            0 => kafka::transaction_holds_records(&t.output, PARTITIONS),
+            _ => began.elapsed() >= wait,
+        };
+        match kafka::exit_or_kill(&mut child, due) {
+            Some((status, err)) => {
                 assert!(status.success(), "run failed: {err}");
                 finished = true;
                 break;
             }
-            None => {
-                child.kill().expect("kill -9");
-                child.wait().expect("reap");
-                kills += 1;
-            }
+            None => kills += 1,
         }
     }
     if !finished {

@@ -8,12 +8,13 @@
 //!
 //! ```text
 //! cargo run --release -p sessionizer --features kafka --example kafka_exactly_once -- \
-//!     BROKERS INPUT_TOPIC OUTPUT_TOPIC STATE_DIR [IDLE_SECONDS]
+//!     BROKERS INPUT_TOPIC OUTPUT_TOPIC DEAD_LETTER_TOPIC STATE_DIR [IDLE_SECONDS]
 //! ```
 //!
-//! It checkpoints after every poll (at most every 200 ms) and stops, after a last
-//! checkpoint, once no record has arrived for IDLE_SECONDS (default: it runs until
-//! killed).
+//! Input records that are not visits go to DEAD_LETTER_TOPIC, in the same transactions
+//! as the sessions, keyed by their `topic/partition@offset`. It checkpoints after every
+//! poll (at most every 200 ms) and stops, after a last checkpoint, once no record has
+//! arrived for IDLE_SECONDS (absent: it runs until killed).
 
 use sessionizer::kafka::{KafkaJson, KafkaJsonSink};
 use sessionizer::prelude::*;
@@ -31,11 +32,8 @@ struct Visit {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [brokers, input, output, state, rest @ ..] = &args[..] else {
-        return Err(
-            "usage: kafka_exactly_once BROKERS INPUT_TOPIC OUTPUT_TOPIC STATE_DIR [IDLE_SECONDS]"
-                .into(),
-        );
+    let [brokers, input, output, dead, state, rest @ ..] = &args[..] else {
+        return Err("usage: kafka_exactly_once BROKERS INPUT_TOPIC OUTPUT_TOPIC DEAD_LETTER_TOPIC STATE_DIR [IDLE_SECONDS]".into());
     };
     let idle = rest.first().map(|s| s.parse()).transpose()?;
     let idle = idle.map(Duration::from_secs);
@@ -59,7 +57,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             resumed.epoch, resumed.events, resumed.keys
         );
     }
-    let mut visits = KafkaJson::<Visit, _>::open(brokers, input, &checkpoints, Vec::new())?;
+    let dead_letters = sessions.also_to(dead, "source")?; // the same transactions
+    let mut visits = KafkaJson::<Visit, _>::open(brokers, input, &checkpoints, dead_letters)?;
 
     let (mut events, mut late) = (Vec::new(), Vec::new());
     let mut last_record = Instant::now();

@@ -242,6 +242,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 /// kills and restarts.
 pub struct KafkaJsonSink {
     out: Producer,
+    /// With [`Producer::Transactional`]: which of its topics (0: the first).
+    topic: usize,
     key_field: Vec<u8>,
     line: Vec<u8>,
     sent: u64,
@@ -277,6 +279,7 @@ impl KafkaJsonSink {
         Admin::new(&settings)?.require(topic, "the job's output")?;
         Ok(KafkaJsonSink {
             out: Producer::Idempotent(LineProducer::new(&settings, topic, key_field)?),
+            topic: 0,
             key_field: key_field.as_bytes().to_vec(),
             line: Vec::new(),
             sent: 0,
@@ -309,6 +312,30 @@ impl KafkaJsonSink {
         let shared = checkpoints.join_transaction(sink)?;
         Ok(KafkaJsonSink {
             out: Producer::Transactional(shared),
+            topic: 0,
+            key_field: key_field.as_bytes().to_vec(),
+            line: Vec::new(),
+            sent: 0,
+        })
+    }
+
+    /// Another topic (which must exist) written in this exactly-once sink's
+    /// transactions, keyed by its items' top-level field `key_field`: dead letters
+    /// (`key_field` `"source"`) or late events next to the sessions, committed with the
+    /// same checkpoints. Refused for a sink made with [`open`](Self::open).
+    pub fn also_to(&self, topic: &str, key_field: &str) -> Result<KafkaJsonSink, StateError> {
+        let Producer::Transactional(shared) = &self.out else {
+            return Err(StateError::Output(format!(
+                "also_to({topic}) needs a sink made with KafkaJsonSink::exactly_once"
+            )));
+        };
+        let index = shared
+            .lock()
+            .add_topic(topic)
+            .map_err(|e| StateError::Output(e.to_string()))?;
+        Ok(KafkaJsonSink {
+            out: Producer::Transactional(shared.clone()),
+            topic: index,
             key_field: key_field.as_bytes().to_vec(),
             line: Vec::new(),
             sent: 0,
@@ -338,7 +365,7 @@ impl<T: Serialize> Sink<T> for KafkaJsonSink {
             Producer::Transactional(t) => {
                 let key = top_level_text(&self.line, &self.key_field);
                 t.lock()
-                    .keyed(key, &self.line)
+                    .keyed(self.topic, key, &self.line)
                     .map_err(|e| KafkaError::Invalid(e.to_string()))?;
             }
         }

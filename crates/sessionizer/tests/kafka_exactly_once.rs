@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 const OUTPUT_PARTITIONS: usize = 3;
 
+/// Input lines of the kill test (the crash test: a third): every 500th is no visit.
+const VISITS: i64 = 60_000;
+
 /// Seconds without a record after which the service stops.
 const IDLE: &str = "2";
 
@@ -108,13 +111,14 @@ fn produce_visits(topic: &str, n: i64) {
 struct Service {
     input: String,
     output: String,
+    dead: String,
     state: PathBuf,
 }
 
 impl Service {
     fn command(&self) -> Command {
         let mut c = Command::new(service());
-        c.args([kafka::broker(), &self.input, &self.output])
+        c.args([kafka::broker(), &self.input, &self.output, &self.dead])
             .arg(&self.state)
             .arg(IDLE)
             .stdout(Stdio::null())
@@ -133,29 +137,41 @@ impl Service {
     /// The committed records of the output topic, sorted (a multiset: a record written
     /// twice is there twice).
     fn committed(&self) -> Vec<String> {
-        let mut v: Vec<String> = kafka::read_committed(&self.output)
-            .iter()
-            .flatten()
-            .map(kafka::text)
-            .collect();
-        v.sort();
-        v
+        committed(&self.output)
+    }
+
+    /// The committed records of the dead-letter topic, in their order.
+    fn dead_letters(&self) -> Vec<String> {
+        let records = kafka::read_committed(&self.dead);
+        records.iter().flatten().map(kafka::text).collect()
     }
 }
 
-/// A new output topic and state directory on `input`.
+/// The committed records of `topic`, sorted.
+fn committed(topic: &str) -> Vec<String> {
+    let records = kafka::read_committed(topic);
+    let mut v: Vec<String> = records.iter().flatten().map(kafka::text).collect();
+    v.sort();
+    v
+}
+
+/// New output topics (sessions, dead letters) and a state directory on `input`.
 fn service_on(input: &str, dir: &Path, name: &str) -> Service {
     let output = kafka::unique(&format!("lib-eo-{name}"));
+    let dead = kafka::unique(&format!("lib-eo-{name}-dead"));
     kafka::create_topics(&[&output], OUTPUT_PARTITIONS as i32);
+    kafka::create_topics(&[&dead], 1);
     Service {
         input: input.to_string(),
         output,
+        dead,
         state: dir.join(name),
     }
 }
 
-/// The uninterrupted run's records and how long it took (its idle wait not counted).
-fn uninterrupted(input: &str, dir: &Path) -> (Vec<String>, u64) {
+/// One uninterrupted run: its session records (sorted), its dead letters, and how long
+/// it took (its idle wait not counted).
+fn uninterrupted(input: &str, visits: i64, dir: &Path) -> (Vec<String>, Vec<String>, u64) {
     let reference = service_on(input, dir, "uninterrupted");
     let began = Instant::now();
     reference.run_to_end();
@@ -175,7 +191,14 @@ fn uninterrupted(input: &str, dir: &Path) -> (Vec<String>, u64) {
     ids.dedup();
     assert_eq!(ids.len(), revisions.len(), "a session record written twice");
     assert!(records.len() > 500, "only {} records", records.len());
-    (records, took.as_millis() as u64)
+    let dead = reference.dead_letters();
+    assert_eq!(
+        dead.len(),
+        (visits / 500) as usize,
+        "one dead letter per line that is no visit"
+    );
+    assert!(dead[0].contains("not a time"), "{}", dead[0]);
+    (records, dead, took.as_millis() as u64)
 }
 
 #[test]
@@ -183,20 +206,11 @@ fn a_service_killed_at_random_instants_commits_every_record_once() {
     let _one = kafka::exclusive();
     let input = kafka::unique("lib-eo-visits");
     kafka::create_topics(&[&input], 1);
-    produce_visits(&input, 60_000);
+    produce_visits(&input, VISITS);
     let dir = tempfile::tempdir().expect("temp dir");
-    let (expected, took) = uninterrupted(&input, dir.path());
+    let (expected, expected_dead, took) = uninterrupted(&input, VISITS, dir.path());
 
     let killed = service_on(&input, dir.path(), "killed");
-    let mid_transaction = || {
-        kafka::high_watermarks(&killed.output, OUTPUT_PARTITIONS)
-            .iter()
-            .zip(kafka::last_stable_offsets(
-                &killed.output,
-                OUTPUT_PARTITIONS,
-            ))
-            .any(|(high, stable)| *high > stable)
-    };
     let mut rng = rand_pcg::Pcg64::seed_from_u64(14);
     let (mut kills, mut finished) = (0, false);
     for run in 0..40 {
@@ -205,35 +219,17 @@ fn a_service_killed_at_random_instants_commits_every_record_once() {
         // least one kill lands mid-transaction; the others at random instants.
         let wait = Duration::from_millis(rng.random_range(took / 50..took / 2 + 2));
         let began = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                let mut err = String::new();
-                use std::io::Read as _;
-                let mut stderr = child.stderr.take().expect("stderr");
-                stderr.read_to_string(&mut err).ok();
+        let due = || match run {
+            0 => kafka::transaction_holds_records(&killed.output, OUTPUT_PARTITIONS),
+            _ => began.elapsed() >= wait,
+        };
+        match kafka::exit_or_kill(&mut child, due) {
+            Some((status, err)) => {
                 assert!(status.success(), "the service failed: {err}");
                 finished = true;
                 break;
             }
-            let due = if run == 0 {
-                mid_transaction()
-            } else {
-                began.elapsed() >= wait
-            };
-            if due {
-                child.kill().expect("kill -9");
-                child.wait().expect("reap");
-                kills += 1;
-                break;
-            }
-            assert!(
-                began.elapsed() < Duration::from_secs(120),
-                "no transaction with records was seen open in 120 s"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if finished {
-            break;
+            None => kills += 1,
         }
     }
     if !finished {
@@ -261,6 +257,13 @@ fn a_service_killed_at_random_instants_commits_every_record_once() {
         got == expected,
         "the committed records differ from one run's"
     );
+    let dead = killed.dead_letters();
+    assert!(
+        dead == expected_dead,
+        "{} dead letters committed, one run wrote {} (each once, in the input's order)",
+        dead.len(),
+        expected_dead.len()
+    );
     assert!(
         all > got.len(),
         "no aborted records: no kill hit a transaction"
@@ -272,9 +275,9 @@ fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_befor
     let _one = kafka::exclusive();
     let input = kafka::unique("lib-eo-crash");
     kafka::create_topics(&[&input], 1);
-    produce_visits(&input, 20_000);
+    produce_visits(&input, VISITS / 3);
     let dir = tempfile::tempdir().expect("temp dir");
-    let (expected, _) = uninterrupted(&input, dir.path());
+    let (expected, expected_dead, _) = uninterrupted(&input, VISITS / 3, dir.path());
 
     let crashed = service_on(&input, dir.path(), "crashed");
     // The third checkpoint is written, then the process exits before its commit: the
@@ -298,6 +301,13 @@ fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_befor
     assert!(
         crashed.committed() == expected,
         "the committed records differ from one run's"
+    );
+    let dead = crashed.dead_letters();
+    assert!(
+        dead == expected_dead,
+        "{} dead letters committed, one run wrote {} (each once, in the input's order)",
+        dead.len(),
+        expected_dead.len()
     );
 
     // Its checkpoints cannot be restored without the exactly-once sink.

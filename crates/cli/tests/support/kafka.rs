@@ -399,3 +399,42 @@ fn end_offsets(topic: &str, partitions: usize, isolation: &str) -> Vec<i64> {
 pub fn text(r: &Read) -> String {
     String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()
 }
+
+/// Whether a transaction holding records is open on `topic` (its first `partitions`
+/// partitions): a high watermark above the last stable offset.
+pub fn transaction_holds_records(topic: &str, partitions: usize) -> bool {
+    high_watermarks(topic, partitions)
+        .iter()
+        .zip(last_stable_offsets(topic, partitions))
+        .any(|(high, stable)| *high > stable)
+}
+
+/// Kills `child` (SIGKILL) as soon as `due()` says so, unless it exits first: then its
+/// exit status and stderr (piped). `None`: it was killed. `due` is asked every 5 ms, for
+/// 120 s at most.
+pub fn exit_or_kill(
+    child: &mut std::process::Child,
+    mut due: impl FnMut() -> bool,
+) -> Option<(std::process::ExitStatus, String)> {
+    let began = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let mut err = String::new();
+            if let Some(mut stderr) = child.stderr.take() {
+                use std::io::Read as _;
+                stderr.read_to_string(&mut err).ok();
+            }
+            return Some((status, err));
+        }
+        if due() {
+            child.kill().expect("kill -9");
+            child.wait().expect("reap");
+            return None;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(120),
+            "the process neither ended nor came due for its kill in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

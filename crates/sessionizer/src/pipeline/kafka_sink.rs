@@ -73,11 +73,15 @@ pub(crate) trait TopicSink {
     }
     /// Sends side-output records (each ending with a line end).
     fn side(&mut self, side: Side, records: &[u8]) -> Result<(), RunError>;
-    /// Sends one record of a library job to the output topic: `value` under `key`, in
-    /// the partition Kafka's default partitioner gives `key` (any partition without
-    /// one).
+    /// Sends one record of a library job to topic `to` (0: the output topic, else one
+    /// of [`add_topic`](Self::add_topic)): `value` under `key`, in the partition Kafka's
+    /// default partitioner gives `key` (any partition without one).
     #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
-    fn keyed(&mut self, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError>;
+    fn keyed(&mut self, to: usize, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError>;
+    /// Adds a topic (which must exist) that [`keyed`](Self::keyed) writes in the same
+    /// transactions; returns its number.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    fn add_topic(&mut self, topic: &str) -> Result<usize, RunError>;
     /// Serves delivery reports.
     fn poll(&mut self);
     /// Whether the open transaction must be committed now: its commit interval passed
@@ -192,6 +196,8 @@ mod imp {
         partitions: usize,
         dead: Option<String>,
         late: Option<String>,
+        /// A library job's other topics in the same transactions, with their partitions.
+        more_topics: Vec<(String, usize)>,
         /// With a state directory: the progress topic and the partition of this job's
         /// records.
         progress: Option<(String, i32)>,
@@ -241,6 +247,7 @@ mod imp {
                 partitions,
                 dead: kafka.dead_letter_topic.clone(),
                 late: kafka.late_topic.clone(),
+                more_topics: Vec::new(),
                 progress: None,
                 opened: None,
                 last_commit: Instant::now(),
@@ -348,17 +355,30 @@ mod imp {
             Ok(())
         }
 
-        fn keyed(&mut self, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError> {
-            let partition = key.map(|k| partition_for(k, self.partitions));
+        fn keyed(&mut self, to: usize, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError> {
+            let (topic, partitions) = match to {
+                0 => (&self.sessions, self.partitions),
+                i => {
+                    let (t, n) = &self.more_topics[i - 1];
+                    (t, *n)
+                }
+            };
+            let partition = key.map(|k| partition_for(k, partitions));
             let producer = self
                 .producer
                 .as_mut()
                 .expect("the Kafka output is claimed before anything is sent");
             producer
-                .send(&self.sessions, partition, key, Some(value), false)
+                .send(topic, partition, key, Some(value), false)
                 .map_err(kafka_error("send a record"))?;
             self.sent_one();
             Ok(())
+        }
+
+        fn add_topic(&mut self, topic: &str) -> Result<usize, RunError> {
+            let partitions = self.admin.require(topic, "an output of the job")?;
+            self.more_topics.push((topic.to_string(), partitions));
+            Ok(self.more_topics.len())
         }
 
         fn poll(&mut self) {
