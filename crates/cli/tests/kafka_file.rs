@@ -314,34 +314,17 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
         began.elapsed().as_millis() as u64
     };
     let mut rng = rand_pcg::Pcg64::seed_from_u64(2025);
-    let mut kills = 0;
-    let mut finished = false;
-    for run in 0..40 {
-        let mut child = bin()
+    let spawn = || {
+        bin()
             .args(as_strs(&args))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("spawn");
-        // The first run is killed as soon as a transaction holding records is open on
-        // the output topic, so that at least one kill certainly lands mid-transaction;
-        // the others at random instants, wherever they fall (start-up, restore, a
-        // commit, the last flush).
-        let wait = Duration::from_millis(rng.random_range(took / 50..took / 3 + 1));
-        let began = Instant::now();
-        let due = || match run {
-            0 => kafka::transaction_holds_records(&t.output, PARTITIONS),
-            _ => began.elapsed() >= wait,
-        };
-        match kafka::exit_or_kill(&mut child, due) {
-            Some((status, err)) => {
-                assert!(status.success(), "run failed: {err}");
-                finished = true;
-                break;
-            }
-            None => kills += 1,
-        }
-    }
+            .expect("spawn")
+    };
+    let (kills, finished) = kafka::kill_repeatedly(spawn, &t.output, PARTITIONS, 40, || {
+        Duration::from_millis(rng.random_range(took / 50..took / 3 + 1))
+    });
     if !finished {
         run_ok(&as_strs(&args));
     }

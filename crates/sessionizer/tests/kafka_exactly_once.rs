@@ -145,6 +145,17 @@ impl Service {
         let records = kafka::read_committed(&self.dead);
         records.iter().flatten().map(kafka::text).collect()
     }
+
+    /// The dead-letter topic holds `expected`: each once, in the input's order.
+    fn assert_dead_letters(&self, expected: &[String]) {
+        let dead = self.dead_letters();
+        assert!(
+            dead == expected,
+            "{} dead letters committed, one run wrote {} (each once, in the input's order)",
+            dead.len(),
+            expected.len()
+        );
+    }
 }
 
 /// The committed records of `topic`, sorted.
@@ -212,26 +223,13 @@ fn a_service_killed_at_random_instants_commits_every_record_once() {
 
     let killed = service_on(&input, dir.path(), "killed");
     let mut rng = rand_pcg::Pcg64::seed_from_u64(14);
-    let (mut kills, mut finished) = (0, false);
-    for run in 0..40 {
-        let mut child = killed.command().spawn().expect("spawn");
-        // The first run dies once a transaction holding records is open, so that at
-        // least one kill lands mid-transaction; the others at random instants.
-        let wait = Duration::from_millis(rng.random_range(took / 50..took / 2 + 2));
-        let began = Instant::now();
-        let due = || match run {
-            0 => kafka::transaction_holds_records(&killed.output, OUTPUT_PARTITIONS),
-            _ => began.elapsed() >= wait,
-        };
-        match kafka::exit_or_kill(&mut child, due) {
-            Some((status, err)) => {
-                assert!(status.success(), "the service failed: {err}");
-                finished = true;
-                break;
-            }
-            None => kills += 1,
-        }
-    }
+    let (kills, finished) = kafka::kill_repeatedly(
+        || killed.command().spawn().expect("spawn"),
+        &killed.output,
+        OUTPUT_PARTITIONS,
+        40,
+        || Duration::from_millis(rng.random_range(took / 50..took / 2 + 2)),
+    );
     if !finished {
         killed.run_to_end();
     }
@@ -257,13 +255,7 @@ fn a_service_killed_at_random_instants_commits_every_record_once() {
         got == expected,
         "the committed records differ from one run's"
     );
-    let dead = killed.dead_letters();
-    assert!(
-        dead == expected_dead,
-        "{} dead letters committed, one run wrote {} (each once, in the input's order)",
-        dead.len(),
-        expected_dead.len()
-    );
+    killed.assert_dead_letters(&expected_dead);
     assert!(
         all > got.len(),
         "no aborted records: no kill hit a transaction"
@@ -302,13 +294,7 @@ fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_befor
         crashed.committed() == expected,
         "the committed records differ from one run's"
     );
-    let dead = crashed.dead_letters();
-    assert!(
-        dead == expected_dead,
-        "{} dead letters committed, one run wrote {} (each once, in the input's order)",
-        dead.len(),
-        expected_dead.len()
-    );
+    crashed.assert_dead_letters(&expected_dead);
 
     // Its checkpoints cannot be restored without the exactly-once sink.
     let mut checkpoints = Checkpoints::open(&crashed.state).expect("state dir");

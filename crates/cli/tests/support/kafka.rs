@@ -438,3 +438,32 @@ pub fn exit_or_kill(
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Starts a job with `spawn` again and again and kills each run (SIGKILL): the first as
+/// soon as a transaction holding records is open on `topic` (so that at least one kill
+/// certainly lands mid-transaction), every later one after `wait()`, wherever that
+/// falls (start-up, restore, a commit, the last flush) — until a run ends by itself (it
+/// must succeed) or `runs` runs were killed. Returns the kills, and whether a run ended
+/// by itself.
+pub fn kill_repeatedly(
+    mut spawn: impl FnMut() -> std::process::Child,
+    topic: &str,
+    partitions: usize,
+    runs: usize,
+    mut wait: impl FnMut() -> Duration,
+) -> (usize, bool) {
+    for run in 0..runs {
+        let mut child = spawn();
+        let wait = wait();
+        let began = Instant::now();
+        let due = || match run {
+            0 => transaction_holds_records(topic, partitions),
+            _ => began.elapsed() >= wait,
+        };
+        if let Some((status, err)) = exit_or_kill(&mut child, due) {
+            assert!(status.success(), "the run failed: {err}");
+            return (run, true);
+        }
+    }
+    (runs, false)
+}
