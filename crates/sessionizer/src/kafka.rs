@@ -5,7 +5,10 @@
 //! The source reads every partition of its topic itself (no consumer group: one
 //! process owns the topic; for several processes sharing a topic's partitions use the
 //! command line's `--kafka-group`), `read_committed`, and keeps how far it has read
-//! each partition. [`record_position`](KafkaJson::record_position) puts that into the
+//! each partition. Its events go to one job with one watermark, in the order they are
+//! fetched: unlike the command line's per-partition tasks (SPEC §2), with several
+//! partitions the output can depend on how their records interleave — give a library
+//! job a one-partition topic. [`record_position`](KafkaJson::record_position) puts that into the
 //! job's [`Checkpoints`], so the next checkpoint carries it beside the job's state, and
 //! a source opened on that state directory continues from there: the state and the
 //! input position of a restart always belong together. The sink opened with
