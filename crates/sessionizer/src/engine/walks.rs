@@ -26,7 +26,12 @@ impl Walks {
     /// Lists event `at` of the key of shard `owner`, with its time or watermark `mark`
     /// and its own gap (`None`: the job's gap, which every operator starts from): in the
     /// owner's walk, and in every shard's if it is a peak.
+    #[inline]
     pub fn list(&mut self, at: u32, owner: u32, mark: i64, gap: Option<i64>) {
+        if let [only] = &mut self.shards[..] {
+            only.push(at); // one shard walks every event: no peaks to track
+            return;
+        }
         let gap_peak = gap.is_some_and(|g| g > self.max_gap);
         if mark > self.max_mark || gap_peak {
             self.max_mark = self.max_mark.max(mark);
