@@ -639,7 +639,7 @@ pub(crate) fn resolve_transaction(
         return Err(RunError::Resume {
             dir: label,
             message: format!(
-                "its sessions went to the Kafka topic {}, this run writes {topic}; resume with --kafka-output-topic {}, or use another --state-dir",
+                "its sessions went to the Kafka topic {}, this run writes {topic}; resume with --kafka-output-topic {}, or use another state directory (`--state-dir`)",
                 txn.output_topic, txn.output_topic
             ),
         });
@@ -658,7 +658,7 @@ pub(crate) fn resolve_transaction(
         Outcome::Ahead(newer) => Err(RunError::Resume {
             dir: label,
             message: format!(
-                "the Kafka output has committed the records up to checkpoint {newer}, but the newest valid checkpoint here is {epoch} (the newer ones are damaged or gone); resuming would write records twice. Use another --state-dir to start the job over into a new topic"
+                "the Kafka output has committed the records up to checkpoint {newer}, but the newest valid checkpoint here is {epoch} (the newer ones are damaged or gone); resuming would write records twice. Use another state directory (`--state-dir`) to start the job over into a new topic"
             ),
         }),
         Outcome::Aborted => {
