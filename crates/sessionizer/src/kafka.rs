@@ -5,10 +5,11 @@
 //! The source reads every partition of its topic itself (no consumer group: one
 //! process owns the topic; for several processes sharing a topic's partitions use the
 //! command line's `--kafka-group`), `read_committed`, and keeps how far it has read
-//! each partition. Its events go to one job with one watermark, in the order they are
-//! fetched: unlike the command line's per-partition tasks (SPEC §2), with several
-//! partitions the output can depend on how their records interleave — give a library
-//! job a one-partition topic. [`record_position`](KafkaJson::record_position) puts that into the
+//! each partition. [`KafkaJson::open`]'s events go to one job with one watermark, in the
+//! order they are fetched: with several partitions the output can depend on how their
+//! records interleave. [`KafkaJson::open_partition`] reads one partition: one job (and
+//! state directory) per partition gives the command line's per-partition tasks (SPEC
+//! §2), each partition's sessions those of its records alone. [`record_position`](KafkaJson::record_position) puts that into the
 //! job's [`Checkpoints`], so the next checkpoint carries it beside the job's state, and
 //! a source opened on that state directory continues from there: the state and the
 //! input position of a restart always belong together. The sink opened with
@@ -100,24 +101,64 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// Reads every partition of `topic` at `brokers`, each from where the checkpoint
     /// found in `checkpoints` had read it (the one the job restores), or from its first
     /// record when there is none. A checkpoint that read another topic, or other
-    /// partitions than the topic has now, is refused.
+    /// partitions than the topic has now, is refused. One job then sees all partitions
+    /// with one watermark (see the module's docs); [`open_partition`](Self::open_partition)
+    /// gives each partition a job of its own.
     pub fn open(
         brokers: &str,
         topic: &str,
         checkpoints: &Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
+        Self::open_assigned(brokers, topic, None, checkpoints, dead_letters)
+    }
+
+    /// Reads partition `partition` of `topic` only, from where the checkpoint found in
+    /// `checkpoints` had read it: one input partition is one task, as the command line
+    /// runs them (SPEC §2) — give each partition its own job, state directory (and so
+    /// its own exactly-once sink, whose transactional id lives there), in one process
+    /// or spread over several. A partition's sessions then depend on its records alone.
+    /// A checkpoint that read another topic or partition is refused.
+    pub fn open_partition(
+        brokers: &str,
+        topic: &str,
+        partition: i32,
+        checkpoints: &Checkpoints,
+        dead_letters: D,
+    ) -> Result<Self, SourceError> {
+        Self::open_assigned(brokers, topic, Some(partition), checkpoints, dead_letters)
+    }
+
+    fn open_assigned(
+        brokers: &str,
+        topic: &str,
+        only: Option<i32>,
+        checkpoints: &Checkpoints,
+        dead_letters: D,
+    ) -> Result<Self, SourceError> {
         let settings = settings(brokers);
         let partitions = Admin::new(&settings)?.require(topic, "the job's input")?;
+        if let Some(p) = only
+            && usize::try_from(p).map_or(true, |p| p >= partitions)
+        {
+            return Err(KafkaError::Invalid(format!(
+                "the topic {topic} has no partition {p} (it has {partitions})"
+            ))
+            .into());
+        }
         let mut next = vec![None; partitions];
         for p in &checkpoints.kafka_positions {
             let slot = usize::try_from(p.partition)
                 .ok()
-                .filter(|_| p.topic == topic)
+                .filter(|_| p.topic == topic && only.is_none_or(|o| o == p.partition))
                 .and_then(|i| next.get_mut(i))
                 .ok_or_else(|| {
+                    let reads = match only {
+                        Some(o) => format!("{topic}/{o}"),
+                        None => format!("{topic}, {partitions} partitions"),
+                    };
                     KafkaError::Invalid(format!(
-                        "the checkpoint in {} read {}/{}, which this source ({topic}, {partitions} partitions) does not have: use the topic the state was built from, or another state directory",
+                        "the checkpoint in {} read {}/{}, which this source ({reads}) does not: use the topic and partition the state was built from, or another state directory",
                         checkpoints.path().display(),
                         p.topic,
                         p.partition
@@ -135,6 +176,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         let assign: Vec<(TopicPartition, StartAt)> = next
             .iter()
             .enumerate()
+            .filter(|(p, _)| only.is_none_or(|o| o as usize == *p))
             .map(|(p, at)| {
                 let tp = TopicPartition {
                     topic: 0,

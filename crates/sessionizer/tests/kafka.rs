@@ -272,3 +272,101 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     let text = err.to_string();
     assert!(text.contains(&input) && text.contains(&other), "{text}");
 }
+
+#[test]
+fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone() {
+    use sessionizer_connectors::kafka::partitioner::partition_for;
+    const PARTITIONS: usize = 3;
+    let _one = kafka::exclusive();
+    let input = kafka::unique("lib-per-partition");
+    kafka::create_topics(&[&input], PARTITIONS as i32);
+    let lines = lines(2_400);
+    produce(&input, &lines);
+    let broker = kafka::broker();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A partition's records, in offset order: the lines whose key it holds.
+    let of = |p: usize| -> Vec<&String> {
+        lines
+            .iter()
+            .filter(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("JSON");
+                let key = v["visit_id"].as_str().expect("every line has a visit_id");
+                partition_for(key.as_bytes(), PARTITIONS) as usize == p
+            })
+            .collect()
+    };
+    for p in 0..PARTITIONS {
+        let mine = of(p);
+        // What one job over this partition's records alone emits.
+        let mut reference = job();
+        let mut expected = Vec::new();
+        let events = mine
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
+        reference
+            .push_batch(events, &mut expected, &mut Vec::new())
+            .expect("vectors");
+        reference
+            .finish(&mut expected, &mut Vec::new())
+            .expect("vectors");
+
+        let state = dir.path().join(format!("p{p}"));
+        let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+        let mut job = job();
+        job.restore(&mut checkpoints).expect("restore");
+        let mut source = KafkaJson::<Visit, _>::open_partition(
+            broker,
+            &input,
+            p as i32,
+            &checkpoints,
+            Vec::new(),
+        )
+        .expect("source");
+        let mut events = Vec::new();
+        let mut got = Vec::new();
+        read_until(&mut source, mine.len() as u64, &mut events);
+        source
+            .poll(Duration::from_millis(500), 10_000, &mut events)
+            .expect("poll");
+        assert_eq!(
+            source.counts().records,
+            mine.len() as u64,
+            "partition {p} only"
+        );
+        job.push_batch(events.drain(..), &mut got, &mut Vec::new())
+            .expect("push");
+        source.record_position(&mut checkpoints);
+        job.checkpoint(&mut checkpoints).expect("checkpoint");
+        job.finish(&mut got, &mut Vec::new()).expect("finish");
+        assert!(
+            expected.len() > 10,
+            "partition {p}: {} records",
+            expected.len()
+        );
+        // As written (the emission context, with its processing time, is not).
+        let json = |v: &[WindowOutput<u64>]| -> Vec<String> {
+            v.iter()
+                .map(|r| serde_json::to_string(r).expect("json"))
+                .collect()
+        };
+        assert_eq!(json(&got), json(&expected), "partition {p}");
+        drop((job, source, checkpoints));
+
+        // Its state directory belongs to that partition.
+        let checkpoints = Checkpoints::open(&state).expect("state dir");
+        let other = (p + 1) % PARTITIONS;
+        let err = KafkaJson::<Visit, Vec<DeadLetter>>::open_partition(
+            broker,
+            &input,
+            other as i32,
+            &checkpoints,
+            Vec::new(),
+        )
+        .expect_err("another partition");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{input}/{p}")) && text.contains(&format!("{input}/{other}")),
+            "{text}"
+        );
+    }
+}
