@@ -387,14 +387,17 @@ impl KafkaJsonSink {
         })
     }
 
-    /// Idempotent: waits until every record sent is delivered; fails if any was not.
-    /// Exactly once: serves delivery reports (the records are delivered and committed
-    /// by the next checkpoint). Returns how many were sent in all.
+    /// Waits until every record sent is delivered; fails if any was not. Returns how
+    /// many were sent in all. Exactly once, delivered is not visible: the records of the
+    /// open transaction become visible when the next checkpoint commits it (which
+    /// flushes too: calling this before a checkpoint is not needed).
     pub fn flush(&mut self) -> Result<u64, SinkError> {
         match &mut self.out {
             Producer::Idempotent(p) => Ok(p.flush()?),
             Producer::Transactional(t) => {
-                t.lock().poll();
+                t.lock()
+                    .deliver()
+                    .map_err(|e| KafkaError::Invalid(e.to_string()))?;
                 Ok(self.sent)
             }
         }

@@ -370,3 +370,134 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
         );
     }
 }
+
+/// What the stateful job below emits: a visit's event count, when its timeout fires.
+#[derive(Debug, Serialize)]
+struct VisitCount {
+    visit_id: String,
+    events: u64,
+}
+
+#[test]
+fn a_stateful_job_resumed_with_an_exactly_once_sink_commits_one_runs_records() {
+    let _one = kafka::exclusive();
+    let (input, output) = (
+        kafka::unique("lib-sf-visits"),
+        kafka::unique("lib-sf-counts"),
+    );
+    kafka::create_topics(&[&input], 1);
+    kafka::create_topics(&[&output], 2);
+    let lines = lines(3_000);
+    produce(&input, &lines);
+    let job = || {
+        Stream::<Visit>::new()
+            .key_by(|v| v.visit_id.clone())
+            .event_time(|v| v.event_time)
+            .flat_map_groups_with_state(
+                |key: &str, events: Vec<Visit>, state: &mut GroupState<'_, u64>| {
+                    if state.has_timed_out() {
+                        let events = state.remove().unwrap_or(0);
+                        return Some(VisitCount {
+                            visit_id: key.to_string(),
+                            events,
+                        });
+                    }
+                    state.update(state.get().copied().unwrap_or(0) + events.len() as u64);
+                    let last = events.iter().map(|v| v.event_time).max();
+                    state.set_timeout_timestamp(last.unwrap_or(EventTime(0)).plus(minutes(5)));
+                    None
+                },
+            )
+            .build()
+    };
+    let valid = |range: std::ops::Range<usize>| -> Vec<Visit> {
+        lines[range]
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Visit>(l).ok())
+            .collect()
+    };
+    // One uninterrupted run: two batches (records 0..1,700 and 1,700..3,000), the end.
+    let mut reference = job();
+    let mut expected = Vec::new();
+    reference
+        .process_batch(valid(0..1_700), &mut expected, &mut Vec::new())
+        .expect("vectors");
+    reference
+        .process_batch(valid(1_700..3_000), &mut expected, &mut Vec::new())
+        .expect("vectors");
+    reference
+        .finish(&mut expected, &mut Vec::new())
+        .expect("vectors");
+    let mut expected: Vec<String> = expected
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("json"))
+        .collect();
+    expected.sort();
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let broker = kafka::broker();
+    // The first run: a batch and a checkpoint (committed), then a batch whose records
+    // reach the brokers, and the run dies before its next checkpoint.
+    {
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let mut sink = KafkaJsonSink::exactly_once(broker, &output, "visit_id", &mut checkpoints)
+            .expect("sink");
+        let mut job = job();
+        assert!(
+            job.restore_checkpoint(&mut checkpoints)
+                .expect("restore")
+                .is_none()
+        );
+        let mut source =
+            KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        let mut events = Vec::new();
+        read_until(&mut source, 1_700, &mut events);
+        job.process_batch(events.drain(..), &mut sink, &mut Vec::new())
+            .expect("batch");
+        source.record_position(&mut checkpoints);
+        job.checkpoint(&mut checkpoints).expect("checkpoint");
+        read_until(&mut source, 2_300, &mut events);
+        job.process_batch(events.drain(..), &mut sink, &mut Vec::new())
+            .expect("batch");
+        sink.flush().expect("delivered, not committed");
+    }
+
+    // The second run fences the first (aborting its open transaction) and resumes
+    // from the checkpoint: records 1,700.. again, in one batch, then the end.
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let mut sink =
+        KafkaJsonSink::exactly_once(broker, &output, "visit_id", &mut checkpoints).expect("sink");
+    let committed_first = session_lines(&output).len();
+    let written_first: usize = kafka::read_uncommitted(&output).iter().map(Vec::len).sum();
+    assert!(
+        written_first > committed_first && committed_first > 0,
+        "the first run committed {committed_first} records and wrote {written_first}"
+    );
+    let mut job = job();
+    let resumed = job
+        .restore_checkpoint(&mut checkpoints)
+        .expect("restore")
+        .expect("a checkpoint");
+    assert_eq!(resumed.epoch, 1);
+    let mut source =
+        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+    let mut events = Vec::new();
+    read_until(&mut source, 1_300, &mut events);
+    job.process_batch(events.drain(..), &mut sink, &mut Vec::new())
+        .expect("batch");
+    job.finish(&mut sink, &mut Vec::new()).expect("finish");
+    source.record_position(&mut checkpoints);
+    job.checkpoint(&mut checkpoints).expect("checkpoint");
+
+    let mut got = session_lines(&output);
+    got.sort();
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "records committed against one run's"
+    );
+    assert!(
+        got == expected,
+        "the committed records differ from one run's"
+    );
+}

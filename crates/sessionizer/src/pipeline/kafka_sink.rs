@@ -78,6 +78,10 @@ pub(crate) trait TopicSink {
     /// default partitioner gives `key` (any partition without one).
     #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     fn keyed(&mut self, to: usize, key: Option<&[u8]>, value: &[u8]) -> Result<(), RunError>;
+    /// Waits until every record sent so far is on the brokers (in the open
+    /// transaction, not committed); fails if any was not delivered.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    fn deliver(&mut self) -> Result<(), RunError>;
     /// Adds a topic (which must exist) that [`keyed`](Self::keyed) writes in the same
     /// transactions; returns its number.
     #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
@@ -373,6 +377,15 @@ mod imp {
                 .map_err(kafka_error("send a record"))?;
             self.sent_one();
             Ok(())
+        }
+
+        fn deliver(&mut self) -> Result<(), RunError> {
+            match &mut self.producer {
+                Some(p) => p
+                    .flush()
+                    .map_err(kafka_error("deliver the records of the transaction")),
+                None => Ok(()),
+            }
         }
 
         fn add_topic(&mut self, topic: &str) -> Result<usize, RunError> {
