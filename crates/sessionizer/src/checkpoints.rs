@@ -73,6 +73,10 @@ pub struct Checkpoints {
     /// The newest checkpoint whose records are committed: the one a checkpoint falls
     /// back to if its own transaction never commits.
     pub(crate) committed_epoch: Option<u64>,
+    /// Why these checkpoints take no more writes or restores: the exactly-once output
+    /// failed in a checkpoint or while joining (what Kafka committed is then not known
+    /// here; only a reopened state directory resolves it).
+    failed: Option<String>,
 }
 
 /// A transactional Kafka output shared by a sink (which sends) and the checkpoints
@@ -125,6 +129,7 @@ impl Checkpoints {
             kafka_positions,
             transaction: None,
             committed_epoch: None,
+            failed: None,
         })
     }
 
@@ -168,6 +173,22 @@ impl Checkpoints {
         &mut self,
         base: bool,
         entries: &StateEntries,
+        manifest: Manifest,
+    ) -> Result<Committed, StateError> {
+        self.refuse_if_failed()?;
+        let written = self.write_now(base, entries, manifest);
+        if written.is_err() {
+            // The job drained its changed keys into this checkpoint: a retry must be a
+            // full base, or it would miss them.
+            self.writer.resume_from(None);
+        }
+        written
+    }
+
+    fn write_now(
+        &mut self,
+        base: bool,
+        entries: &StateEntries,
         mut manifest: Manifest,
     ) -> Result<Committed, StateError> {
         if !self.writer.settle_kind(base) {
@@ -193,18 +214,43 @@ impl Checkpoints {
         // transaction gets a progress record naming this checkpoint and is flushed;
         // the checkpoint is written naming that record; then the transaction commits.
         // A job stopped in between resumes from the checkpoint before.
+        // Any failure from here on leaves it unknown here what Kafka committed: these
+        // checkpoints take nothing more, and the job's next process (or a reopened
+        // state directory) resolves it from the progress records.
         let mut sink = transaction.lock();
         let epoch = self.writer.next_epoch();
-        let mut txn = sink.prepare(epoch).map_err(StateError::output)?;
-        txn.fallback_epoch = self.committed_epoch;
-        manifest.kafka_txn = Some(txn);
-        let committed = self.writer.commit(&state, manifest)?;
-        self.restored = true;
-        self.found_epoch = Some(committed.epoch);
-        sink.commit_prepared(committed.epoch)
-            .map_err(StateError::output)?;
-        self.committed_epoch = Some(committed.epoch);
-        Ok(committed)
+        let two_phases = (|| {
+            let mut txn = sink.prepare(epoch).map_err(StateError::output)?;
+            txn.fallback_epoch = self.committed_epoch;
+            manifest.kafka_txn = Some(txn);
+            let committed = self.writer.commit(&state, manifest)?;
+            self.restored = true;
+            self.found_epoch = Some(committed.epoch);
+            sink.commit_prepared(committed.epoch)
+                .map_err(StateError::output)?;
+            Ok(committed)
+        })();
+        match two_phases {
+            Ok(committed) => {
+                self.committed_epoch = Some(committed.epoch);
+                Ok(committed)
+            }
+            Err(e) => {
+                self.failed = Some(format!("checkpoint {epoch} failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Refuses when the exactly-once output failed earlier (see `failed`).
+    fn refuse_if_failed(&self) -> Result<(), StateError> {
+        match &self.failed {
+            None => Ok(()),
+            Some(why) => Err(StateError::Output(format!(
+                "the checkpoints in {} take no more writes or restores with the exactly-once Kafka output ({why}): stop the job and start it again on the same state directory, which resumes from the last checkpoint whose records Kafka committed",
+                self.path.display()
+            ))),
+        }
     }
 
     /// Hands the checkpoint found over to a job that has processed `events` so far
@@ -216,6 +262,7 @@ impl Checkpoints {
         events: u64,
         options: &[(String, String)],
     ) -> Result<Option<(Manifest, LoadedState)>, StateError> {
+        self.refuse_if_failed()?;
         if events > 0 {
             return Err(StateError::NotFresh { events });
         }
@@ -278,23 +325,36 @@ impl Checkpoints {
                 "an exactly-once Kafka output joins the checkpoints before restore() and the first checkpoint, once".into(),
             ));
         }
+        self.refuse_if_failed()?;
         sink.claim(Some(&self.path)).map_err(StateError::output)?;
         let found = self
             .found
             .take()
             .map(|(manifest, state)| Recovered { manifest, state });
         let warn = &mut |m: &str| tracing::warn!("{m}");
-        let (found, discard) = crate::pipeline::durable::resolve_transaction(
+        let resolved = crate::pipeline::durable::resolve_transaction(
             self.writer.dir_mut(),
             found,
             Some(sink.as_mut()),
             warn,
         )
-        .map_err(StateError::output)?;
+        .map_err(StateError::output);
+        // The checkpoint found was handed over: after a failure these checkpoints no
+        // longer know what to restore.
+        let (found, discard) = match resolved {
+            Ok(r) => r,
+            Err(e) => {
+                self.failed = Some(format!("joining the exactly-once output failed: {e}"));
+                return Err(e);
+            }
+        };
         let found = found.map(|r| (r.manifest, r.state));
         if let Some(after) = discard {
             self.writer.resume_from(found.as_ref().map(|(m, s)| (m, s)));
-            self.writer.dir_mut().discard_after(after)?;
+            if let Err(e) = self.writer.dir_mut().discard_after(after) {
+                self.failed = Some(format!("discarding uncommitted checkpoints failed: {e}"));
+                return Err(e.into());
+            }
             self.kafka_positions = found
                 .as_ref()
                 .map(|(m, _)| m.kafka_positions.clone())
@@ -386,4 +446,134 @@ pub struct Resumed {
     pub events: u64,
     /// Keys with state at the checkpoint.
     pub keys: u64,
+}
+
+#[cfg(all(test, feature = "kafka"))]
+mod tests {
+    //! The bookkeeping around a failed two-phase checkpoint, with an output whose first
+    //! phase fails from its second checkpoint on (as when the brokers stop answering):
+    //! the real Kafka paths are in `tests/kafka_exactly_once.rs`.
+    use super::*;
+    use crate::pipeline::RunError;
+    use crate::pipeline::kafka_sink::{Outcome, Side, TopicSink};
+    use crate::pipeline::shard::{Tag, Tagged};
+    use crate::prelude::*;
+    use sessionizer_checkpoint::KafkaTxn;
+
+    /// Takes records; its first checkpoint commits, then `prepare` fails.
+    #[derive(Default)]
+    struct Unreachable {
+        prepared: u64,
+    }
+
+    impl TopicSink for Unreachable {
+        fn claim(&mut self, _: Option<&Path>) -> Result<(), RunError> {
+            Ok(())
+        }
+        fn identity(&self) -> (&str, &str) {
+            ("sessionizer-lib-test", "sessions")
+        }
+        fn routes(&self, _: Side) -> bool {
+            false
+        }
+        fn session(&mut self, _: &Tagged, _: &Tag) -> Result<(), RunError> {
+            unreachable!("a library job sends with keyed()")
+        }
+        fn side(&mut self, _: Side, _: &[u8]) -> Result<(), RunError> {
+            unreachable!("a library job sends with keyed()")
+        }
+        fn keyed(&mut self, _: usize, _: Option<&[u8]>, _: &[u8]) -> Result<(), RunError> {
+            Ok(())
+        }
+        fn deliver(&mut self) -> Result<(), RunError> {
+            Ok(())
+        }
+        fn add_topic(&mut self, _: &str) -> Result<usize, RunError> {
+            Ok(1)
+        }
+        fn poll(&mut self) {}
+        fn due(&self) -> bool {
+            false
+        }
+        fn commit(&mut self) -> Result<(), RunError> {
+            unreachable!("a library job commits with its checkpoints")
+        }
+        fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
+            self.prepared += 1;
+            if self.prepared > 1 {
+                return Err(RunError::Unsupported(format!(
+                    "the brokers did not answer (checkpoint {epoch})"
+                )));
+            }
+            Ok(KafkaTxn {
+                transactional_id: "sessionizer-lib-test".into(),
+                output_topic: "sessions".into(),
+                progress_topic: "sessions-sessionizer-progress".into(),
+                progress_partition: 0,
+                progress_offset: 0,
+                fallback_epoch: None,
+            })
+        }
+        fn commit_prepared(&mut self, _: u64) -> Result<(), RunError> {
+            Ok(())
+        }
+        fn outcome(&mut self, _: &KafkaTxn, _: u64) -> Result<Outcome, RunError> {
+            unreachable!("there is no checkpoint to resolve")
+        }
+        fn abort(&mut self) {}
+    }
+
+    fn job() -> impl FnMut(&mut Checkpoints, &str) -> Result<Committed, StateError> {
+        let mut job = Stream::<(String, EventTime)>::new()
+            .key_by(|e| e.0.clone())
+            .event_time(|e| e.1)
+            .session_windows(minutes(10))
+            .aggregate(Count)
+            .build();
+        // Pushes an event of `key`, then checkpoints.
+        move |checkpoints, key| {
+            let event = (key.to_string(), EventTime(0));
+            job.push(event, &mut Vec::new(), &mut Vec::new())
+                .expect("vectors");
+            job.checkpoint(checkpoints)
+        }
+    }
+
+    #[test]
+    fn a_failed_two_phase_checkpoint_refuses_further_writes_and_restores() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let sink = Box::<Unreachable>::default();
+        checkpoints.join_transaction(sink).expect("joined");
+        let mut push_and_checkpoint = job();
+        push_and_checkpoint(&mut checkpoints, "v1").expect("the first commits");
+        assert!(!checkpoints.writer.next_is_base(), "a delta comes next");
+        let failed = push_and_checkpoint(&mut checkpoints, "v2").expect_err("prepare fails");
+        assert!(failed.to_string().contains("did not answer"), "{failed}");
+        assert_eq!(
+            checkpoints.writer.next_epoch(),
+            2,
+            "nothing more was written"
+        );
+        assert!(
+            checkpoints.writer.next_is_base(),
+            "the job drained its changes into the failed one: a retry must be a full base"
+        );
+        let again = push_and_checkpoint(&mut checkpoints, "v3").expect_err("refused");
+        assert!(again.to_string().contains("take no more writes"), "{again}");
+        let mut other = Stream::<(&str, EventTime)>::new()
+            .key_by(|e| e.0)
+            .event_time(|e| e.1)
+            .session_windows(minutes(10))
+            .aggregate(Count)
+            .build();
+        let restore = other.restore(&mut checkpoints).expect_err("refused");
+        let restore = restore.to_string();
+        assert!(restore.contains("take no more writes"), "{restore}");
+        let manifests = dir.path().read_dir().expect("dir").filter(|e| {
+            let name = e.as_ref().expect("entry").file_name();
+            name.to_string_lossy().starts_with("manifest-")
+        });
+        assert_eq!(manifests.count(), 1, "only the first checkpoint's manifest");
+    }
 }

@@ -136,6 +136,19 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         checkpoints: &Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
+        if checkpoints.transaction.is_none()
+            && let Some((m, _)) = &checkpoints.found
+            && let Some(txn) = &m.kafka_txn
+        {
+            // Its positions may belong to a checkpoint whose records never committed.
+            return Err(KafkaError::Invalid(format!(
+                "checkpoint {} in {} was written with an exactly-once sink into {}: open KafkaJsonSink::exactly_once on these checkpoints before the source (it settles which checkpoint, and so which positions, the job resumes from)",
+                m.epoch,
+                checkpoints.path().display(),
+                txn.output_topic
+            ))
+            .into());
+        }
         let settings = settings(brokers);
         let partitions = Admin::new(&settings)?.require(topic, "the job's input")?;
         if let Some(p) = only

@@ -15,6 +15,7 @@ mod kafka;
 
 use rand::{Rng, SeedableRng};
 use sessionizer::prelude::*;
+use sessionizer::source::DeadLetter;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -310,6 +311,19 @@ fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_befor
         .to_string();
     assert!(
         text.contains("exactly once") && text.contains(&crashed.output),
+        "{text}"
+    );
+    // Nor can a source start from its positions before the sink settled which
+    // checkpoint (and so which positions) the job resumes from.
+    let source = sessionizer::kafka::KafkaJson::<serde_json::Value, Vec<DeadLetter>>::open(
+        kafka::broker(),
+        &crashed.input,
+        &checkpoints,
+        Vec::new(),
+    );
+    let text = source.expect_err("a source before the sink").to_string();
+    assert!(
+        text.contains("KafkaJsonSink::exactly_once") && text.contains(&crashed.output),
         "{text}"
     );
 }

@@ -29,7 +29,7 @@ mod kafka;
 pub(crate) mod kafka_sink;
 mod lookup;
 pub(crate) mod parse;
-mod shard;
+pub(crate) mod shard;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
 use crate::engine::{Workers, merge_order, shard_of};
