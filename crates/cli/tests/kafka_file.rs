@@ -372,17 +372,7 @@ fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_bef
         ],
     );
     // The third checkpoint is written, then the process dies before its commit.
-    let out = bin()
-        .args(as_strs(&args))
-        .env("SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT", "3")
-        .output()
-        .expect("spawn");
-    assert_eq!(
-        out.status.code(),
-        Some(86),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kafka::exit_before_commit(bin().args(as_strs(&args)), 3);
     let manifests = |state: &Path| -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(state)
             .expect("state dir")
@@ -416,12 +406,7 @@ fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_bef
     let t = Topics::new();
     let state = dir.path().join("state-first");
     let args = t.args(&data, &["--state-dir", s(&state)]);
-    let out = bin()
-        .args(as_strs(&args))
-        .env("SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT", "1")
-        .output()
-        .expect("spawn");
-    assert_eq!(out.status.code(), Some(86));
+    kafka::exit_before_commit(bin().args(as_strs(&args)), 1);
     let out = run_ok(&as_strs(&args));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

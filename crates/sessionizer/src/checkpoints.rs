@@ -70,9 +70,6 @@ pub struct Checkpoints {
     /// An exactly-once Kafka output (`KafkaJsonSink::exactly_once`): its open
     /// transaction commits with each checkpoint, in two phases.
     pub(crate) transaction: Option<SharedTopicSink>,
-    /// The newest checkpoint whose records are committed: the one a checkpoint falls
-    /// back to if its own transaction never commits.
-    pub(crate) committed_epoch: Option<u64>,
     /// Why these checkpoints take no more writes or restores: the exactly-once output
     /// failed in a checkpoint or while joining (what Kafka committed is then not known
     /// here; only a reopened state directory resolves it).
@@ -128,7 +125,6 @@ impl Checkpoints {
             skipped: recovery.skipped,
             kafka_positions,
             transaction: None,
-            committed_epoch: None,
             failed: None,
         })
     }
@@ -221,7 +217,10 @@ impl Checkpoints {
         let epoch = self.writer.next_epoch();
         let two_phases = (|| {
             let mut txn = sink.prepare(epoch).map_err(StateError::output)?;
-            txn.fallback_epoch = self.committed_epoch;
+            // The newest checkpoint here is committed: the one restored (or the one
+            // joining fell back to), or the last written — a checkpoint whose commit
+            // failed stops these checkpoints (`failed`).
+            txn.fallback_epoch = self.found_epoch;
             manifest.kafka_txn = Some(txn);
             let committed = self.writer.commit(&state, manifest)?;
             self.restored = true;
@@ -230,16 +229,10 @@ impl Checkpoints {
                 .map_err(StateError::output)?;
             Ok(committed)
         })();
-        match two_phases {
-            Ok(committed) => {
-                self.committed_epoch = Some(committed.epoch);
-                Ok(committed)
-            }
-            Err(e) => {
-                self.failed = Some(format!("checkpoint {epoch} failed: {e}"));
-                Err(e)
-            }
+        if let Err(e) = &two_phases {
+            self.failed = Some(format!("checkpoint {epoch} failed: {e}"));
         }
+        two_phases
     }
 
     /// Refuses when the exactly-once output failed earlier (see `failed`).
@@ -361,7 +354,6 @@ impl Checkpoints {
                 .unwrap_or_default();
         }
         self.found_epoch = found.as_ref().map(|(m, _)| m.epoch);
-        self.committed_epoch = self.found_epoch;
         self.found = found;
         let shared = SharedTopicSink(std::sync::Arc::new(std::sync::Mutex::new(sink)));
         self.transaction = Some(shared.clone());
@@ -431,7 +423,7 @@ pub enum StateError {
 }
 
 impl StateError {
-    fn output(e: crate::pipeline::RunError) -> StateError {
+    pub(crate) fn output(e: crate::pipeline::RunError) -> StateError {
         StateError::Output(e.to_string())
     }
 }

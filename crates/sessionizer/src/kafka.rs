@@ -366,7 +366,7 @@ impl KafkaJsonSink {
         checkpoints: &mut Checkpoints,
     ) -> Result<Self, StateError> {
         let sink = crate::pipeline::kafka_sink::open_library(brokers, topic, TRANSACTION_TIMEOUT)
-            .map_err(|e| StateError::Output(e.to_string()))?;
+            .map_err(StateError::output)?;
         let shared = checkpoints.join_transaction(sink)?;
         Ok(KafkaJsonSink {
             out: Producer::Transactional(shared),
@@ -387,10 +387,7 @@ impl KafkaJsonSink {
                 "also_to({topic}) needs a sink made with KafkaJsonSink::exactly_once"
             )));
         };
-        let index = shared
-            .lock()
-            .add_topic(topic)
-            .map_err(|e| StateError::Output(e.to_string()))?;
+        let index = shared.lock().add_topic(topic).map_err(StateError::output)?;
         Ok(KafkaJsonSink {
             out: Producer::Transactional(shared.clone()),
             topic: index,

@@ -304,10 +304,7 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
             .iter()
             .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
         reference
-            .push_batch(events, &mut expected, &mut Vec::new())
-            .expect("vectors");
-        reference
-            .finish(&mut expected, &mut Vec::new())
+            .run(events, &mut expected, &mut Vec::new())
             .expect("vectors");
 
         let state = dir.path().join(format!("p{p}"));

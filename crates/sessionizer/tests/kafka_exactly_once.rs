@@ -275,17 +275,7 @@ fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_befor
     let crashed = service_on(&input, dir.path(), "crashed");
     // The third checkpoint is written, then the process exits before its commit: the
     // transaction stays open, as after a kill at that instant.
-    let out = crashed
-        .command()
-        .env("SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT", "3")
-        .output()
-        .expect("spawn");
-    assert_eq!(
-        out.status.code(),
-        Some(86),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kafka::exit_before_commit(&mut crashed.command(), 3);
     let err = crashed.run_to_end();
     assert!(
         err.contains("resumed from checkpoint 2"),

@@ -467,3 +467,17 @@ pub fn kill_repeatedly(
     }
     (runs, false)
 }
+
+/// Runs `job` with the test hook `SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT=n`: it writes
+/// its `n`-th checkpoint, then exits (code 86, cleaning nothing up) before committing
+/// that checkpoint's Kafka transaction, as a kill at that instant would. Returns its
+/// stderr.
+pub fn exit_before_commit(job: &mut std::process::Command, n: u32) -> String {
+    let out = job
+        .env("SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT", n.to_string())
+        .output()
+        .expect("spawn");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(86), "{err}");
+    err
+}
