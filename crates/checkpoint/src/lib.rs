@@ -25,8 +25,8 @@ pub use dir::{CheckpointInfo, KEEP_MANIFESTS, Listing, Recovered, Recovery, Stat
 pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
 pub use manifest::{
-    Counters, InputPosition, KafkaPosition, KafkaTxn, Manifest, OutputCommit, StateFileRef,
-    WatermarkState,
+    Counters, InputPosition, KafkaPosition, KafkaSource, KafkaTxn, Manifest, OutputCommit,
+    StateFileRef, WatermarkState,
 };
 pub use state::{LoadedState, StateEntries};
 pub use task::TaskSnapshot;

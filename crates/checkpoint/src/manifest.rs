@@ -56,6 +56,21 @@ pub struct Manifest {
     /// processed at this checkpoint. The source resumes there. Absent otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kafka_positions: Vec<KafkaPosition>,
+    /// What that source reads: one partition of its topic, or all of them. A source
+    /// opened the other way on this checkpoint is refused. Absent when the job has no
+    /// such source (and in checkpoints of builds before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_source: Option<KafkaSource>,
+}
+
+/// What a library job's Kafka source reads ([`Manifest::kafka_source`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSource {
+    /// The topic.
+    pub topic: String,
+    /// The one partition it reads; `None`: every partition of the topic.
+    pub partition: Option<i32>,
 }
 
 /// How far a library job's Kafka source read one partition.

@@ -272,6 +272,7 @@ fn write_fixture(dir: &Path) {
         flushed: false,
         kafka_txn: None,
         kafka_positions: Vec::new(),
+        kafka_source: None,
     };
     d.write_manifest(&manifest).expect("manifest");
 }
@@ -454,13 +455,17 @@ fn a_manifest_with_a_kafka_transaction_round_trips_and_one_without_has_no_field(
         epoch: 7,
         kafka_txn: Some(txn.clone()),
         kafka_positions: positions.clone(),
+        kafka_source: Some(sessionizer_checkpoint::KafkaSource {
+            topic: "visits".into(),
+            partition: Some(2),
+        }),
         ..Manifest::default()
     };
     d.write_manifest(&with).expect("write");
     let read = d.read_manifest(7).expect("read");
     assert_eq!(
-        (read.kafka_txn, read.kafka_positions),
-        (Some(txn), positions)
+        (read.kafka_txn, read.kafka_positions, read.kafka_source),
+        (Some(txn), positions, with.kafka_source.clone())
     );
     let without = Manifest {
         epoch: 8,
@@ -470,7 +475,8 @@ fn a_manifest_with_a_kafka_transaction_round_trips_and_one_without_has_no_field(
     let raw = std::fs::read(tmp.path().join(file_name(FileKind::Manifest, 8))).expect("raw");
     assert!(
         !String::from_utf8_lossy(&raw).contains("kafka_txn")
-            && !String::from_utf8_lossy(&raw).contains("kafka_positions"),
+            && !String::from_utf8_lossy(&raw).contains("kafka_positions")
+            && !String::from_utf8_lossy(&raw).contains("kafka_source"),
         "a run without a Kafka output writes the manifest as before"
     );
 }

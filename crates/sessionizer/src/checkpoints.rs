@@ -41,8 +41,8 @@
 //! ```
 
 use sessionizer_checkpoint::{
-    CheckpointError, CheckpointWriter, Damage, EncodedState, KafkaPosition, LoadedState, Manifest,
-    StateDir, StateEntries,
+    CheckpointError, CheckpointWriter, Damage, EncodedState, KafkaPosition, KafkaSource,
+    LoadedState, Manifest, StateDir, StateEntries,
 };
 use std::path::{Path, PathBuf};
 
@@ -64,9 +64,9 @@ pub struct Checkpoints {
     pub(crate) found_epoch: Option<u64>,
     pub(crate) restored: bool,
     skipped: Vec<(u64, Damage)>,
-    /// How far the job's Kafka source had read at the checkpoint found, then as
-    /// recorded by the source: written into every checkpoint.
-    pub(crate) kafka_positions: Vec<KafkaPosition>,
+    /// How far the job's Kafka source had read at the checkpoint found (and what it
+    /// reads), then as recorded by the source: written into every checkpoint.
+    pub(crate) kafka: SourceProgress,
     /// An exactly-once Kafka output (`KafkaJsonSink::exactly_once`): its open
     /// transaction commits with each checkpoint, in two phases.
     pub(crate) transaction: Option<SharedTopicSink>,
@@ -74,6 +74,26 @@ pub struct Checkpoints {
     /// failed in a checkpoint or while joining (what Kafka committed is then not known
     /// here; only a reopened state directory resolves it).
     failed: Option<String>,
+}
+
+/// What a library job's Kafka source reads and how far it has read each partition, as a
+/// checkpoint keeps it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SourceProgress {
+    /// One partition of a topic or all of them (`None`: no source recorded one).
+    pub(crate) source: Option<KafkaSource>,
+    /// The next offset of each partition read.
+    pub(crate) positions: Vec<KafkaPosition>,
+}
+
+impl SourceProgress {
+    /// As the checkpoint `found` holds it (nothing without one).
+    fn of(found: Option<&(Manifest, LoadedState)>) -> SourceProgress {
+        found.map_or_else(SourceProgress::default, |(m, _)| SourceProgress {
+            source: m.kafka_source.clone(),
+            positions: m.kafka_positions.clone(),
+        })
+    }
 }
 
 /// A transactional Kafka output shared by a sink (which sends) and the checkpoints
@@ -111,10 +131,7 @@ impl Checkpoints {
         let dir = StateDir::open(&path)?;
         let recovery = dir.recover()?;
         let found = recovery.found.map(|r| (r.manifest, r.state));
-        let kafka_positions = found
-            .as_ref()
-            .map(|(m, _)| m.kafka_positions.clone())
-            .unwrap_or_default();
+        let kafka = SourceProgress::of(found.as_ref());
         let writer = CheckpointWriter::new(dir, found.as_ref().map(|(m, s)| (m, s)))?;
         Ok(Checkpoints {
             path,
@@ -123,7 +140,7 @@ impl Checkpoints {
             found,
             restored: false,
             skipped: recovery.skipped,
-            kafka_positions,
+            kafka,
             transaction: None,
             failed: None,
         })
@@ -199,7 +216,8 @@ impl Checkpoints {
             puts: entries.puts(),
             tombstones: entries.tombstones(),
         };
-        manifest.kafka_positions = self.kafka_positions.clone();
+        manifest.kafka_positions = self.kafka.positions.clone();
+        manifest.kafka_source = self.kafka.source.clone();
         let Some(transaction) = self.transaction.clone() else {
             let committed = self.writer.commit(&state, manifest)?;
             self.restored = true;
@@ -348,10 +366,7 @@ impl Checkpoints {
                 self.failed = Some(format!("discarding uncommitted checkpoints failed: {e}"));
                 return Err(e.into());
             }
-            self.kafka_positions = found
-                .as_ref()
-                .map(|(m, _)| m.kafka_positions.clone())
-                .unwrap_or_default();
+            self.kafka = SourceProgress::of(found.as_ref());
         }
         self.found_epoch = found.as_ref().map(|(m, _)| m.epoch);
         self.found = found;

@@ -55,7 +55,7 @@ use crate::sink::{Sink, SinkError};
 use crate::source::{DeadLetter, SourceCounts, SourceError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sessionizer_checkpoint::KafkaPosition;
+use sessionizer_checkpoint::{KafkaPosition, KafkaSource};
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, StartAt};
 use sessionizer_connectors::kafka::producer::{LineProducer, top_level_text};
@@ -80,6 +80,8 @@ fn settings(brokers: &str) -> KafkaSettings {
 pub struct KafkaJson<E, D> {
     consumer: GroupConsumer,
     topic: String,
+    /// The one partition read ([`open_partition`](Self::open_partition)); `None`: all.
+    only: Option<i32>,
     /// The next offset to hand out, per partition (`None`: from the start).
     next: Vec<Option<i64>>,
     dead: D,
@@ -149,6 +151,21 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             ))
             .into());
         }
+        let reads = |topic: &str, only: Option<i32>| match only {
+            Some(p) => format!("{topic}/{p} alone (KafkaJson::open_partition)"),
+            None => format!("every partition of {topic} (KafkaJson::open)"),
+        };
+        if let Some(was) = &checkpoints.kafka.source
+            && (was.topic != topic || was.partition != only)
+        {
+            return Err(KafkaError::Invalid(format!(
+                "the checkpoint in {} was written by a source reading {}; this source reads {}: open it as the state was built, or use another state directory",
+                checkpoints.path().display(),
+                reads(&was.topic, was.partition),
+                reads(topic, only)
+            ))
+            .into());
+        }
         let settings = settings(brokers);
         let partitions = Admin::new(&settings)?.require(topic, "the job's input")?;
         if let Some(p) = only
@@ -160,7 +177,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             .into());
         }
         let mut next = vec![None; partitions];
-        for p in &checkpoints.kafka_positions {
+        for p in &checkpoints.kafka.positions {
             let slot = usize::try_from(p.partition)
                 .ok()
                 .filter(|_| p.topic == topic && only.is_none_or(|o| o == p.partition))
@@ -202,6 +219,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         Ok(KafkaJson {
             consumer,
             topic: topic.to_string(),
+            only,
             next,
             dead: dead_letters,
             counts: SourceCounts::default(),
@@ -255,9 +273,15 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 
     /// Records in `checkpoints` how far this source has read (every record handed out
     /// by [`poll`](Self::poll) so far): the job's next checkpoint carries it. Call it
-    /// after pushing those events and before `job.checkpoint(..)`.
+    /// after pushing those events and before `job.checkpoint(..)`. It also records how
+    /// the source was opened (one partition or all), so that a source opened the other
+    /// way on those checkpoints is refused.
     pub fn record_position(&self, checkpoints: &mut Checkpoints) {
-        checkpoints.kafka_positions = self
+        checkpoints.kafka.source = Some(KafkaSource {
+            topic: self.topic.clone(),
+            partition: self.only,
+        });
+        checkpoints.kafka.positions = self
             .next
             .iter()
             .enumerate()

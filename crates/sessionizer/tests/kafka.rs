@@ -271,6 +271,20 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
         .expect_err("another topic");
     let text = err.to_string();
     assert!(text.contains(&input) && text.contains(&other), "{text}");
+    // So is one partition of this topic: the job's state holds every partition's keys.
+    let err = KafkaJson::<Visit, Vec<DeadLetter>>::open_partition(
+        broker,
+        &input,
+        1,
+        &checkpoints,
+        Vec::new(),
+    )
+    .expect_err("one partition of a directory built from all");
+    let text = err.to_string();
+    assert!(
+        text.contains("KafkaJson::open)") && text.contains(&format!("{input}/1 alone")),
+        "{text}"
+    );
 }
 
 #[test]
@@ -363,6 +377,17 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
         let text = err.to_string();
         assert!(
             text.contains(&format!("{input}/{p}")) && text.contains(&format!("{input}/{other}")),
+            "{text}"
+        );
+        // And to a source of every partition, which would read the others from their
+        // start into this partition's job.
+        let err =
+            KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &checkpoints, Vec::new())
+                .expect_err("every partition on a partition's directory");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{input}/{p} alone"))
+                && text.contains(&format!("every partition of {input}")),
             "{text}"
         );
     }
