@@ -58,7 +58,7 @@ use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::{KafkaPosition, KafkaSource};
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, StartAt};
-use sessionizer_connectors::kafka::producer::{LineProducer, top_level_text};
+use sessionizer_connectors::kafka::producer::{KeyField, LineProducer};
 use sessionizer_connectors::kafka::{KafkaSettings, TopicPartition};
 use std::fmt;
 use std::marker::PhantomData;
@@ -326,7 +326,7 @@ pub struct KafkaJsonSink {
     out: Producer,
     /// With [`Producer::Transactional`]: which of its topics (0: the first).
     topic: usize,
-    key_field: Vec<u8>,
+    key: KeyField,
     line: Vec<u8>,
     sent: u64,
 }
@@ -355,14 +355,14 @@ pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl KafkaJsonSink {
     /// A producer into `topic` (which must exist) at `brokers`, keying each record by
-    /// its top-level field `key_field`.
+    /// its field `key_field` (a member name; dotted for a nested member).
     pub fn open(brokers: &str, topic: &str, key_field: &str) -> Result<Self, KafkaError> {
         let settings = settings(brokers);
         Admin::new(&settings)?.require(topic, "the job's output")?;
         Ok(KafkaJsonSink {
             out: Producer::Idempotent(LineProducer::new(&settings, topic, key_field)?),
             topic: 0,
-            key_field: key_field.as_bytes().to_vec(),
+            key: KeyField::new(key_field)?,
             line: Vec::new(),
             sent: 0,
         })
@@ -389,13 +389,14 @@ impl KafkaJsonSink {
         key_field: &str,
         checkpoints: &mut Checkpoints,
     ) -> Result<Self, StateError> {
+        let key = KeyField::new(key_field).map_err(|e| StateError::Output(e.to_string()))?;
         let sink = crate::pipeline::kafka_sink::open_library(brokers, topic, TRANSACTION_TIMEOUT)
             .map_err(StateError::output)?;
         let shared = checkpoints.join_transaction(sink)?;
         Ok(KafkaJsonSink {
             out: Producer::Transactional(shared),
             topic: 0,
-            key_field: key_field.as_bytes().to_vec(),
+            key,
             line: Vec::new(),
             sent: 0,
         })
@@ -411,11 +412,12 @@ impl KafkaJsonSink {
                 "also_to({topic}) needs a sink made with KafkaJsonSink::exactly_once"
             )));
         };
+        let key = KeyField::new(key_field).map_err(|e| StateError::Output(e.to_string()))?;
         let index = shared.lock().add_topic(topic).map_err(StateError::output)?;
         Ok(KafkaJsonSink {
             out: Producer::Transactional(shared.clone()),
             topic: index,
-            key_field: key_field.as_bytes().to_vec(),
+            key,
             line: Vec::new(),
             sent: 0,
         })
@@ -445,7 +447,7 @@ impl<T: Serialize> Sink<T> for KafkaJsonSink {
         match &mut self.out {
             Producer::Idempotent(p) => p.send(&self.line)?,
             Producer::Transactional(t) => {
-                let key = top_level_text(&self.line, &self.key_field);
+                let key = self.key.of(&self.line);
                 t.lock()
                     .keyed(self.topic, key, &self.line)
                     .map_err(|e| KafkaError::Invalid(e.to_string()))?;

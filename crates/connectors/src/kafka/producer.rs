@@ -13,6 +13,9 @@ use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::topic_partition_list::TopicPartitionList;
+use sessionizer_core::json::{
+    Extractor, FieldPath, JsonKind, Span, kind, string_content, unescape_string,
+};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -409,7 +412,7 @@ fn classify(e: ClientError) -> CommitError {
 pub struct LineProducer {
     producer: BaseProducer<DeliveryContext>,
     topic: String,
-    key_field: Vec<u8>,
+    key: KeyField,
     timeout: Duration,
     sent: u64,
 }
@@ -443,7 +446,7 @@ impl LineProducer {
         Ok(LineProducer {
             producer,
             topic: topic.to_string(),
-            key_field: key_field.as_bytes().to_vec(),
+            key: KeyField::new(key_field)?,
             timeout: settings.timeout,
             sent: 0,
         })
@@ -452,7 +455,7 @@ impl LineProducer {
     /// Sends one line (without its line end); a line without the key field (or not
     /// JSON) is sent without a key.
     pub fn send(&mut self, line: &[u8]) -> Result<(), KafkaError> {
-        let key = top_level_text(line, &self.key_field);
+        let key = self.key.of(line);
         let mut record: BaseRecord<'_, [u8], [u8], usize> =
             BaseRecord::with_opaque_to(&self.topic, 0).payload(line);
         if let Some(k) = key {
@@ -504,49 +507,80 @@ impl LineProducer {
     }
 }
 
-/// The text of top-level member `"name": "text"` (or a number) of a JSON line, found by
-/// a plain search: enough to key sample data, not a validating parser.
-pub fn top_level_text<'a>(line: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
-    let mut pat = Vec::with_capacity(name.len() + 2);
-    pat.push(b'"');
-    pat.extend_from_slice(name);
-    pat.push(b'"');
-    let at = line.windows(pat.len()).position(|w| w == pat.as_slice())? + pat.len();
-    let rest = line[at..]
-        .trim_ascii_start()
-        .strip_prefix(b":")?
-        .trim_ascii_start();
-    if let Some(s) = rest.strip_prefix(b"\"") {
-        let end = s.iter().position(|&b| b == b'"' || b == b'\\')?;
-        (s.get(end) == Some(&b'"')).then_some(&s[..end])
-    } else {
-        let end = rest
-            .iter()
-            .position(|b| !(b.is_ascii_digit() || *b == b'-'))
-            .unwrap_or(rest.len());
-        (end > 0).then_some(&rest[..end])
+/// Finds the key of a JSON line for Kafka: the value of one member, read by the
+/// validating scanner the job reads its input with — so a member of that name inside a
+/// nested object or a string never stands in for it, and an escaped key is unescaped.
+#[derive(Debug)]
+pub struct KeyField {
+    extractor: Extractor,
+    found: [Option<Span>; 1],
+    text: Vec<u8>,
+}
+
+impl KeyField {
+    /// The key at member `name` (a dotted path names a nested member, as the job's
+    /// `--key-field` does).
+    pub fn new(name: &str) -> Result<KeyField, KafkaError> {
+        let path = FieldPath::parse(name)
+            .map_err(|e| KafkaError::Invalid(format!("the key field {name:?}: {e}")))?;
+        Ok(KeyField {
+            extractor: Extractor::new(&[path]),
+            found: [None],
+            text: Vec::new(),
+        })
+    }
+
+    /// The key of `line`: the member's text when it is a string, its digits when it is
+    /// a number; `None` when the line is not a JSON object, lacks the member, or holds
+    /// another kind of value there (such a record is sent without a key).
+    pub fn of<'a>(&'a mut self, line: &'a [u8]) -> Option<&'a [u8]> {
+        self.extractor.scan(line, &mut self.found).ok()?;
+        let raw = self.found[0]?.of(line);
+        match kind(raw) {
+            JsonKind::String => match string_content(raw) {
+                Some(text) => Some(text),
+                None => {
+                    self.text.clear();
+                    unescape_string(raw, &mut self.text).ok()?;
+                    Some(&self.text)
+                }
+            },
+            JsonKind::Number => Some(raw),
+            _ => None,
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::top_level_text;
+    use super::KeyField;
 
     #[test]
-    fn keys_are_found_as_text_or_digits() {
-        let f = |l: &str| {
-            top_level_text(l.as_bytes(), b"visit_id")
+    fn keys_are_the_members_text_or_digits() {
+        let mut key = KeyField::new("visit_id").expect("a field name");
+        let mut f = |l: &str| {
+            key.of(l.as_bytes())
                 .map(|k| String::from_utf8_lossy(k).into_owned())
         };
         assert_eq!(f(r#"{"visit_id":"v-1","x":2}"#).as_deref(), Some("v-1"));
         assert_eq!(f(r#"{"a":1, "visit_id" : 42}"#).as_deref(), Some("42"));
         assert_eq!(f(r#"{"visit_id":null}"#), None);
+        assert_eq!(f(r#"{"visit_id":{"id":"v"}}"#), None);
         assert_eq!(f(r#"{"visit":"v"}"#), None);
         assert_eq!(f("not json"), None);
+        assert_eq!(f(r#"{"visit_id":"v-1""#), None, "a broken line has no key");
+        assert_eq!(f(r#"{"visit_id":"a\"b"}"#).as_deref(), Some("a\"b"));
+        assert_eq!(f(r#"{"visit_id":"caf\u00e9"}"#).as_deref(), Some("café"));
+        // The member itself, not a nested one or a string of its name before it.
         assert_eq!(
-            f(r#"{"visit_id":"a\"b"}"#),
-            None,
-            "escapes: no key rather than a wrong one"
+            f(r#"{"note":"visit_id","inner":{"visit_id":"no"},"visit_id":"yes"}"#).as_deref(),
+            Some("yes")
         );
+        let mut nested = KeyField::new("user.id").expect("a dotted path");
+        assert_eq!(
+            nested.of(br#"{"id":"top","user":{"id":"u-7"}}"#),
+            Some(&b"u-7"[..])
+        );
+        assert!(KeyField::new("").is_err());
     }
 }
