@@ -422,7 +422,7 @@ pub struct WindowCounts {
     /// Events too late (sent to the late sink).
     pub late: u64,
     /// Events whose time is outside the valid time range (sent to the late sink with
-    /// reason [`TIME_OUT_OF_RANGE`]).
+    /// reason [`TIME_OUT_OF_RANGE`](crate::late::TIME_OUT_OF_RANGE)).
     pub invalid: u64,
     /// Session records emitted.
     pub sessions_emitted: u64,
@@ -473,7 +473,7 @@ pub enum Outcome {
     /// Too late (sent to the late sink), and why.
     Late(LateReason),
     /// Its time is outside the valid time range: rejected (sent to the late sink with
-    /// reason [`TIME_OUT_OF_RANGE`]); the watermark did not see it.
+    /// reason [`TIME_OUT_OF_RANGE`](crate::late::TIME_OUT_OF_RANGE)); the watermark did not see it.
     OutOfRange,
 }
 

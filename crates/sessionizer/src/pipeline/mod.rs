@@ -3,9 +3,9 @@
 //! Input is read in batches of whole lines. Each batch goes through two parallel phases
 //! and one sequential one:
 //!
-//! 1. **decode** ([`parse`]) — the batch is cut into contiguous ranges, decoded in
+//! 1. **decode** (`parse`) — the batch is cut into contiguous ranges, decoded in
 //!    parallel; invalid lines become dead-letter records in input order;
-//! 2. **sessionize** ([`shard`]) — each worker owns the keys of one hash shard and runs
+//! 2. **sessionize** (`shard`) — each worker owns the keys of one hash shard and runs
 //!    its own session operator over all the batch's records in input order: it judges
 //!    and applies its own keys' events, and advances the watermark at every step, so the
 //!    watermark sequence is the same whatever the number of workers;
@@ -15,10 +15,10 @@
 //!
 //! So the output is byte-identical for every `--workers N` (SPEC §3).
 //!
-//! With a state directory ([`run_with`]), [`durable`] checkpoints the job between
+//! With a state directory ([`run_with`]), `durable` checkpoints the job between
 //! batches and resumes it from the newest valid checkpoint.
 //!
-//! Both drivers (this one for files and stdin, [`kafka`] for Kafka inputs) report what
+//! Both drivers (this one for files and stdin, `kafka` for Kafka inputs) report what
 //! they do at batch boundaries to one [`Telemetry`] — logs, metrics, the progress line —
 //! and answer its questions about a key between batches.
 

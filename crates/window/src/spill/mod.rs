@@ -1,7 +1,7 @@
-//! The state-backend seam: where keys go that the hot tier ([`KeyedStore`]) has no room
+//! The state-backend seam: where keys go that the hot tier ([`KeyedStore`](crate::keyed::KeyedStore)) has no room
 //! for.
 //!
-//! Both operators keep every key they work on in a [`KeyedStore`] (the hot tier: slots,
+//! Both operators keep every key they work on in a [`KeyedStore`](crate::keyed::KeyedStore) (the hot tier: slots,
 //! the hash index, the timing wheel). The `memory` backend is that store alone, without
 //! a limit. The `rocksdb` backend puts a [`SpillStore`] below it: when the hot tier
 //! grows past its memory budget, the operator evicts its coldest keys — their state and
