@@ -103,7 +103,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// Reads every partition of `topic` at `brokers`, each from where the checkpoint
     /// found in `checkpoints` had read it (the one the job restores), or from its first
     /// record when there is none. A checkpoint that read another topic, or other
-    /// partitions than the topic has now, is refused. One job then sees all partitions
+    /// partitions than the topic has now, or that was written with a source of one
+    /// partition ([`open_partition`](Self::open_partition)), is refused. One job then sees all partitions
     /// with one watermark (see the module's docs); [`open_partition`](Self::open_partition)
     /// gives each partition a job of its own.
     pub fn open(
@@ -120,7 +121,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// runs them (SPEC §2) — give each partition its own job, state directory (and so
     /// its own exactly-once sink, whose transactional id lives there), in one process
     /// or spread over several. A partition's sessions then depend on its records alone.
-    /// A checkpoint that read another topic or partition is refused.
+    /// A checkpoint that read another topic or partition, or that was written with a
+    /// source of every partition ([`open`](Self::open)), is refused.
     pub fn open_partition(
         brokers: &str,
         topic: &str,
@@ -313,8 +315,11 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 }
 
 /// Writes items of any serde type to a Kafka topic as JSON values, keyed by the text
-/// of one top-level field (`"key"` for session records) and placed by Kafka's default
-/// partitioner, as a Java producer keyed by that field would place them.
+/// of one field (`"key"` for session records) and placed by Kafka's default
+/// partitioner, as a Java producer keyed by that field would place them. The field is
+/// named as the command line's `--key-field` names one: a dotted name is a path to a
+/// nested member (so a member whose own name holds a dot cannot key records), and the
+/// key is read from the written JSON by the job's own validating scanner.
 ///
 /// Two kinds: [`open`](Self::open) is idempotent, not transactional — records emitted
 /// after the last checkpoint are written again after a restart, and

@@ -427,7 +427,7 @@ impl std::fmt::Debug for LineProducer {
 }
 
 impl LineProducer {
-    /// A producer into `topic`, keying each line by its top-level field `key_field`.
+    /// A producer into `topic`, keying each line by its field `key_field` ([`KeyField`]).
     pub fn new(
         settings: &KafkaSettings,
         topic: &str,
