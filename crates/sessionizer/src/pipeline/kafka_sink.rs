@@ -111,7 +111,25 @@ pub(crate) trait TopicSink {
 /// Opens the Kafka output of a file or stdin run: checks that its topics exist.
 #[cfg(feature = "kafka")]
 pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSink>, RunError> {
-    Ok(Box::new(imp::KafkaSink::open(kafka, "sessionizer-file")?))
+    let Some(sessions) = kafka.output_topic.clone() else {
+        return Err(RunError::Unsupported(
+            "a Kafka output needs --kafka-output-topic".into(),
+        ));
+    };
+    let options = imp::SinkOptions {
+        settings: sessionizer_connectors::kafka::KafkaSettings {
+            brokers: kafka.brokers.clone(),
+            properties: kafka.properties.clone(),
+            timeout: kafka.timeout,
+        },
+        sessions,
+        dead: kafka.dead_letter_topic.clone(),
+        late: kafka.late_topic.clone(),
+        instance_id: kafka.instance_id.clone(),
+        transaction_timeout: kafka.transaction_timeout,
+        commit_interval: kafka.commit_interval,
+    };
+    Ok(Box::new(imp::KafkaSink::open(options, "sessionizer-file")?))
 }
 
 /// Opens the exactly-once output of a library job (`sessionizer::kafka::KafkaJsonSink`):
@@ -123,27 +141,21 @@ pub(crate) fn open_library(
     topic: &str,
     transaction_timeout: std::time::Duration,
 ) -> Result<Box<dyn TopicSink + Send>, RunError> {
-    let kafka = crate::config::KafkaConfig {
-        brokers: brokers.to_string(),
-        properties: Vec::new(),
-        timeout: std::time::Duration::from_secs(30),
-        topics: Vec::new(),
-        group: None,
-        start: crate::config::KafkaStart::Earliest,
-        stop_at_end: false,
-        output_topic: Some(topic.to_string()),
-        dead_letter_topic: None,
-        late_topic: None,
+    let options = imp::SinkOptions {
+        settings: sessionizer_connectors::kafka::KafkaSettings {
+            brokers: brokers.to_string(),
+            properties: Vec::new(),
+            timeout: std::time::Duration::from_secs(30),
+        },
+        sessions: topic.to_string(),
+        dead: None,
+        late: None,
         instance_id: None,
         transaction_timeout,
+        // The library commits with its checkpoints, not on a timer.
         commit_interval: transaction_timeout,
-        keep_open: false,
-        state_dir: None,
-        snapshot_interval: transaction_timeout,
-        standby_replicas: 0,
-        repartition: false,
     };
-    Ok(Box::new(imp::KafkaSink::open(&kafka, "sessionizer-lib")?))
+    Ok(Box::new(imp::KafkaSink::open(options, "sessionizer-lib")?))
 }
 
 /// The progress record's value: `{"epoch":N}`.
@@ -163,7 +175,6 @@ fn progress_epoch(value: &[u8]) -> Option<u64> {
 mod imp {
     use super::super::kafka::{persisted_instance, random_instance, write_hex};
     use super::{Outcome, RunError, Side, Tag, Tagged, TopicSink, progress_epoch, progress_value};
-    use crate::config::KafkaConfig;
     use sessionizer_checkpoint::KafkaTxn;
     use sessionizer_connectors::kafka::admin::Admin;
     use sessionizer_connectors::kafka::partitioner::partition_for;
@@ -184,6 +195,23 @@ mod imp {
 
     fn exit_before_commit() -> Option<u64> {
         std::env::var(EXIT_BEFORE_COMMIT_ENV).ok()?.parse().ok()
+    }
+
+    /// What a Kafka output is opened with: the command line's `--kafka-*` options, or
+    /// a library job's sink.
+    pub(crate) struct SinkOptions {
+        pub settings: KafkaSettings,
+        /// The session records' topic.
+        pub sessions: String,
+        /// The dead letters' and late events' topics, if they go to Kafka too.
+        pub dead: Option<String>,
+        pub late: Option<String>,
+        /// The instance of the transactional id; `None`: kept in the state directory,
+        /// or random without one.
+        pub instance_id: Option<String>,
+        pub transaction_timeout: Duration,
+        /// How often a run without a state directory commits.
+        pub commit_interval: Duration,
     }
 
     pub(crate) struct KafkaSink {
@@ -219,38 +247,28 @@ mod imp {
     }
 
     impl KafkaSink {
-        pub(crate) fn open(kafka: &KafkaConfig, prefix: &'static str) -> Result<Self, RunError> {
-            let settings = KafkaSettings {
-                brokers: kafka.brokers.clone(),
-                properties: kafka.properties.clone(),
-                timeout: kafka.timeout,
-            };
-            let admin = Admin::new(&settings)?;
-            let Some(sessions) = kafka.output_topic.clone() else {
-                return Err(RunError::Unsupported(
-                    "a Kafka output needs --kafka-output-topic".into(),
-                ));
-            };
-            let partitions = admin.require(&sessions, "output, --kafka-output-topic")?;
-            if let Some(t) = &kafka.dead_letter_topic {
+        pub(crate) fn open(o: SinkOptions, prefix: &'static str) -> Result<Self, RunError> {
+            let admin = Admin::new(&o.settings)?;
+            let partitions = admin.require(&o.sessions, "output, --kafka-output-topic")?;
+            if let Some(t) = &o.dead {
                 admin.require(t, "--dead-letter-topic")?;
             }
-            if let Some(t) = &kafka.late_topic {
+            if let Some(t) = &o.late {
                 admin.require(t, "--late-topic")?;
             }
             Ok(KafkaSink {
                 prefix,
-                settings,
+                settings: o.settings,
                 admin,
                 producer: None,
-                instance_id: kafka.instance_id.clone(),
+                instance_id: o.instance_id,
                 transactional_id: String::new(),
-                transaction_timeout: kafka.transaction_timeout,
-                interval: kafka.commit_interval,
-                sessions,
+                transaction_timeout: o.transaction_timeout,
+                interval: o.commit_interval,
+                sessions: o.sessions,
                 partitions,
-                dead: kafka.dead_letter_topic.clone(),
-                late: kafka.late_topic.clone(),
+                dead: o.dead,
+                late: o.late,
                 more_topics: Vec::new(),
                 progress: None,
                 opened: None,
