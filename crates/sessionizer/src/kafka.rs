@@ -329,23 +329,27 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 /// kills and restarts.
 pub struct KafkaJsonSink {
     out: Producer,
-    /// With [`Producer::Transactional`]: which of its topics (0: the first).
-    topic: usize,
-    key: KeyField,
     line: Vec<u8>,
     sent: u64,
 }
 
 enum Producer {
+    /// Keys each line itself.
     Idempotent(LineProducer),
-    Transactional(SharedTopicSink),
+    /// One topic of a shared transactional output.
+    Transactional {
+        sink: SharedTopicSink,
+        /// Which of its topics (0: the first).
+        topic: usize,
+        key: KeyField,
+    },
 }
 
 impl fmt::Debug for KafkaJsonSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.out {
             Producer::Idempotent(_) => "idempotent",
-            Producer::Transactional(_) => "exactly once",
+            Producer::Transactional { .. } => "exactly once",
         };
         f.debug_struct("KafkaJsonSink")
             .field("kind", &kind)
@@ -366,8 +370,6 @@ impl KafkaJsonSink {
         Admin::new(&settings)?.require(topic, "the job's output")?;
         Ok(KafkaJsonSink {
             out: Producer::Idempotent(LineProducer::new(&settings, topic, key_field)?),
-            topic: 0,
-            key: KeyField::new(key_field)?,
             line: Vec::new(),
             sent: 0,
         })
@@ -399,9 +401,11 @@ impl KafkaJsonSink {
             .map_err(StateError::output)?;
         let shared = checkpoints.join_transaction(sink)?;
         Ok(KafkaJsonSink {
-            out: Producer::Transactional(shared),
-            topic: 0,
-            key,
+            out: Producer::Transactional {
+                sink: shared,
+                topic: 0,
+                key,
+            },
             line: Vec::new(),
             sent: 0,
         })
@@ -412,7 +416,7 @@ impl KafkaJsonSink {
     /// (`key_field` `"source"`) or late events next to the sessions, committed with the
     /// same checkpoints. Refused for a sink made with [`open`](Self::open).
     pub fn also_to(&self, topic: &str, key_field: &str) -> Result<KafkaJsonSink, StateError> {
-        let Producer::Transactional(shared) = &self.out else {
+        let Producer::Transactional { sink: shared, .. } = &self.out else {
             return Err(StateError::Output(format!(
                 "also_to({topic}) needs a sink made with KafkaJsonSink::exactly_once"
             )));
@@ -420,9 +424,11 @@ impl KafkaJsonSink {
         let key = KeyField::new(key_field).map_err(|e| StateError::Output(e.to_string()))?;
         let index = shared.lock().add_topic(topic).map_err(StateError::output)?;
         Ok(KafkaJsonSink {
-            out: Producer::Transactional(shared.clone()),
-            topic: index,
-            key,
+            out: Producer::Transactional {
+                sink: shared.clone(),
+                topic: index,
+                key,
+            },
             line: Vec::new(),
             sent: 0,
         })
@@ -435,8 +441,8 @@ impl KafkaJsonSink {
     pub fn flush(&mut self) -> Result<u64, SinkError> {
         match &mut self.out {
             Producer::Idempotent(p) => Ok(p.flush()?),
-            Producer::Transactional(t) => {
-                t.lock()
+            Producer::Transactional { sink, .. } => {
+                sink.lock()
                     .deliver()
                     .map_err(|e| KafkaError::Invalid(e.to_string()))?;
                 Ok(self.sent)
@@ -451,10 +457,10 @@ impl<T: Serialize> Sink<T> for KafkaJsonSink {
         serde_json::to_writer(&mut self.line, &item)?;
         match &mut self.out {
             Producer::Idempotent(p) => p.send(&self.line)?,
-            Producer::Transactional(t) => {
-                let key = self.key.of(&self.line);
-                t.lock()
-                    .keyed(self.topic, key, &self.line)
+            Producer::Transactional { sink, topic, key } => {
+                let key = key.of(&self.line);
+                sink.lock()
+                    .keyed(*topic, key, &self.line)
                     .map_err(|e| KafkaError::Invalid(e.to_string()))?;
             }
         }
