@@ -2,7 +2,10 @@
 //! type, on one worker and on two (`set_workers`): the library's cost on top of the
 //! operator (`sessionizer-window`'s `operator` bench), and what its workers give.
 //!
-//! Run: `cargo bench -p sessionizer --bench library`
+//! With the cargo feature `rocksdb`, the stateful count also runs on the RocksDB state
+//! backend: with a budget its keys fit in, and with one far below them.
+//!
+//! Run: `cargo bench -p sessionizer --bench library [--features rocksdb]`
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use sessionizer::prelude::*;
@@ -88,6 +91,11 @@ fn collect_page(events: &[Visit], workers: usize) -> u64 {
 /// Spark's flatMapGroupsWithState in its simplest session form: a count per visit,
 /// reported when the watermark passes 30 minutes after the visit's last event.
 fn stateful_count(events: &[Visit], workers: usize) -> u64 {
+    stateful_count_on(events, workers, &StateBackend::Memory)
+}
+
+/// [`stateful_count`] on `backend`.
+fn stateful_count_on(events: &[Visit], workers: usize, backend: &StateBackend) -> u64 {
     let mut job = Stream::<Visit>::new()
         .key_by(|v| v.visit)
         .event_time(|v| v.at)
@@ -110,6 +118,8 @@ fn stateful_count(events: &[Visit], workers: usize) -> u64 {
         .batching(Batching::Events(4096))
         .build();
     job.set_workers(workers).expect("before the first event");
+    job.set_state_backend(backend)
+        .expect("a backend of this build");
     let mut total = 0;
     let mut sum = |n: u64| total += n;
     job.run(events.iter().cloned(), &mut sum, &mut Vec::new())
@@ -137,6 +147,27 @@ fn bench(c: &mut Criterion) {
             format!("1M visits, stateful count, batches of 4096, {workers} worker(s)"),
             |b| b.iter(|| black_box(stateful_count(&evs, workers))),
         );
+    }
+    #[cfg(feature = "rocksdb")]
+    {
+        // About 7,500 keys are live at a time (each stays 30 minutes of event time after
+        // its last event), ~100 bytes each in memory.
+        for (name, bytes) in [
+            ("64MB: every key fits", 64u64 << 20),
+            ("256KB: most keys on disk", 256 << 10),
+        ] {
+            let backend = StateBackend::RocksDb {
+                memory_bytes: bytes,
+                dir: None,
+            };
+            assert_eq!(
+                stateful_count_on(&evs, 1, &backend),
+                stateful_count(&evs, 1)
+            );
+            g.bench_function(format!("1M visits, stateful count, rocksdb {name}"), |b| {
+                b.iter(|| black_box(stateful_count_on(&evs, 1, &backend)))
+            });
+        }
     }
     g.finish();
 }

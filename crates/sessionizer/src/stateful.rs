@@ -6,8 +6,10 @@
 //! extractors, the batching of an input into micro-batches ([`Batching`]) and the sinks.
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::config::StateBackend;
 use crate::engine::shard_of;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
+use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
@@ -148,6 +150,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             checkpointed: false,
             workers: Vec::new(),
             parallel: None,
+            spill_root: None,
         }
     }
 }
@@ -218,6 +221,9 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     /// shards' keys, and their threads.
     workers: Vec<parallel::Worker<E, S, F>>,
     parallel: Option<Parallel<E, S, W, C, F>>,
+    /// With the `rocksdb` backend ([`set_state_backend`](StatefulJob::set_state_backend)):
+    /// where the operators' spill stores live.
+    spill_root: Option<SpillRoot>,
 }
 
 /// How a job with workers runs a step on all its operators (chosen in
@@ -408,6 +414,7 @@ where
         if self.parallel.is_some() {
             let report = self.on_all(parallel::Step::EndBatch, out)?;
             self.count(&report);
+            self.store_error()?;
             return Ok(report);
         }
         let mut error = None;
@@ -419,6 +426,7 @@ where
             }
         });
         self.count(&report);
+        self.store_error()?;
         error.map_or(Ok(report), Err)
     }
 
@@ -462,6 +470,7 @@ where
             p.beat.set(Watermark::MAX, now);
             let report = self.on_all(parallel::Step::FinishAt(now), out)?;
             self.count(&report);
+            self.store_error()?;
             out.flush()?;
             late.flush()?;
             return Ok(self.counts);
@@ -475,6 +484,7 @@ where
             }
         });
         self.count(&report);
+        self.store_error()?;
         if let Some(e) = error {
             return Err(e);
         }
@@ -526,11 +536,25 @@ where
         self.counts
     }
 
-    /// The state of `key`, if any.
+    /// The state of `key`, if any. With the `rocksdb` backend only a key in memory is
+    /// seen: [`with_state`](Self::with_state) sees them all.
     pub fn state(&self, key: &str) -> Option<&S> {
         match shard_of(key.as_bytes(), 1 + self.workers.len()) {
             0 => self.op.state(key),
             w => self.workers[w as usize - 1].op.state(key),
+        }
+    }
+
+    /// Calls `f` with the state of `key` (`None`: it has none), wherever it is: in
+    /// memory or, with the `rocksdb` backend, on disk.
+    pub fn with_state<Q>(
+        &self,
+        key: &str,
+        f: impl FnOnce(Option<&S>) -> Q,
+    ) -> Result<Q, sessionizer_window::spill::SpillError> {
+        match shard_of(key.as_bytes(), 1 + self.workers.len()) {
+            0 => self.op.with_state(key, f),
+            w => self.workers[w as usize - 1].op.with_state(key, f),
         }
     }
 
@@ -563,9 +587,13 @@ where
         F: Clone + Send,
         R::Item: Send,
     {
-        if self.counts.events > 0 || self.op.keys() > 0 || self.checkpointed {
+        if self.counts.events > 0
+            || self.op.keys() > 0
+            || self.checkpointed
+            || self.spill_root.is_some()
+        {
             return Err(StateError::Workers(
-                "set_workers() must come before the job's first event and restore_checkpoint()"
+                "set_workers() must come before the job's first event, restore_checkpoint() and set_state_backend()"
                     .into(),
             ));
         }
@@ -612,6 +640,90 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
     pub fn keys(&self) -> usize {
         self.op.keys() + self.workers.iter().map(|w| w.op.keys()).sum::<usize>()
     }
+
+    /// The first failure of the state backend's store: the batch that met it may have
+    /// treated a key it could not read back as new, so the job stops.
+    fn store_error(&mut self) -> Result<(), SinkError> {
+        if let Some(e) = self.op.take_spill_error() {
+            return Err(e.into());
+        }
+        for w in &mut self.workers {
+            if let Some(e) = w.op.take_spill_error() {
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Chooses where the keys live (SPEC §4): [`StateBackend::Memory`] (the default)
+    /// keeps them all in memory; [`StateBackend::RocksDb`] (cargo feature `rocksdb`)
+    /// keeps about half of `memory_bytes` of keys in memory, per worker, and the keys
+    /// beyond it — those longest without an event — in a RocksDB store of each worker
+    /// (in `dir`, or a temporary directory; scratch space, emptied when the job starts
+    /// and removed when it ends), with the deadlines of their timers, timeouts and
+    /// state expiry; the other half is RocksDB's block cache and write buffers. A key
+    /// comes back into memory when an event for it arrives or before the batch end at
+    /// which something of it is due, so **the calls and outputs are those of the memory
+    /// backend**, in the same order; checkpoints hold every key, wherever it is, in the
+    /// same format. A state's size in memory is estimated from its JSON size. Call it
+    /// after [`set_workers`](Self::set_workers), before the first event and before
+    /// [`restore_checkpoint`](Self::restore_checkpoint), once.
+    pub fn set_state_backend(&mut self, backend: &StateBackend) -> Result<(), StateError>
+    where
+        S: Serialize + DeserializeOwned + Send + 'static,
+    {
+        if self.counts.events > 0
+            || self.keys() > 0
+            || self.checkpointed
+            || self.spill_root.is_some()
+        {
+            return Err(StateError::Backend(
+                "set_state_backend() must come once, before the job's first event and before restore_checkpoint()".into(),
+            ));
+        }
+        match backend {
+            StateBackend::Memory => Ok(()),
+            StateBackend::RocksDb { memory_bytes, dir } => {
+                self.open_rocks(*memory_bytes, dir.as_deref())
+            }
+        }
+    }
+
+    #[cfg(feature = "rocksdb")]
+    fn open_rocks(
+        &mut self,
+        memory_bytes: u64,
+        dir: Option<&std::path::Path>,
+    ) -> Result<(), StateError>
+    where
+        S: Serialize + DeserializeOwned + Send + 'static,
+    {
+        use crate::pipeline::backend::rocks_budget;
+        use sessionizer_window::spill::RocksSpill;
+        use sessionizer_window::stateful::KeyRecordCodec;
+        let root = SpillRoot::choose(dir, None);
+        let (memory, hot) = rocks_budget(memory_bytes, 1 + self.workers.len());
+        let open = |i: u32| {
+            RocksSpill::open_with(
+                &root.part(i),
+                Box::new(KeyRecordCodec::<S>::default()),
+                &memory,
+            )
+        };
+        self.op.spill_to(Box::new(open(0)?), hot);
+        for (i, w) in (1u32..).zip(&mut self.workers) {
+            w.op.spill_to(Box::new(open(i)?), hot);
+        }
+        self.spill_root = Some(root);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "rocksdb"))]
+    fn open_rocks(&mut self, _: u64, _: Option<&std::path::Path>) -> Result<(), StateError> {
+        Err(StateError::Backend(
+            "this build of the sessionizer crate has no RocksDB state backend: enable its cargo feature `rocksdb`".into(),
+        ))
+    }
 }
 
 impl<E, K, T, W, S, F, C> StatefulJob<E, K, T, W, S, F, C>
@@ -657,7 +769,10 @@ where
         &mut self,
         checkpoints: &mut Checkpoints,
     ) -> Result<sessionizer_checkpoint::Committed, StateError> {
-        let base = checkpoints.next_is_base(self.checkpointed)?;
+        // Changes of evicted keys that were forgotten (the `rocksdb` backend): a base.
+        let base = checkpoints.next_is_base(self.checkpointed)?
+            || self.op.changes_lost()
+            || self.workers.iter().any(|w| w.op.changes_lost());
         let mut entries = StateEntries::default();
         let mut put = |key: &[u8], record: Option<&[u8]>| match record {
             Some(r) => entries.put_with(key, |buf| buf.extend_from_slice(r)),
@@ -695,8 +810,10 @@ where
         };
         let committed = checkpoints.write(base, &entries, manifest)?;
         self.op.track_changes(true);
+        self.op.bound_tracked_changes();
         for w in &mut self.workers {
             w.op.track_changes(true);
+            w.op.bound_tracked_changes();
         }
         self.checkpointed = true;
         Ok(committed)
@@ -758,8 +875,10 @@ where
             ..StatefulCounts::default()
         };
         self.op.track_changes(true);
+        self.op.bound_tracked_changes();
         for w in &mut self.workers {
             w.op.track_changes(true);
+            w.op.bound_tracked_changes();
         }
         self.checkpointed = true;
         checkpoints.mark_restored();

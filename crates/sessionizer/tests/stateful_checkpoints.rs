@@ -3,7 +3,9 @@
 //! restored from any of its checkpoints continues exactly as one that never stopped —
 //! with its state, Spark-style timeouts, registered timers and state TTL. On several
 //! workers (`set_workers`) the job gives one worker's outputs, late events and counts,
-//! and its checkpoints restore onto any number of workers.
+//! and its checkpoints restore onto any number of workers. On the `rocksdb` state
+//! backend, with a budget far below its state, it gives the memory backend's outputs
+//! and its checkpoints restore on either backend.
 
 mod support;
 
@@ -26,14 +28,20 @@ fn clicks(n: i64) -> Vec<Click> {
 }
 
 fn clicks_seeded(n: i64, seed: u64) -> Vec<Click> {
+    clicks_of(n, seed, 60, 5_000)
+}
+
+/// [`clicks_seeded`] with `rare` users who click now and then, a click every `every`
+/// ms.
+fn clicks_of(n: i64, seed: u64, rare: u64, every: i64) -> Vec<Click> {
     let mut next = support::xorshift(seed);
     (0..n)
         .map(|i| Click {
             user: match next() % 4 {
-                0 => 5 + (next() % 60) as u32,
+                0 => 5 + (next() % rare) as u32,
                 _ => (next() % 5) as u32,
             },
-            at: EventTime(i * 5_000 - (next() % 30_000) as i64),
+            at: EventTime(i * every - (next() % 30_000) as i64),
         })
         .collect()
 }
@@ -368,5 +376,124 @@ proptest! {
         prop_assert_eq!(got.1, want.1);
         prop_assert_eq!(got.2, want.2);
         prop_assert_eq!(got.3, want.3);
+    }
+}
+
+/// A budget far below a job's state (its hundred-odd keys): a few dozen keys in memory
+/// in all.
+fn rocks(dir: &std::path::Path) -> sessionizer::config::StateBackend {
+    sessionizer::config::StateBackend::RocksDb {
+        memory_bytes: 16 << 10,
+        dir: Some(dir.to_path_buf()),
+    }
+}
+
+#[test]
+fn a_stateful_backend_is_chosen_before_the_first_event() {
+    let clock = ManualClock::default();
+    let mut job = job(&clock);
+    job.push(clicks(1)[0].clone(), &mut Vec::new())
+        .expect("vectors");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let err = job
+        .set_state_backend(&rocks(dir.path()))
+        .expect_err("after an event");
+    assert!(
+        err.to_string().contains("before the job's first event"),
+        "{err}"
+    );
+    // The memory backend is the default: choosing it changes nothing.
+    let mut fresh = job_on(&clock, 2);
+    fresh
+        .set_state_backend(&sessionizer::config::StateBackend::Memory)
+        .expect("memory");
+}
+
+#[cfg(not(feature = "rocksdb"))]
+#[test]
+fn without_the_feature_a_stateful_job_refuses_rocksdb_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let err = job(&ManualClock::default())
+        .set_state_backend(&rocks(dir.path()))
+        .expect_err("no rocksdb in this build");
+    assert!(err.to_string().contains("cargo feature `rocksdb`"), "{err}");
+}
+
+#[cfg(feature = "rocksdb")]
+#[test]
+fn a_stateful_job_on_rocksdb_gives_the_memory_backends_outputs_with_most_keys_on_disk() {
+    let input = clicks_of(6_000, 0x9e37_79b9_7f4a_7c15, 3_000, 100);
+    let clock = ManualClock::default();
+    let want = drive_all(&mut job(&clock), &clock, &input, BATCH);
+    assert!(want.0.iter().any(|o| o.contains("clock@")), "{:?}", want.0);
+    assert!(want.0.iter().any(|o| o.contains("quiet")), "{:?}", want.0);
+    for workers in [1, 2] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let clock = ManualClock::default();
+        let mut job = job_on(&clock, workers);
+        job.set_state_backend(&rocks(dir.path())).expect("rocksdb");
+        let err = job.set_workers(3).expect_err("workers come first");
+        assert!(err.to_string().contains("set_state_backend()"), "{err}");
+        let got = drive_all(&mut job, &clock, &input, BATCH);
+        assert_eq!(got.0, want.0, "outputs on {workers} workers");
+        assert_eq!(got.1, want.1, "late events on {workers} workers");
+        assert_eq!(got.2, want.2, "counts on {workers} workers");
+        assert_eq!(got.3, want.3, "batch reports on {workers} workers");
+        let spill = job.operator().spill_counts().expect("a spill store");
+        assert!(spill.evicted > 500, "{spill:?}");
+        assert!(spill.unspilled > 100, "{spill:?}");
+    }
+}
+
+#[cfg(feature = "rocksdb")]
+#[test]
+fn a_checkpoint_of_a_stateful_job_on_rocksdb_restores_on_either_backend() {
+    let input = clicks_of(4_000, 0x2545_f491_4f6c_dd1d, 2_000, 100);
+    let batches = input.len().div_ceil(BATCH);
+    let clock = ManualClock::default();
+    let (want, _) = drive(&mut job(&clock), &clock, &input, 0, None);
+    let stop = batches / 2;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = tempfile::tempdir().expect("temp dir");
+    let clock = ManualClock::default();
+    let mut first = job(&clock);
+    first
+        .set_state_backend(&rocks(store.path()))
+        .expect("rocksdb");
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let mut out = Vec::new();
+    let mut kinds = Vec::new();
+    for (b, batch) in input.chunks(BATCH).enumerate().take(stop + 1) {
+        clock.set(ProcessingTime(b as i64 * 10_000));
+        first
+            .process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
+            .expect("vectors");
+        kinds.push(first.checkpoint(&mut checkpoints).expect("checkpoint").kind);
+    }
+    assert!(kinds.contains(&FileKind::Delta), "{kinds:?}");
+    let spilled = first.operator().spill_counts().expect("a spill store").keys;
+    assert!(spilled > 50, "{spilled} keys on disk");
+    let keys = first.keys();
+    drop((first, checkpoints));
+
+    for on_rocks in [true, false] {
+        let clock = ManualClock::default();
+        let mut second = job(&clock);
+        let store = tempfile::tempdir().expect("temp dir");
+        if on_rocks {
+            second
+                .set_state_backend(&rocks(store.path()))
+                .expect("rocksdb");
+        }
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        second
+            .restore_checkpoint(&mut checkpoints)
+            .expect("restored")
+            .expect("a checkpoint");
+        assert_eq!(second.keys(), keys);
+        let (rest, _) = drive(&mut second, &clock, &input, stop + 1, None);
+        let mut all = out.clone();
+        all.extend(rest);
+        assert_eq!(all, want, "restored on rocksdb: {on_rocks}");
     }
 }

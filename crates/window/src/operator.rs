@@ -13,9 +13,11 @@
 //! aggregate code is monomorphised into the operator; nothing is boxed per event.
 
 use crate::aggregate::{Accumulate, AggKind, AggState, JsonAggregates, SessionAggregate};
-use crate::keyed::{KeyBytes, KeyedStore, NO_TIMER, SlotId, Timed, key_hash};
+use crate::keyed::{KeyedStore, SlotId, Timed, key_hash};
 use crate::session::{Arrival, KeySessions, Session};
-use crate::spill::{SpillError, SpillStore};
+pub use crate::spill::SpillCounts;
+use crate::spill::tier::{KeyCosts, Tier};
+use crate::spill::{Deadlines, Domain, SpillError, SpillStore};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use smallvec::SmallVec;
 use std::fmt;
@@ -178,7 +180,7 @@ pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     group_next: usize,
     /// With a spill store (the `rocksdb` backend), where the keys the hot tier has no
     /// room for go; `None` (the `memory` backend): every key stays in `store`.
-    spill: Option<Box<Spilled<A::Acc>>>,
+    spill: Option<Box<Tier<KeySessions<A::Acc>>>>,
     /// [`bound_tracked_changes`](Self::bound_tracked_changes) was called.
     bound_changes: bool,
 }
@@ -190,50 +192,47 @@ const UNSPILL_BATCH: usize = 4096;
 /// state), its index entry and its timer entry, with their tables' slack.
 const KEY_BYTES: usize = 16 + std::mem::size_of::<KeySessions>() + 16;
 
-/// The operator's side of its spill store.
-struct Spilled<Acc> {
-    store: Box<dyn SpillStore<KeySessions<Acc>>>,
-    /// The hot tier's budget.
-    hot_bytes: usize,
-    /// Keys in the spill store.
-    keys: usize,
-    /// A deadline at or before that of every key in the spill store (`i64::MAX`: none).
-    bound: i64,
-    /// The hot tier's size is checked when it holds this many keys, or after this many
-    /// more applied events.
-    check_keys: usize,
-    check_events: u64,
-    /// Keys evicted with changes the next incremental checkpoint must still write.
-    dirty: std::collections::HashSet<KeyBytes>,
-    /// `dirty` outgrew the bound of [`SessionOperator::bound_tracked_changes`] and was
-    /// forgotten: the next checkpoint must be a base.
-    changes_lost: bool,
-    /// The first error of the spill store: the run stops with it.
-    error: Option<SpillError>,
-    evicted: u64,
-    unspilled: u64,
-    scratch: Vec<(KeyBytes, KeySessions<Acc>, i64)>,
+/// What the session window tells its spill tier about its keys.
+struct SessionCosts<'a, A: SessionAggregate> {
+    agg: &'a A,
+    lateness: i64,
+    retention: i64,
 }
 
-impl<Acc> Spilled<Acc> {
-    fn failed(&mut self, e: SpillError) {
-        if self.error.is_none() {
-            self.error = Some(e);
-        }
+impl<A: SessionAggregate> KeyCosts<KeySessions<A::Acc>> for SessionCosts<'_, A> {
+    fn bytes(&mut self, key: &[u8], state: &KeySessions<A::Acc>) -> usize {
+        KEY_BYTES + key.len().saturating_sub(16) + state.heap_bytes(self.agg)
+    }
+
+    /// The coldest keys are those with the earliest next deadline: with one gap for all
+    /// it is the last event plus the gap, so they are the keys quiet for the longest in
+    /// event time (LRU without a per-event write); each comes back at its deadline to
+    /// be emitted.
+    fn coldness(&self, state: &KeySessions<A::Acc>) -> i64 {
+        state.next_action()
+    }
+
+    fn deadlines(&self, state: &KeySessions<A::Acc>) -> Deadlines {
+        Deadlines::event(next_deadline(state, self.lateness, self.retention))
     }
 }
 
-/// What a spill store has done, for the run's report.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SpillCounts {
-    /// Keys in the spill store now.
-    pub keys: usize,
-    /// Keys evicted from the hot tier so far.
-    pub evicted: u64,
-    /// Keys taken back into the hot tier so far (an event, or a due timer).
-    pub unspilled: u64,
-    /// Bytes the spill store takes on disk.
-    pub disk_bytes: u64,
+/// When the operator next acts on a key with `sessions` (see
+/// [`SessionOperator::restore_key`]), `i64::MAX` for none.
+fn next_deadline<Acc>(sessions: &KeySessions<Acc>, lateness: i64, retention: i64) -> i64 {
+    sessions
+        .sessions()
+        .map(|s| {
+            if s.is_final() {
+                s.close().saturating_add(retention)
+            } else if s.is_dirty() {
+                s.close()
+            } else {
+                s.close().saturating_add(lateness)
+            }
+        })
+        .min()
+        .unwrap_or(i64::MAX)
 }
 
 impl<A: SessionAggregate + fmt::Debug> fmt::Debug for SessionOperator<A> {
@@ -350,7 +349,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             f(key, sessions);
         }
         match &self.spill {
-            Some(s) => s.store.for_each(&mut f),
+            Some(s) => s.store().for_each(&mut f),
             None => Ok(()),
         }
     }
@@ -370,9 +369,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
         let Some(s) = self.spill.as_mut() else {
             return Ok(None);
         };
-        match s.store.image()? {
+        match s.store_mut().image()? {
             Some(image) => Ok(Some(image)),
-            None => s.store.for_each(&mut f).map(|()| None),
+            None => s.store().for_each(&mut f).map(|()| None),
         }
     }
 
@@ -388,7 +387,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
             return Ok(true);
         }
         match &self.spill {
-            Some(s) if s.keys > 0 => s.store.peek(key, &mut f),
+            Some(s) if s.keys > 0 => s.store().peek(key, &mut f),
             _ => Ok(false),
         }
     }
@@ -399,111 +398,44 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// comes due. The output stays exactly that of an operator without one. Call it
     /// before the first event or restored key.
     pub fn spill_to(&mut self, store: Box<dyn SpillStore<KeySessions<A::Acc>>>, hot_bytes: usize) {
-        self.spill = Some(Box::new(Spilled {
-            store,
-            hot_bytes,
-            keys: 0,
-            bound: i64::MAX,
-            check_keys: (hot_bytes / KEY_BYTES).max(1),
-            check_events: 1 << 16,
-            dirty: std::collections::HashSet::new(),
-            changes_lost: false,
-            error: None,
-            evicted: 0,
-            unspilled: 0,
-            scratch: Vec::new(),
-        }));
+        self.spill = Some(Box::new(Tier::new(store, hot_bytes, KEY_BYTES)));
     }
 
     /// The first error of the spill store since the last call, if any. The operator
     /// cannot go on correctly after one (a key it could not read back was treated as
     /// new): the caller stops before writing what the step emitted.
     pub fn take_spill_error(&mut self) -> Option<SpillError> {
-        self.spill.as_mut().and_then(|s| s.error.take())
+        self.spill.as_mut().and_then(|s| s.take_error())
     }
 
     /// What the spill store has done (`None`: the operator has none).
     pub fn spill_counts(&self) -> Option<SpillCounts> {
-        self.spill.as_ref().map(|s| SpillCounts {
-            keys: s.keys,
-            evicted: s.evicted,
-            unspilled: s.unspilled,
-            disk_bytes: s.store.disk_bytes(),
-        })
+        self.spill.as_ref().map(|s| s.counts())
     }
 
     /// When the operator next acts on a key with `sessions` (see
     /// [`restore_key`](Self::restore_key)), `i64::MAX` for none.
     fn next_deadline(&self, sessions: &KeySessions<A::Acc>) -> i64 {
         let lateness = self.cfg.allowed_lateness.millis();
-        let retention = lateness.saturating_add(self.largest_gap);
-        sessions
-            .sessions()
-            .map(|s| {
-                if s.is_final() {
-                    s.close().saturating_add(retention)
-                } else if s.is_dirty() {
-                    s.close()
-                } else {
-                    s.close().saturating_add(lateness)
-                }
-            })
-            .min()
-            .unwrap_or(i64::MAX)
+        next_deadline(
+            sessions,
+            lateness,
+            lateness.saturating_add(self.largest_gap),
+        )
     }
 
     /// A key not in memory: taken back from the spill store if it is there.
-    #[cold]
-    #[inline(never)]
+    #[inline]
     fn unspill(&mut self, hash: u64, key: &[u8]) -> Option<SlotId> {
-        let spill = self.spill.as_mut()?;
-        if spill.keys == 0 {
-            return None;
-        }
-        let (mut state, deadline) = match spill.store.take(key) {
-            Ok(found) => found?,
-            Err(e) => {
-                spill.failed(e);
-                return None;
-            }
-        };
-        spill.keys -= 1;
-        spill.unspilled += 1;
-        state.set_timer(NO_TIMER);
-        let id = self.store.restore_hashed(hash, key, state);
-        self.store.schedule(id, EventTime(deadline));
-        Some(id)
+        self.spill.as_mut()?.take_back(&mut self.store, hash, key)
     }
 
     /// Takes back from the spill store the keys due by `w` (some of them: at least
     /// every key of the earliest deadline), so that the timers of memory fire them in
     /// order with the others.
     fn unspill_due(&mut self, w: i64) {
-        let Some(spill) = self.spill.as_mut() else {
-            return;
-        };
-        let mut back = std::mem::take(&mut spill.scratch);
-        let taken = spill
-            .store
-            .take_due(w, UNSPILL_BATCH, &mut |key, state, deadline| {
-                back.push((KeyBytes::from_slice(key), state, deadline));
-            });
-        match taken {
-            Ok(next) => spill.bound = next,
-            Err(e) => {
-                spill.failed(e);
-                spill.bound = i64::MAX;
-            }
-        }
-        spill.keys -= back.len();
-        spill.unspilled += back.len() as u64;
-        for (key, mut state, deadline) in back.drain(..) {
-            state.set_timer(NO_TIMER);
-            let id = self.store.restore_hashed(key_hash(&key), &key, state);
-            self.store.schedule(id, EventTime(deadline));
-        }
         if let Some(spill) = self.spill.as_mut() {
-            spill.scratch = back;
+            spill.take_due(&mut self.store, Domain::EventTime, w, UNSPILL_BATCH);
         }
     }
 
@@ -512,16 +444,13 @@ impl<A: SessionAggregate> SessionOperator<A> {
     fn spill_bound_due(&self, w: Watermark) -> Option<i64> {
         self.spill
             .as_ref()
-            .map(|s| s.bound)
-            .filter(|&b| b != i64::MAX && b <= w.millis())
+            .and_then(|s| s.bound_due(Domain::EventTime, w.millis()))
     }
 
     /// Whether the spill store holds a key due at `w`.
     #[inline]
     fn spilled_due(&self, w: Watermark) -> bool {
-        self.spill
-            .as_ref()
-            .is_some_and(|s| s.bound != i64::MAX && s.bound <= w.millis())
+        self.spill_bound_due(w).is_some()
     }
 
     /// After an applied event (or a restored key): when the hot tier may have outgrown
@@ -529,88 +458,17 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// quarters of it. `keep` (the key of the current step) stays.
     #[inline]
     fn check_budget(&mut self, keep: Option<SlotId>) {
-        if let Some(spill) = self.spill.as_mut() {
-            spill.check_events = spill.check_events.saturating_sub(1);
-            if spill.check_events == 0 || self.store.len() >= spill.check_keys {
-                self.evict(keep);
-            }
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn evict(&mut self, keep: Option<SlotId>) {
-        let Some(budget) = self.spill.as_ref().map(|s| s.hot_bytes) else {
-            return;
-        };
-        let n = self.store.len();
-        let mut bytes = 0usize;
-        // The coldest keys are those with the earliest next deadline: with one gap for
-        // all it is the last event plus the gap, so they are the keys quiet for the
-        // longest in event time (LRU without a per-event write); each comes back at
-        // its deadline to be emitted.
-        let mut order: Vec<(i64, SlotId)> = Vec::with_capacity(n);
-        for (id, key, state) in self.store.iter() {
-            bytes += KEY_BYTES + key.len().saturating_sub(16) + state.heap_bytes(&self.agg);
-            if Some(id) != keep {
-                order.push((state.next_action(), id));
-            }
-        }
-        let per_key = (bytes / n.max(1)).max(1);
-        let target = budget / 4 * 3 / per_key;
-        let evict = if bytes > budget {
-            n.saturating_sub(target).min(order.len())
-        } else {
-            0
-        };
-        if evict > 0 {
-            if evict < order.len() {
-                order.select_nth_unstable(evict);
-            }
-            let mut out = self
-                .spill
-                .as_mut()
-                .map(|s| std::mem::take(&mut s.scratch))
-                .unwrap_or_default();
-            let mut dirty = Vec::new();
-            for &(_, id) in &order[..evict] {
-                let (key, state, changed) = self.store.evict(id);
-                if changed {
-                    dirty.push(key.clone());
-                }
-                let deadline = self.next_deadline(&state);
-                out.push((key, state, deadline));
-            }
-            let Some(spill) = self.spill.as_mut() else {
-                return;
+        if let Some(spill) = self.spill.as_mut()
+            && spill.should_check(self.store.len(), 1)
+        {
+            let lateness = self.cfg.allowed_lateness.millis();
+            let mut costs = SessionCosts {
+                agg: &self.agg,
+                lateness,
+                retention: lateness.saturating_add(self.largest_gap),
             };
-            if !spill.changes_lost {
-                spill.dirty.extend(dirty);
-                // Remembering every evicted change would grow with the state, outside
-                // the budget: beyond as many keys as the hot tier holds, the owner takes
-                // a base instead (it holds everything).
-                if self.bound_changes && spill.dirty.len() > spill.check_keys.max(4096) {
-                    spill.dirty = std::collections::HashSet::new();
-                    spill.changes_lost = true;
-                }
-            }
-            spill.bound = out.iter().fold(spill.bound, |b, e| b.min(e.2));
-            spill.keys += out.len();
-            spill.evicted += out.len() as u64;
-            if let Err(e) = spill.store.put(&mut out) {
-                spill.failed(e);
-            }
-            out.clear();
-            spill.scratch = out;
+            spill.evict(&mut self.store, keep, self.bound_changes, &mut costs);
         }
-        let now = self.store.len();
-        let room = budget.saturating_sub(now * per_key) / per_key;
-        let Some(spill) = self.spill.as_mut() else {
-            return;
-        };
-        // Not every key: a pass reads the whole hot tier.
-        spill.check_keys = now + room.max(now / 16).max(1);
-        spill.check_events = (now as u64).max(1 << 16);
     }
 
     /// The largest gap of any valid event so far (`G` before any): how long final
@@ -652,29 +510,10 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// or that has none any more (`None`), then forgets the changes.
     /// Keys evicted to the spill store since their change are reported from there (an
     /// error reading one is kept for [`take_spill_error`](Self::take_spill_error)).
-    pub fn drain_changes(&mut self, mut f: impl FnMut(&[u8], Option<&KeySessions<A::Acc>>)) {
-        let dirty = match self.spill.as_mut() {
-            Some(s) if !s.dirty.is_empty() => std::mem::take(&mut s.dirty),
-            _ => return self.store.drain_changes(f),
-        };
-        // The store reports what it knows; a key evicted since it changed is reported
-        // below, from wherever it is now.
-        self.store.drain_changes(|key, state| {
-            if !dirty.contains(key) {
-                f(key, state);
-            }
-        });
-        for key in &dirty {
-            if let Some(id) = self.store.find(key) {
-                f(key, Some(self.store.state(id)));
-                continue;
-            }
-            let spill = self.spill.as_mut().expect("dirty keys come from it");
-            match spill.store.peek(key, &mut |s| f(key, Some(s))) {
-                Ok(true) => {}
-                Ok(false) => f(key, None),
-                Err(e) => spill.failed(e),
-            }
+    pub fn drain_changes(&mut self, f: impl FnMut(&[u8], Option<&KeySessions<A::Acc>>)) {
+        match self.spill.as_mut() {
+            Some(s) => s.drain_changes(&mut self.store, f),
+            None => self.store.drain_changes(f),
         }
     }
 
@@ -682,8 +521,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
     pub fn forget_changes(&mut self) {
         self.store.forget_changes();
         if let Some(s) = self.spill.as_mut() {
-            s.dirty.clear();
-            s.changes_lost = false;
+            s.forget_changes();
         }
     }
 

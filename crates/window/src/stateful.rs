@@ -70,9 +70,21 @@
 //! timeouts, watermark) to bytes with a versioned, checksummed header;
 //! [`restore`](StatefulOperator::restore) reads them back. The layout is documented on
 //! [`SNAPSHOT_MAGIC`].
+//!
+//! # State larger than memory
+//!
+//! [`spill_to`](StatefulOperator::spill_to) puts a [`SpillStore`] below the keyed store,
+//! as for the session window (`crate::spill`): at a batch end, once the keys in memory
+//! take more than the budget, the keys that have gone longest without an event are
+//! evicted with the deadlines of their next timers on both clocks, and a key comes back
+//! when an event for it arrives or before a batch end at which one of its timers, its
+//! timeout or its state's expiry is due. The calls and their order are those of an
+//! operator without one.
 
 use crate::clock::{Clock, ProcessingTime};
-use crate::keyed::{KeyedStore, SlotId, Timed};
+use crate::keyed::{KeyBytes, KeyedStore, SlotId, Timed, key_hash};
+use crate::spill::tier::{KeyCosts, Tier};
+use crate::spill::{Deadlines, Domain, SpillCounts, SpillError, SpillStore, StateCodec};
 use crate::watermark::WatermarkStrategy;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -328,9 +340,10 @@ impl<'a, S> GroupState<'a, S> {
     }
 }
 
-/// One key's slot: the user state and its pending timeouts.
+/// One key's slot in a [`StatefulOperator`]: the user state and its pending timeouts
+/// and timers (opaque; a spill store keeps it with [`KeyRecordCodec`]).
 #[derive(Debug)]
-struct KeyState<S> {
+pub struct KeyState<S> {
     state: Option<S>,
     event_timeout: Option<EventTime>,
     proc_timeout: Option<ProcessingTime>,
@@ -459,6 +472,9 @@ pub enum SnapshotError {
         #[source]
         source: serde_json::Error,
     },
+    /// The spill store (the `rocksdb` backend) failed.
+    #[error(transparent)]
+    Spill(#[from] SpillError),
 }
 
 /// The first bytes of a keyed-state snapshot.
@@ -547,6 +563,116 @@ pub struct StatefulOperator<E, S, W, C> {
     ttl: Option<DurationMs>,
     /// Changed keys are remembered (incremental checkpoints).
     tracking: bool,
+    /// With a spill store (the `rocksdb` backend), where the keys the hot tier has no
+    /// room for go; `None` (the `memory` backend): every key stays in `store`.
+    spill: Option<Box<StatefulSpill<S>>>,
+    /// [`bound_tracked_changes`](Self::bound_tracked_changes) was called.
+    bound_changes: bool,
+}
+
+/// What a key costs in the hot tier besides its timers and its state's heap: its slot
+/// (key and state), its index entry, its timer entries on both clocks.
+const fn key_bytes<S>() -> usize {
+    16 + std::mem::size_of::<KeyState<S>>() + 16 + 16
+}
+
+/// A stateful operator's side of its spill store.
+struct StatefulSpill<S> {
+    tier: Tier<KeyState<S>>,
+    /// The size of a state as JSON, a stand-in for its heap (the operator does not know
+    /// the user type's layout); its buffer.
+    json_len: fn(&S, &mut Vec<u8>) -> usize,
+    buf: Vec<u8>,
+    /// The mean JSON size of the states sampled so far.
+    state_bytes: usize,
+}
+
+/// How many keys' states one measuring pass writes as JSON: one in this many.
+const SAMPLE_EVERY: usize = 32;
+
+/// What a stateful operator tells its spill tier about its keys.
+struct StatefulCosts<'a, S> {
+    json_len: fn(&S, &mut Vec<u8>) -> usize,
+    buf: &'a mut Vec<u8>,
+    state_bytes: &'a mut usize,
+    seen: usize,
+    sampled: usize,
+    sum: usize,
+}
+
+impl<S> KeyCosts<KeyState<S>> for StatefulCosts<'_, S> {
+    fn bytes(&mut self, key: &[u8], ks: &KeyState<S>) -> usize {
+        let mut state = 0;
+        if let Some(s) = &ks.state {
+            if self.seen.is_multiple_of(SAMPLE_EVERY) {
+                self.buf.clear();
+                self.sum += (self.json_len)(s, self.buf);
+                self.sampled += 1;
+                *self.state_bytes = self.sum / self.sampled;
+            }
+            self.seen += 1;
+            state = *self.state_bytes;
+        }
+        key_bytes::<S>() + key.len().saturating_sub(16) + ks.timers.capacity() * 16 + state
+    }
+
+    /// The keys that have gone longest without an event (by the batch of their last
+    /// one) are the coldest.
+    fn coldness(&self, ks: &KeyState<S>) -> i64 {
+        ks.batch as i64
+    }
+
+    fn deadlines(&self, ks: &KeyState<S>) -> Deadlines {
+        Deadlines {
+            event: ks
+                .next_event_deadline()
+                .map_or(Deadlines::NONE, |t| t.millis()),
+            processing: ks
+                .next_processing_deadline()
+                .map_or(Deadlines::NONE, |t| t.millis()),
+        }
+    }
+}
+
+/// The JSON size of `s` (a state the JSON writer refuses counts as empty: the
+/// checkpoint reports that error).
+fn json_len<S: Serialize>(s: &S, buf: &mut Vec<u8>) -> usize {
+    match serde_json::to_writer(&mut *buf, s) {
+        Ok(()) => buf.len(),
+        Err(_) => 0,
+    }
+}
+
+/// How a stateful operator's spill store writes a key: its checkpoint record (flags,
+/// timeouts, timers, expiry, the state as JSON; see [`StatefulOperator::encode_state`]),
+/// so that an image of the store holds what a checkpoint's base does.
+pub struct KeyRecordCodec<S>(std::marker::PhantomData<fn() -> S>);
+
+impl<S> fmt::Debug for KeyRecordCodec<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyRecordCodec")
+    }
+}
+
+impl<S> Default for KeyRecordCodec<S> {
+    fn default() -> Self {
+        KeyRecordCodec(std::marker::PhantomData)
+    }
+}
+
+impl<S: Serialize + DeserializeOwned> StateCodec<KeyState<S>> for KeyRecordCodec<S> {
+    fn encode(&self, ks: &KeyState<S>, out: &mut Vec<u8>) {
+        encode_key_record(b"", ks, out).expect("the state serializes as JSON");
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<KeyState<S>, String> {
+        let mut r = Reader { bytes, at: 0 };
+        let ks = decode_key_record(b"", &mut r).map_err(|e| e.to_string())?;
+        if r.at != bytes.len() {
+            return Err(SnapshotError::Truncated.to_string());
+        }
+        Ok(ks)
+    }
 }
 
 /// Something due for a key at a batch end.
@@ -632,7 +758,114 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             due: Vec::new(),
             ttl: None,
             tracking: false,
+            spill: None,
+            bound_changes: false,
         }
+    }
+
+    /// Puts `store` below the hot tier (the `rocksdb` backend): at a batch end, once the
+    /// keys in memory take more than about `hot_bytes` (a state's heap estimated from
+    /// its JSON size), those longest without an event are evicted to it, with the
+    /// deadlines of their next timers; a key is taken back when an event for it
+    /// arrives, or before the batch end at which something of it is due. The calls
+    /// stay exactly those of an operator without one. Call it before the first event
+    /// or restore.
+    pub fn spill_to(&mut self, store: Box<dyn SpillStore<KeyState<S>>>, hot_bytes: usize)
+    where
+        S: Serialize,
+    {
+        self.spill = Some(Box::new(StatefulSpill {
+            tier: Tier::new(store, hot_bytes, key_bytes::<S>()),
+            json_len: json_len::<S>,
+            buf: Vec::new(),
+            state_bytes: 0,
+        }));
+    }
+
+    /// The first error of the spill store since the last call, if any. The operator
+    /// cannot go on correctly after one (a key it could not read back was treated as
+    /// new): the caller stops before using what the batch emitted.
+    pub fn take_spill_error(&mut self) -> Option<SpillError> {
+        self.spill.as_mut().and_then(|s| s.tier.take_error())
+    }
+
+    /// What the spill store has done (`None`: the operator has none).
+    pub fn spill_counts(&self) -> Option<SpillCounts> {
+        self.spill.as_ref().map(|s| s.tier.counts())
+    }
+
+    /// For an owner whose next checkpoint may as well be a full base: with a spill
+    /// store, the changed keys remembered for evicted keys are bounded by the hot
+    /// tier's size; beyond, they are forgotten and [`changes_lost`](Self::changes_lost)
+    /// says so.
+    pub fn bound_tracked_changes(&mut self) {
+        self.bound_changes = true;
+    }
+
+    /// The changes since the last checkpoint were forgotten
+    /// ([`bound_tracked_changes`](Self::bound_tracked_changes)): the next
+    /// [`encode_state`](StatefulOperator::encode_state) must be a base.
+    pub fn changes_lost(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| s.tier.changes_lost)
+    }
+
+    /// The slot of `key` (created if it has none), taken back from the spill store if
+    /// it is there.
+    fn slot_of(&mut self, key: &[u8]) -> SlotId {
+        let Some(s) = self.spill.as_mut() else {
+            return self.store.slot_for(key);
+        };
+        let hash = key_hash(key);
+        if let Some(id) = self.store.find_hashed(hash, key) {
+            return id;
+        }
+        if let Some(id) = s.tier.take_back(&mut self.store, hash, key) {
+            return id;
+        }
+        self.store.slot_for_hashed(hash, key)
+    }
+
+    /// Takes back from the spill store every key with something due at watermark `w` or
+    /// at processing time `now`, so that the timers in memory find them.
+    fn unspill_due(&mut self, w: Watermark, now: ProcessingTime) {
+        let Some(s) = self.spill.as_mut() else {
+            return;
+        };
+        for (domain, upto) in [
+            (Domain::EventTime, w.millis()),
+            (Domain::ProcessingTime, now.millis()),
+        ] {
+            while s.tier.bound_due(domain, upto).is_some() {
+                s.tier.take_due(&mut self.store, domain, upto, usize::MAX);
+            }
+        }
+    }
+
+    /// After a batch end (or a restored key): when the hot tier may have outgrown its
+    /// budget, measures it and, over budget, evicts its coldest keys down to three
+    /// quarters of it.
+    fn check_budget(&mut self, events: u64) {
+        let Some(s) = self.spill.as_mut() else {
+            return;
+        };
+        if !s.tier.should_check(self.store.len(), events) {
+            return;
+        }
+        let StatefulSpill {
+            tier,
+            json_len,
+            buf,
+            state_bytes,
+        } = &mut **s;
+        let mut costs = StatefulCosts {
+            json_len: *json_len,
+            buf,
+            state_bytes,
+            seen: 0,
+            sampled: 0,
+            sum: 0,
+        };
+        tier.evict(&mut self.store, None, self.bound_changes, &mut costs);
     }
 
     /// Sets what happens to late events.
@@ -654,9 +887,9 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         self.watermark
     }
 
-    /// Keys with state or a pending timeout.
+    /// Keys with state or a pending timeout, in memory or spilled.
     pub fn keys(&self) -> usize {
-        self.store.len()
+        self.store.len() + self.spill.as_ref().map_or(0, |s| s.tier.keys)
     }
 
     /// Batches ended so far.
@@ -664,13 +897,40 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         self.batches
     }
 
-    /// The state of `key`, if any (for inspection and tests).
+    /// The state of `key`, if any (for inspection and tests). With a spill store, only
+    /// a key in memory is seen: [`with_state`](Self::with_state) sees them all.
     pub fn state(&self, key: &str) -> Option<&S> {
         let id = self.store.find(key.as_bytes())?;
         self.store.state(id).state.as_ref()
     }
 
-    /// Every key with state, and its state, in no particular order.
+    /// Calls `f` with the state of `key` (`None`: it has none), in memory or spilled.
+    /// Errors are the spill store's.
+    pub fn with_state<R>(
+        &self,
+        key: &str,
+        f: impl FnOnce(Option<&S>) -> R,
+    ) -> Result<R, SpillError> {
+        if let Some(id) = self.store.find(key.as_bytes()) {
+            return Ok(f(self.store.state(id).state.as_ref()));
+        }
+        let mut f = Some(f);
+        let mut out = None;
+        if let Some(s) = self.spill.as_ref().filter(|s| s.tier.keys > 0) {
+            s.tier.store().peek(key.as_bytes(), &mut |ks| {
+                if let Some(f) = f.take() {
+                    out = Some(f(ks.state.as_ref()));
+                }
+            })?;
+        }
+        Ok(match out {
+            Some(r) => r,
+            None => f.take().expect("not called yet")(None),
+        })
+    }
+
+    /// Every key in memory with state, and its state, in no particular order (with a
+    /// spill store, the spilled keys are not among them).
     pub fn states(&self) -> impl Iterator<Item = (Cow<'_, str>, &S)> {
         self.store
             .iter()
@@ -767,7 +1027,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
                 watermark: w,
             });
         }
-        let id = self.store.slot_for(key.as_bytes());
+        let id = self.slot_of(key.as_bytes());
         let this_batch = self.batches + 1;
         let ks = self.store.state_mut(id);
         if ks.batch != this_batch {
@@ -838,6 +1098,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         self.fire_timeouts(batch.now, f, emit, &mut report);
         self.batches += 1;
         self.open = None;
+        self.check_budget(batch.events.max(1));
         report.watermark = Some(self.watermark);
         report
     }
@@ -913,6 +1174,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         let mut report = BatchReport::default();
         self.watermark = Watermark::MAX;
         self.fire_timeouts(now, f, emit, &mut report);
+        self.check_budget(1);
         report.watermark = Some(self.watermark);
         report
     }
@@ -930,6 +1192,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         R: IntoIterator,
     {
         let w = self.watermark;
+        self.unspill_due(w, now);
         let mut due = std::mem::take(&mut self.due);
         due.clear();
         while let Some(id) = self.store.pop_due(w) {
@@ -1145,21 +1408,37 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         if self.open.is_some() {
             return Err(SnapshotError::BatchOpen);
         }
-        let mut entries: Vec<(&[u8], &KeyState<S>)> =
-            self.store.iter().map(|(_, k, s)| (k, s)).collect();
-        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        // Every key's record, in key order: those in memory, then the spilled ones.
+        let mut entries: Vec<(KeyBytes, Vec<u8>)> = Vec::with_capacity(self.keys());
+        for (_, key, ks) in self.store.iter() {
+            let mut record = Vec::new();
+            encode_key_record(key, ks, &mut record)?;
+            entries.push((KeyBytes::from_slice(key), record));
+        }
+        self.for_each_spilled(|key, ks| {
+            let mut record = Vec::new();
+            encode_key_record(key, ks, &mut record)?;
+            entries.push((KeyBytes::from_slice(key), record));
+            Ok(())
+        })?;
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
 
-        let mut out = Vec::with_capacity(32 + entries.len() * 64);
+        let mut out = Vec::with_capacity(
+            32 + entries
+                .iter()
+                .map(|e| 8 + e.0.len() + e.1.len())
+                .sum::<usize>(),
+        );
         out.extend_from_slice(SNAPSHOT_MAGIC);
         out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
         out.extend_from_slice(&self.watermark.millis().to_le_bytes());
         out.extend_from_slice(&self.batches.to_le_bytes());
         out.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-        for (key, ks) in entries {
+        for (key, record) in entries {
             put_len(&mut out, key.len());
-            out.extend_from_slice(key);
-            encode_key_record(key, ks, &mut out)?;
+            out.extend_from_slice(&key);
+            out.extend_from_slice(&record);
         }
         let checksum = xxhash_rust::xxh3::xxh3_64(&out);
         out.extend_from_slice(&checksum.to_le_bytes());
@@ -1191,18 +1470,18 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         let batches = u64::from_le_bytes(r.array()?);
         let count = u64::from_le_bytes(r.array()?);
 
-        let mut store: KeyedStore<KeyState<S>> = KeyedStore::default();
+        let mut records: Vec<(&[u8], &[u8])> = Vec::new();
         for _ in 0..count {
             let len = r.len()?;
             let key = r.take(len)?;
-            let ks = decode_key_record(key, &mut r)?;
-            put_key(&mut store, key, ks);
+            let start = r.at;
+            decode_key_record::<S>(key, &mut r)?;
+            records.push((key, &body[start..r.at]));
         }
         if r.at != body.len() {
             return Err(SnapshotError::Truncated);
         }
-        self.install(store, Watermark(watermark), batches);
-        Ok(())
+        self.install(Watermark(watermark), batches, records)
     }
 
     /// Starts (or stops) remembering which keys change, for incremental checkpoints
@@ -1247,9 +1526,43 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
             for (_, key, ks) in self.store.iter() {
                 one(key, Some(ks));
             }
+            if let Some(s) = self.spill.as_mut() {
+                s.tier.forget_changes();
+            }
+            self.for_each_spilled(|key, ks| {
+                one(key, Some(ks));
+                Ok(())
+            })?;
         } else {
-            self.store.drain_changes(|key, ks| one(key, ks));
+            match self.spill.as_mut() {
+                Some(s) => s
+                    .tier
+                    .drain_changes(&mut self.store, |key, ks| one(key, ks)),
+                None => self.store.drain_changes(|key, ks| one(key, ks)),
+            }
+            if let Some(e) = self.take_spill_error() {
+                return Err(e.into());
+            }
         }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Calls `f` with every spilled key and its state (none without a spill store).
+    fn for_each_spilled(
+        &self,
+        mut f: impl FnMut(&[u8], &KeyState<S>) -> Result<(), SnapshotError>,
+    ) -> Result<(), SnapshotError> {
+        let Some(s) = self.spill.as_ref().filter(|s| s.tier.keys > 0) else {
+            return Ok(());
+        };
+        let mut failed = None;
+        s.tier.store().for_each(&mut |key, ks| {
+            if failed.is_none()
+                && let Err(e) = f(key, ks)
+            {
+                failed = Some(e);
+            }
+        })?;
         failed.map_or(Ok(()), Err)
     }
 
@@ -1265,25 +1578,45 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         if self.open.is_some() {
             return Err(SnapshotError::BatchOpen);
         }
-        let mut store: KeyedStore<KeyState<S>> = KeyedStore::default();
+        let mut records: Vec<(&[u8], &[u8])> = Vec::new();
         for (key, record) in keys {
             let mut r = Reader {
                 bytes: record,
                 at: 0,
             };
-            let ks = decode_key_record(key, &mut r)?;
+            decode_key_record::<S>(key, &mut r)?;
             if r.at != record.len() {
                 return Err(SnapshotError::Truncated);
             }
-            put_key(&mut store, key, ks);
+            records.push((key, record));
         }
-        self.install(store, watermark, batches);
-        Ok(())
+        self.install(watermark, batches, records)
     }
 
-    fn install(&mut self, mut store: KeyedStore<KeyState<S>>, watermark: Watermark, batches: u64) {
+    /// Replaces the keyed state with `records` (each read once already: they decode),
+    /// evicting to the spill store, if any, as they come (what it held goes first),
+    /// and sets the watermark and the number of batches ended.
+    fn install(
+        &mut self,
+        watermark: Watermark,
+        batches: u64,
+        records: Vec<(&[u8], &[u8])>,
+    ) -> Result<(), SnapshotError> {
+        if let Some(s) = self.spill.as_mut() {
+            s.tier.clear()?;
+        }
+        let mut store = KeyedStore::default();
         store.track_changes(self.tracking);
         self.store = store;
+        for (key, record) in records {
+            let mut r = Reader {
+                bytes: record,
+                at: 0,
+            };
+            let ks = decode_key_record(key, &mut r).expect("decoded before");
+            put_key(&mut self.store, key, ks);
+            self.check_budget(0);
+        }
         self.watermark = match watermark.millis() {
             i64::MIN => Watermark::MIN,
             i64::MAX => Watermark::MAX,
@@ -1292,6 +1625,7 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         self.strategy.resume_at(self.watermark);
         self.batches = batches;
         self.pending.clear();
+        Ok(())
     }
 }
 

@@ -22,10 +22,24 @@ use std::fmt;
 mod map;
 #[cfg(feature = "rocksdb")]
 mod rocks;
+pub(crate) mod tier;
 
 pub use map::MapSpill;
 #[cfg(feature = "rocksdb")]
 pub use rocks::{RocksImage, RocksMemory, RocksSpill};
+
+/// What a spill store has done, for the run's report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpillCounts {
+    /// Keys in the spill store now.
+    pub keys: usize,
+    /// Keys evicted from the hot tier so far.
+    pub evicted: u64,
+    /// Keys taken back into the hot tier so far (an event, or a due timer).
+    pub unspilled: u64,
+    /// Bytes the spill store takes on disk.
+    pub disk_bytes: u64,
+}
 
 /// Why a spill store could not do what it was asked. The operator keeps the first one
 /// and the pipeline stops the run with it before any output of that batch is written.
@@ -60,33 +74,79 @@ pub enum SpillError {
     },
 }
 
-/// Where evicted keys live: a key's state `S` and the deadline of its next event-time
-/// timer. A key is either in the hot tier or here, never both.
+/// The clock a timer runs on: the watermark's event time, or the processing time of the
+/// job's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Domain {
+    /// Due when the watermark reaches it.
+    EventTime = 0,
+    /// Due when the clock reaches it.
+    ProcessingTime = 1,
+}
+
+/// An evicted key's next timer on each clock, in milliseconds; [`Deadlines::NONE`]
+/// (`i64::MAX`) for none. A key with neither only comes back on its next event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// The next event-time timer.
+    pub event: i64,
+    /// The next processing-time timer.
+    pub processing: i64,
+}
+
+impl Deadlines {
+    /// No timer on that clock.
+    pub const NONE: i64 = i64::MAX;
+
+    /// An event-time timer only (the session window's keys).
+    pub const fn event(at: i64) -> Deadlines {
+        Deadlines {
+            event: at,
+            processing: Deadlines::NONE,
+        }
+    }
+
+    /// The deadline on `domain`'s clock.
+    pub const fn of(self, domain: Domain) -> i64 {
+        match domain {
+            Domain::EventTime => self.event,
+            Domain::ProcessingTime => self.processing,
+        }
+    }
+}
+
+/// Where evicted keys live: a key's state `S` and the deadlines of its next timers. A
+/// key is either in the hot tier or here, never both.
 pub trait SpillStore<S>: fmt::Debug + Send {
-    /// Takes `key` out (it goes back to the hot tier): its state and deadline, `None`
+    /// Takes `key` out (it goes back to the hot tier): its state and deadlines, `None`
     /// when the key is not here.
-    fn take(&mut self, key: &[u8]) -> Result<Option<(S, i64)>, SpillError>;
+    fn take(&mut self, key: &[u8]) -> Result<Option<(S, Deadlines)>, SpillError>;
 
     /// Calls `f` with `key`'s state if the key is here (it stays); returns whether it was.
     fn peek(&self, key: &[u8], f: &mut dyn FnMut(&S)) -> Result<bool, SpillError>;
 
-    /// Keeps evicted keys (each not here yet) with the deadline of their next timer.
-    fn put(&mut self, evicted: &mut Vec<(KeyBytes, S, i64)>) -> Result<(), SpillError>;
+    /// Keeps evicted keys (each not here yet) with the deadlines of their next timers.
+    fn put(&mut self, evicted: &mut Vec<(KeyBytes, S, Deadlines)>) -> Result<(), SpillError>;
 
-    /// Takes out keys whose deadline is at or before `upto`, in deadline order, calling
-    /// `f` with each: every key of the earliest such deadline, then more up to about
-    /// `max` keys, always every key of the last deadline taken. Returns a time at or
-    /// before every deadline left (`i64::MAX`: none left).
+    /// Takes out keys whose deadline on `domain`'s clock is at or before `upto`, in
+    /// deadline order, calling `f` with each: every key of the earliest such deadline,
+    /// then more up to about `max` keys, always every key of the last deadline taken.
+    /// Returns a time at or before every deadline on that clock left (`i64::MAX`: none
+    /// left). A deadline of [`Deadlines::NONE`] is never due.
     fn take_due(
         &mut self,
+        domain: Domain,
         upto: i64,
         max: usize,
-        f: &mut dyn FnMut(&[u8], S, i64),
+        f: &mut dyn FnMut(&[u8], S, Deadlines),
     ) -> Result<i64, SpillError>;
 
     /// Calls `f` with every key here and its state (a checkpoint's base), in no
     /// particular order.
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &S)) -> Result<(), SpillError>;
+
+    /// Removes every key (the operator's state is being replaced by a restore).
+    fn clear(&mut self) -> Result<(), SpillError>;
 
     /// Bytes the store takes on disk (0 in memory), for the run's report.
     fn disk_bytes(&self) -> u64 {

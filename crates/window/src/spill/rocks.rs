@@ -1,7 +1,8 @@
-//! The RocksDB spill store (cargo feature `rocksdb`): a key's sessions in the column
-//! family `sessions` (key -> deadline, then the key's state in the store's
-//! [`StateCodec`]: the checkpoint codec, [`crate::codec`]), its next timer in `timers` (deadline big-endian ++ key -> empty),
-//! so the keys due by a watermark are one range scan in deadline order.
+//! The RocksDB spill store (cargo feature `rocksdb`): a key's state in the column
+//! family `sessions` (key -> its two deadlines, then the state in the store's
+//! [`StateCodec`]: for sessions the checkpoint codec, [`crate::codec`]), its next timer
+//! on each clock in `timers` (clock byte ++ deadline big-endian ++ key -> empty), so the
+//! keys due by a watermark or a processing time are one range scan in deadline order.
 //!
 //! The store is scratch space below the hot tier, not the job's durable state: the
 //! checkpoints hold every key (`docs/checkpoint-format.md`), so the directory is
@@ -12,7 +13,8 @@
 //! table files.
 
 use super::{
-    SessionsCodec, SpillError, SpillStore, StateCodec, StoreImage, deadline_bytes, deadline_of,
+    Deadlines, Domain, SessionsCodec, SpillError, SpillStore, StateCodec, StoreImage,
+    deadline_bytes, deadline_of,
 };
 use crate::keyed::KeyBytes;
 use crate::operator::WindowConfig;
@@ -28,6 +30,9 @@ const SESSIONS: &str = "sessions";
 const TIMERS: &str = "timers";
 /// Keys per write batch of an eviction.
 const PUT_BATCH: usize = 16_384;
+/// A `sessions` value starts with the event-time and the processing-time deadline.
+const VALUE_HEAD: usize = 16;
+const DOMAINS: [Domain; 2] = [Domain::EventTime, Domain::ProcessingTime];
 
 /// The memory RocksDB may use, shared by the stores of every shard: a block cache of
 /// `bytes`, half of which the memtables may take.
@@ -72,9 +77,9 @@ pub struct RocksSpill<S = KeySessions> {
     dir: PathBuf,
     codec: Box<dyn StateCodec<S>>,
     write: WriteOptions,
-    /// Every timer entry left is at or after this deadline (where a scan starts, past
-    /// the deletions of keys taken back).
-    due_from: i64,
+    /// By [`Domain`]: every timer entry of that clock left is at or after this deadline
+    /// (where a scan starts, past the deletions of keys taken back).
+    due_from: [i64; 2],
     scratch: Vec<u8>,
 }
 
@@ -157,7 +162,7 @@ impl<S> RocksSpill<S> {
             dir: dir.to_path_buf(),
             codec,
             write,
-            due_from: i64::MIN,
+            due_from: [i64::MIN; 2],
             scratch: Vec::new(),
         })
     }
@@ -177,18 +182,33 @@ impl<S> RocksSpill<S> {
         damaged(&self.dir, key, reason)
     }
 
-    /// A `sessions` value: the deadline, then the state.
-    fn decode(&self, key: &[u8], value: &[u8]) -> Result<(S, i64), SpillError> {
-        let (deadline, state) = split_value(&self.dir, key, value)?;
+    /// A `sessions` value: the deadlines, then the state.
+    fn decode(&self, key: &[u8], value: &[u8]) -> Result<(S, Deadlines), SpillError> {
+        let (deadlines, state) = split_value(&self.dir, key, value)?;
         let state = self.codec.decode(state).map_err(|e| self.damaged(key, e))?;
-        Ok((state, deadline))
+        Ok((state, deadlines))
     }
 
-    fn timer_key(deadline: i64, key: &[u8]) -> Vec<u8> {
-        let mut k = Vec::with_capacity(8 + key.len());
+    fn timer_key(domain: Domain, deadline: i64, key: &[u8]) -> Vec<u8> {
+        let mut k = Vec::with_capacity(9 + key.len());
+        k.push(domain as u8);
         k.extend_from_slice(&deadline_bytes(deadline));
         k.extend_from_slice(key);
         k
+    }
+
+    /// Deletes `key`'s timer entries (those it has) in `batch`.
+    fn delete_timers(
+        batch: &mut WriteBatch,
+        timers: &rocksdb::ColumnFamily,
+        key: &[u8],
+        deadlines: Deadlines,
+    ) {
+        for d in DOMAINS {
+            if deadlines.of(d) != Deadlines::NONE {
+                batch.delete_cf(timers, Self::timer_key(d, deadlines.of(d), key));
+            }
+        }
     }
 
     fn cfs(&self) -> (&rocksdb::ColumnFamily, &rocksdb::ColumnFamily) {
@@ -200,11 +220,22 @@ impl<S> RocksSpill<S> {
     }
 }
 
-/// A `sessions` value of the store in `dir`: the deadline, then the encoded state.
-fn split_value<'v>(dir: &Path, key: &[u8], value: &'v [u8]) -> Result<(i64, &'v [u8]), SpillError> {
-    match value.split_first_chunk::<8>() {
-        Some((deadline, state)) => Ok((i64::from_le_bytes(*deadline), state)),
-        None => Err(damaged(dir, key, "shorter than its deadline")),
+/// A `sessions` value of the store in `dir`: the deadlines, then the encoded state.
+fn split_value<'v>(
+    dir: &Path,
+    key: &[u8],
+    value: &'v [u8],
+) -> Result<(Deadlines, &'v [u8]), SpillError> {
+    match value.split_first_chunk::<VALUE_HEAD>() {
+        Some((head, state)) => {
+            let (event, processing) = head.split_at(8);
+            let deadlines = Deadlines {
+                event: i64::from_le_bytes(event.try_into().expect("8 bytes")),
+                processing: i64::from_le_bytes(processing.try_into().expect("8 bytes")),
+            };
+            Ok((deadlines, state))
+        }
+        None => Err(damaged(dir, key, "shorter than its deadlines")),
     }
 }
 
@@ -277,7 +308,7 @@ impl<S> Drop for RocksSpill<S> {
 }
 
 impl<S> SpillStore<S> for RocksSpill<S> {
-    fn take(&mut self, key: &[u8]) -> Result<Option<(S, i64)>, SpillError> {
+    fn take(&mut self, key: &[u8]) -> Result<Option<(S, Deadlines)>, SpillError> {
         let (sessions, timers) = self.cfs();
         let Some(value) = self
             .db()
@@ -286,15 +317,15 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         else {
             return Ok(None);
         };
-        let (state, deadline) = self.decode(key, &value)?;
+        let (state, deadlines) = self.decode(key, &value)?;
         drop(value);
         let mut batch = WriteBatch::default();
         batch.delete_cf(sessions, key);
-        batch.delete_cf(timers, Self::timer_key(deadline, key));
+        Self::delete_timers(&mut batch, timers, key, deadlines);
         self.db()
             .write_opt(batch, &self.write)
             .map_err(|e| self.error(e))?;
-        Ok(Some((state, deadline)))
+        Ok(Some((state, deadlines)))
     }
 
     fn peek(&self, key: &[u8], f: &mut dyn FnMut(&S)) -> Result<bool, SpillError> {
@@ -312,21 +343,27 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         }
     }
 
-    fn put(&mut self, evicted: &mut Vec<(KeyBytes, S, i64)>) -> Result<(), SpillError> {
+    fn put(&mut self, evicted: &mut Vec<(KeyBytes, S, Deadlines)>) -> Result<(), SpillError> {
         let mut scratch = std::mem::take(&mut self.scratch);
         let (sessions, timers) = self.cfs();
-        let mut earliest = i64::MAX;
+        let mut earliest = [i64::MAX; 2];
         let mut written = Ok(());
         // In batches of a few MiB: one eviction can move hundreds of thousands of keys.
         for chunk in evicted.chunks(PUT_BATCH) {
             let mut batch = WriteBatch::default();
-            for (key, state, deadline) in chunk {
+            for (key, state, deadlines) in chunk {
                 scratch.clear();
-                scratch.extend_from_slice(&deadline.to_le_bytes());
+                scratch.extend_from_slice(&deadlines.event.to_le_bytes());
+                scratch.extend_from_slice(&deadlines.processing.to_le_bytes());
                 self.codec.encode(state, &mut scratch);
                 batch.put_cf(sessions, key, &scratch);
-                batch.put_cf(timers, Self::timer_key(*deadline, key), []);
-                earliest = earliest.min(*deadline);
+                for d in DOMAINS {
+                    let at = deadlines.of(d);
+                    if at != Deadlines::NONE {
+                        batch.put_cf(timers, Self::timer_key(d, at, key), []);
+                        earliest[d as usize] = earliest[d as usize].min(at);
+                    }
+                }
             }
             written = self.db().write_opt(batch, &self.write);
             if written.is_err() {
@@ -336,15 +373,18 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         evicted.clear();
         self.scratch = scratch;
         written.map_err(|e| self.error(e))?;
-        self.due_from = self.due_from.min(earliest);
+        for (from, earliest) in self.due_from.iter_mut().zip(earliest) {
+            *from = (*from).min(earliest);
+        }
         Ok(())
     }
 
     fn take_due(
         &mut self,
+        domain: Domain,
         upto: i64,
         max: usize,
-        f: &mut dyn FnMut(&[u8], S, i64),
+        f: &mut dyn FnMut(&[u8], S, Deadlines),
     ) -> Result<i64, SpillError> {
         let (sessions, timers) = self.cfs();
         let db = self.db();
@@ -352,9 +392,18 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         let mut next = i64::MAX;
         {
             let mut it = db.raw_iterator_cf(timers);
-            it.seek(deadline_bytes(self.due_from));
+            let mut from = vec![domain as u8];
+            from.extend_from_slice(&deadline_bytes(self.due_from[domain as usize]));
+            it.seek(&from);
             while it.valid() {
                 let Some(k) = it.key() else { break };
+                let Some((&clock, k)) = k.split_first() else {
+                    return Err(self.damaged(k, "an empty timer entry"));
+                };
+                if clock != domain as u8 {
+                    // Past this clock's entries.
+                    break;
+                }
                 let Some((d, key)) = k.split_first_chunk::<8>() else {
                     return Err(self.damaged(k, "a timer entry without its deadline"));
                 };
@@ -373,22 +422,22 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         let values = db.batched_multi_get_cf(sessions, due.iter().map(|(_, k)| &k[..]), false);
         let mut batch = WriteBatch::default();
         let mut states = Vec::with_capacity(due.len());
-        for ((deadline, key), value) in due.iter().zip(values) {
+        for ((_, key), value) in due.iter().zip(values) {
             let value = value.map_err(|e| self.error(e))?;
             let Some(value) = value else {
-                return Err(self.damaged(key, "a timer entry without its sessions"));
+                return Err(self.damaged(key, "a timer entry without its state"));
             };
-            let (state, _) = self.decode(key, &value)?;
-            states.push(state);
+            let (state, deadlines) = self.decode(key, &value)?;
+            states.push((state, deadlines));
             batch.delete_cf(sessions, key);
-            batch.delete_cf(timers, Self::timer_key(*deadline, key));
+            Self::delete_timers(&mut batch, timers, key, deadlines);
         }
         db.write_opt(batch, &self.write)
             .map_err(|e| self.error(e))?;
-        for ((deadline, key), state) in due.iter().zip(states) {
-            f(key, state, *deadline);
+        for ((_, key), (state, deadlines)) in due.iter().zip(states) {
+            f(key, state, deadlines);
         }
-        self.due_from = next;
+        self.due_from[domain as usize] = next;
         Ok(next)
     }
 
@@ -403,6 +452,26 @@ impl<S> SpillStore<S> for RocksSpill<S> {
             it.next();
         }
         it.status().map_err(|e| self.error(e))
+    }
+
+    fn clear(&mut self) -> Result<(), SpillError> {
+        let (sessions, timers) = self.cfs();
+        for cf in [sessions, timers] {
+            let mut batch = WriteBatch::default();
+            let mut it = self.db().raw_iterator_cf(cf);
+            it.seek_to_first();
+            while let Some(k) = it.key() {
+                batch.delete_cf(cf, k);
+                it.next();
+            }
+            it.status().map_err(|e| self.error(e))?;
+            drop(it);
+            self.db()
+                .write_opt(batch, &self.write)
+                .map_err(|e| self.error(e))?;
+        }
+        self.due_from = [i64::MIN; 2];
+        Ok(())
     }
 
     /// A RocksDB checkpoint of the store (its memtables flushed, its table files hard
