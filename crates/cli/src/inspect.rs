@@ -403,11 +403,7 @@ fn inspect_kafka(
     use sessionizer_connectors::kafka::admin::Admin;
     use sessionizer_connectors::kafka::changelog::{Entry, read_to_end};
     use sessionizer_connectors::kafka::partitioner::partition_for;
-    let settings = KafkaSettings {
-        brokers: brokers.to_string(),
-        properties: Vec::new(),
-        timeout: std::time::Duration::from_secs(30),
-    };
+    let settings = KafkaSettings::new(brokers);
     let changelog = format!("{group}-{topic}-changelog");
     let admin = Admin::new(&settings)?;
     let Some(n) = admin.partitions(&changelog)? else {

@@ -345,11 +345,7 @@ pub fn generate_into(
     topic: &str,
 ) -> anyhow::Result<crate::generate::GenerateReport> {
     use sessionizer_connectors::kafka::{KafkaSettings, admin::Admin, producer::LineProducer};
-    let settings = KafkaSettings {
-        brokers: brokers.to_string(),
-        properties: Vec::new(),
-        timeout: Duration::from_secs(30),
-    };
+    let settings = KafkaSettings::new(brokers);
     Admin::new(&settings)?.require(topic, "--kafka-topic")?;
     let mut out = LineWriter {
         producer: LineProducer::new(&settings, topic, "visit_id")?,

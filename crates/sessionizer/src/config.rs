@@ -157,6 +157,16 @@ pub struct KafkaConfig {
 }
 
 impl KafkaConfig {
+    /// The client settings every Kafka client of the run starts from.
+    #[cfg(feature = "kafka")]
+    pub fn settings(&self) -> sessionizer_connectors::kafka::KafkaSettings {
+        sessionizer_connectors::kafka::KafkaSettings {
+            brokers: self.brokers.clone(),
+            properties: self.properties.clone(),
+            timeout: self.timeout,
+        }
+    }
+
     /// Whether the input is Kafka topics.
     pub fn is_source(&self) -> bool {
         !self.topics.is_empty()

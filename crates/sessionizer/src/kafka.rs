@@ -67,11 +67,7 @@ use std::time::Duration;
 pub use sessionizer_connectors::kafka::KafkaError;
 
 fn settings(brokers: &str) -> KafkaSettings {
-    KafkaSettings {
-        brokers: brokers.to_string(),
-        properties: Vec::new(),
-        timeout: Duration::from_secs(30),
-    }
+    KafkaSettings::new(brokers)
 }
 
 /// A Kafka topic's JSON records as events of type `E` (each record's value is one JSON

@@ -542,6 +542,17 @@ impl<S> KeyedStore<S> {
         if deadline.0 < self.proc_deadline[i] {
             self.proc_deadline[i] = deadline.0;
             self.proc_timers.push(Reverse((deadline.0, id)));
+            // Entries of keys removed or evicted (a spill store) stay until their
+            // deadline: past twice the keys, the heap is rebuilt from the live ones.
+            if self.proc_timers.len() > 2 * self.len() + 4096 {
+                self.proc_timers = self
+                    .proc_deadline
+                    .iter()
+                    .zip(0..)
+                    .filter(|&(&d, _)| d != NO_TIMER)
+                    .map(|(&d, id)| Reverse((d, id)))
+                    .collect();
+            }
         }
     }
 
@@ -853,6 +864,42 @@ mod tests {
         *store.state_mut(restored) = 8;
         store.forget_changes();
         assert_eq!(drained(&mut store), vec![]);
+    }
+
+    #[test]
+    fn stale_processing_timers_do_not_pile_up_and_live_ones_still_fire_in_order() {
+        let mut store: KeyedStore<T> = KeyedStore::default();
+        // Keys come and go (removed, or evicted to a spill store) with far deadlines.
+        for round in 0..20i64 {
+            for i in 0..1_000i64 {
+                let id = store.slot_for(format!("k{round}-{i}").as_bytes());
+                store.schedule_processing(id, ProcessingTime(1_000_000 - i));
+                if i % 100 != 0 {
+                    store.remove(id);
+                }
+            }
+        }
+        let live = store.len();
+        assert_eq!(live, 200);
+        assert!(
+            store.timer_entries() <= 2 * live + 4096 + 1,
+            "{} entries for {live} keys",
+            store.timer_entries()
+        );
+        let mut fired = Vec::new();
+        while let Some(id) = store.pop_due_processing(ProcessingTime(i64::MAX)) {
+            let key = String::from_utf8(store.key(id).to_vec()).expect("utf-8");
+            let i: i64 = key
+                .rsplit('-')
+                .next()
+                .expect("k{round}-{i}")
+                .parse()
+                .expect("i");
+            fired.push(1_000_000 - i);
+            store.remove(id);
+        }
+        assert_eq!(fired.len(), live, "every live key fires once");
+        assert!(fired.is_sorted(), "in deadline order: {fired:?}");
     }
 
     #[test]

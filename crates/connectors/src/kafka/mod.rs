@@ -41,6 +41,18 @@ pub struct KafkaSettings {
 }
 
 impl KafkaSettings {
+    /// How long a call may take by default (`--kafka-timeout`'s default).
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// Settings for `brokers`, without extra properties, with the default timeout.
+    pub fn new(brokers: &str) -> KafkaSettings {
+        KafkaSettings {
+            brokers: brokers.to_string(),
+            properties: Vec::new(),
+            timeout: KafkaSettings::DEFAULT_TIMEOUT,
+        }
+    }
+
     /// The client configuration every client starts from.
     pub fn client_config(&self) -> ClientConfig {
         let mut c = ClientConfig::new();

@@ -117,11 +117,7 @@ pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSi
         ));
     };
     let options = imp::SinkOptions {
-        settings: sessionizer_connectors::kafka::KafkaSettings {
-            brokers: kafka.brokers.clone(),
-            properties: kafka.properties.clone(),
-            timeout: kafka.timeout,
-        },
+        settings: kafka.settings(),
         sessions,
         dead: kafka.dead_letter_topic.clone(),
         late: kafka.late_topic.clone(),
@@ -142,11 +138,7 @@ pub(crate) fn open_library(
     transaction_timeout: std::time::Duration,
 ) -> Result<Box<dyn TopicSink + Send>, RunError> {
     let options = imp::SinkOptions {
-        settings: sessionizer_connectors::kafka::KafkaSettings {
-            brokers: brokers.to_string(),
-            properties: Vec::new(),
-            timeout: std::time::Duration::from_secs(30),
-        },
+        settings: sessionizer_connectors::kafka::KafkaSettings::new(brokers),
         sessions: topic.to_string(),
         dead: None,
         late: None,

@@ -164,11 +164,7 @@ impl<'c> KafkaJob<'c> {
         kafka: &'c KafkaConfig,
         telemetry: &Telemetry,
     ) -> Result<KafkaJob<'c>, RunError> {
-        let settings = KafkaSettings {
-            brokers: kafka.brokers.clone(),
-            properties: kafka.properties.clone(),
-            timeout: kafka.timeout,
-        };
+        let settings = kafka.settings();
         let admin = Admin::new(&settings)?;
         let mut partitions = Vec::new();
         for t in &kafka.topics {
