@@ -657,15 +657,20 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
 
     /// Chooses where the keys live (SPEC §4): [`StateBackend::Memory`] (the default)
     /// keeps them all in memory; [`StateBackend::RocksDb`] (cargo feature `rocksdb`)
-    /// keeps about half of `memory_bytes` of keys in memory, per worker, and the keys
-    /// beyond it — those longest without an event — in a RocksDB store of each worker
-    /// (in `dir`, or a temporary directory; scratch space, emptied when the job starts
-    /// and removed when it ends), with the deadlines of their timers, timeouts and
-    /// state expiry; the other half is RocksDB's block cache and write buffers. A key
+    /// keeps about half of `memory_bytes` of keys in memory, split evenly among the
+    /// workers, and the keys beyond it — those longest without an event — in a RocksDB
+    /// store of each worker (`dir/shard-N`, or a temporary directory; scratch space,
+    /// emptied when the job starts and removed when it is dropped), with the deadlines
+    /// of their timers, timeouts and state expiry; the other half (at least 8 MiB) is
+    /// RocksDB's block cache and write buffers. A key
     /// comes back into memory when an event for it arrives or before the batch end at
     /// which something of it is due, so **the calls and outputs are those of the memory
     /// backend**, in the same order; checkpoints hold every key, wherever it is, in the
-    /// same format. A state's size in memory is estimated from its JSON size. Call it
+    /// same format. An evicted state is written as JSON and read back, as a checkpoint
+    /// does: a type whose JSON does not read back as the same value (a skipped field)
+    /// sees the value read back. A state's size in memory is estimated from its JSON
+    /// size. A state that cannot be written as JSON stops the job with
+    /// [`SinkError::StateStore`] when it is evicted. Call it
     /// after [`set_workers`](Self::set_workers), before the first event and before
     /// [`restore_checkpoint`](Self::restore_checkpoint), once.
     pub fn set_state_backend(&mut self, backend: &StateBackend) -> Result<(), StateError>
@@ -710,9 +715,16 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
                 &memory,
             )
         };
-        self.op.spill_to(Box::new(open(0)?), hot);
-        for (i, w) in (1u32..).zip(&mut self.workers) {
-            w.op.spill_to(Box::new(open(i)?), hot);
+        // Every store opened before any is attached: a failure leaves the job as it was
+        // (and its stores' directories are removed with them).
+        let mut stores = (0..1 + self.workers.len() as u32)
+            .map(open)
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter();
+        self.op
+            .spill_to(Box::new(stores.next().expect("one per operator")), hot);
+        for (w, store) in self.workers.iter_mut().zip(stores) {
+            w.op.spill_to(Box::new(store), hot);
         }
         self.spill_root = Some(root);
         Ok(())

@@ -703,10 +703,14 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
 struct JsonAcc<Acc>(std::marker::PhantomData<fn() -> Acc>);
 
 impl<Acc: Serialize + DeserializeOwned> StateCodec<KeySessions<Acc>> for JsonAcc<Acc> {
-    fn encode(&self, sessions: &KeySessions<Acc>, out: &mut Vec<u8>) {
+    fn encode(&self, sessions: &KeySessions<Acc>, out: &mut Vec<u8>) -> Result<(), String> {
+        let refused = std::cell::RefCell::new(None);
         codec::encode_sessions_with(sessions, out, |acc, out| {
-            serde_json::to_writer(out, acc).expect("accumulator state serializes as JSON");
+            if let Err(e) = serde_json::to_writer(out, acc) {
+                refused.borrow_mut().get_or_insert(e.to_string());
+            }
         });
+        refused.into_inner().map_or(Ok(()), Err)
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<KeySessions<Acc>, String> {
@@ -772,7 +776,12 @@ where
             || self.operators().any(SessionOperator::changes_lost);
         let mut entries = StateEntries::default();
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
-        let encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(sessions, buf);
+        let mut refused: Option<String> = None;
+        let mut encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| {
+            if let Err(e) = json.encode(sessions, buf) {
+                refused.get_or_insert(e);
+            }
+        };
         if base {
             // Every key of every worker: in memory and in the state backend's store.
             for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
@@ -789,6 +798,12 @@ where
                     None => entries.tombstone(key),
                 });
             }
+        }
+        if let Some(reason) = refused {
+            return Err(StateError::State {
+                dir: checkpoints.path().to_path_buf(),
+                reason: format!("an accumulator state cannot be written as JSON: {reason}"),
+            });
         }
         let c = self.counts;
         let manifest = Manifest {

@@ -149,6 +149,29 @@ fn drive(
     (out, marks)
 }
 
+/// Runs batches `..=stop` of `input` (the clock as in [`drive`]), checkpointing after
+/// each batch `b` with `at(b)`; the outputs and the kinds of the checkpoints written.
+fn checkpoint_through(
+    job: &mut Job,
+    clock: &ManualClock,
+    input: &[Click],
+    stop: usize,
+    checkpoints: &mut Checkpoints,
+    at: impl Fn(usize) -> bool,
+) -> (Vec<String>, Vec<FileKind>) {
+    let mut out = Vec::new();
+    let mut kinds = Vec::new();
+    for (b, batch) in input.chunks(BATCH).enumerate().take(stop + 1) {
+        clock.set(ProcessingTime(b as i64 * 10_000));
+        job.process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
+            .expect("vectors");
+        if at(b) {
+            kinds.push(job.checkpoint(checkpoints).expect("checkpoint").kind);
+        }
+    }
+    (out, kinds)
+}
+
 #[test]
 fn a_stateful_job_restored_from_any_checkpoint_gives_the_uninterrupted_output() {
     let input = clicks(600);
@@ -168,15 +191,8 @@ fn a_stateful_job_restored_from_any_checkpoint_gives_the_uninterrupted_output() 
         let clock = ManualClock::default();
         let mut first = job(&clock);
         let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
-        let mut out = Vec::new();
-        let mut kinds = Vec::new();
-        for (b, batch) in input.chunks(BATCH).enumerate().take(stop + 1) {
-            clock.set(ProcessingTime(b as i64 * 10_000));
-            first
-                .process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
-                .expect("vectors");
-            kinds.push(first.checkpoint(&mut checkpoints).expect("checkpoint").kind);
-        }
+        let (mut out, kinds) =
+            checkpoint_through(&mut first, &clock, &input, stop, &mut checkpoints, |_| true);
         drop((first, checkpoints));
         assert_eq!(kinds[0], FileKind::Base);
         if stop > 0 {
@@ -407,6 +423,8 @@ fn a_stateful_backend_is_chosen_before_the_first_event() {
     fresh
         .set_state_backend(&sessionizer::config::StateBackend::Memory)
         .expect("memory");
+    assert!(fresh.operator().spill_counts().is_none(), "no spill store");
+    fresh.set_workers(3).expect("workers may still change");
 }
 
 #[cfg(not(feature = "rocksdb"))]
@@ -461,15 +479,8 @@ fn a_checkpoint_of_a_stateful_job_on_rocksdb_restores_on_either_backend() {
         .set_state_backend(&rocks(store.path()))
         .expect("rocksdb");
     let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
-    let mut out = Vec::new();
-    let mut kinds = Vec::new();
-    for (b, batch) in input.chunks(BATCH).enumerate().take(stop + 1) {
-        clock.set(ProcessingTime(b as i64 * 10_000));
-        first
-            .process_batch(batch.iter().cloned(), &mut out, &mut Vec::new())
-            .expect("vectors");
-        kinds.push(first.checkpoint(&mut checkpoints).expect("checkpoint").kind);
-    }
+    let (out, kinds) =
+        checkpoint_through(&mut first, &clock, &input, stop, &mut checkpoints, |_| true);
     assert!(kinds.contains(&FileKind::Delta), "{kinds:?}");
     let spilled = first.operator().spill_counts().expect("a spill store").keys;
     assert!(spilled > 50, "{spilled} keys on disk");
@@ -496,4 +507,49 @@ fn a_checkpoint_of_a_stateful_job_on_rocksdb_restores_on_either_backend() {
         all.extend(rest);
         assert_eq!(all, want, "restored on rocksdb: {on_rocks}");
     }
+}
+
+/// More changed keys evicted between two checkpoints than the memory budget would hold
+/// the list of: it is dropped, the next checkpoint is a base (it holds every key), and
+/// a restore from it gives the uninterrupted output.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn too_many_evicted_changes_make_the_stateful_jobs_next_checkpoint_a_base() {
+    // Thousands of users, each clicking once or twice: far more than 4,096 distinct keys
+    // change between the two checkpoints.
+    let input = clicks_of(40_000, 0x51_7cc1_b727_220a, 40_000, 100);
+    let batches = input.len().div_ceil(BATCH);
+    let stop = batches - 3;
+    let clock = ManualClock::default();
+    let (want, _) = drive(&mut job(&clock), &clock, &input, 0, None);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = tempfile::tempdir().expect("temp dir");
+    let clock = ManualClock::default();
+    let mut first = job(&clock);
+    first
+        .set_state_backend(&rocks(store.path()))
+        .expect("rocksdb");
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let (mut out, kinds) =
+        checkpoint_through(&mut first, &clock, &input, stop, &mut checkpoints, |b| {
+            b == 0 || b == stop
+        });
+    assert_eq!(
+        kinds,
+        [FileKind::Base, FileKind::Base],
+        "the second one too"
+    );
+    drop((first, checkpoints));
+
+    let clock = ManualClock::default();
+    let mut second = job(&clock);
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    second
+        .restore_checkpoint(&mut checkpoints)
+        .expect("restored")
+        .expect("a checkpoint");
+    let (rest, _) = drive(&mut second, &clock, &input, stop + 1, None);
+    out.extend(rest);
+    assert_eq!(out, want);
 }

@@ -74,9 +74,11 @@
 //! # State larger than memory
 //!
 //! [`spill_to`](StatefulOperator::spill_to) puts a [`SpillStore`] below the keyed store,
-//! as for the session window (`crate::spill`): at a batch end, once the keys in memory
-//! take more than the budget, the keys that have gone longest without an event are
-//! evicted with the deadlines of their next timers on both clocks, and a key comes back
+//! as for the session window (`crate::spill`): at a batch end (and while a restore
+//! fills it), once the keys in memory take more than the budget, the keys that have
+//! gone longest without an event are evicted (a key taken back for a timer, or
+//! restored, counts as the oldest) with the deadlines of their next timers on both
+//! clocks, and a key comes back
 //! when an event for it arrives or before a batch end at which one of its timers, its
 //! timeout or its state's expiry is due. The calls and their order are those of an
 //! operator without one.
@@ -661,8 +663,11 @@ impl<S> Default for KeyRecordCodec<S> {
 }
 
 impl<S: Serialize + DeserializeOwned> StateCodec<KeyState<S>> for KeyRecordCodec<S> {
-    fn encode(&self, ks: &KeyState<S>, out: &mut Vec<u8>) {
-        encode_key_record(b"", ks, out).expect("the state serializes as JSON");
+    fn encode(&self, ks: &KeyState<S>, out: &mut Vec<u8>) -> Result<(), String> {
+        encode_key_record(b"", ks, out).map_err(|e| match e {
+            SnapshotError::State { source, .. } => source.to_string(),
+            other => other.to_string(),
+        })
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<KeyState<S>, String> {
@@ -783,10 +788,17 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     }
 
     /// The first error of the spill store since the last call, if any. The operator
-    /// cannot go on correctly after one (a key it could not read back was treated as
-    /// new): the caller stops before using what the batch emitted.
+    /// cannot go on correctly after one (a key it could not read back would be treated
+    /// as new, an evicted key may be lost), so while one is pending it makes no calls:
+    /// the batch that met it makes none after that point, the batches after it none at
+    /// all. The caller stops with it (and restores from its last checkpoint).
     pub fn take_spill_error(&mut self) -> Option<SpillError> {
         self.spill.as_mut().and_then(|s| s.tier.take_error())
+    }
+
+    /// The spill store failed: no more calls ([`take_spill_error`](Self::take_spill_error)).
+    fn spill_failed(&self) -> bool {
+        self.spill.as_ref().is_some_and(|s| s.tier.has_failed())
     }
 
     /// What the spill store has done (`None`: the operator has none).
@@ -1068,6 +1080,10 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             ..BatchReport::default()
         };
 
+        if self.spill_failed() {
+            // A key of this batch may not have been read back: no calls.
+            self.pending.clear();
+        }
         // Data calls: keys by first appearance, each key's events in input order (the
         // sort is stable).
         let mut pending = std::mem::take(&mut self.pending);
@@ -1193,6 +1209,9 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     {
         let w = self.watermark;
         self.unspill_due(w, now);
+        if self.spill_failed() {
+            return;
+        }
         let mut due = std::mem::take(&mut self.due);
         due.clear();
         while let Some(id) = self.store.pop_due(w) {
@@ -1616,6 +1635,9 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
             let ks = decode_key_record(key, &mut r).expect("decoded before");
             put_key(&mut self.store, key, ks);
             self.check_budget(0);
+        }
+        if let Some(e) = self.take_spill_error() {
+            return Err(e.into());
         }
         self.watermark = match watermark.millis() {
             i64::MIN => Watermark::MIN,

@@ -1,6 +1,6 @@
 //! The stateful operator on a spill store (the seam of the `rocksdb` backend): with a
-//! hot tier so small that keys are evicted at every batch end, the function is called
-//! exactly as on the memory backend — same keys, events, timers, timeouts, watermarks,
+//! hot tier so small that keys are evicted at every batch end (all of them, or the
+//! coldest few), the function is called exactly as on the memory backend — same keys, events, timers, timeouts, watermarks,
 //! processing times and states seen, in the same order — and snapshots and incremental
 //! changes are the same bytes. Random streams of every timer kind (timeouts on both
 //! clocks, registered timers on both clocks, state TTL), on the in-memory
@@ -124,6 +124,15 @@ const KEYS: [&str; 12] = [
     "l",
 ];
 
+/// How a run checkpoints: a base every `base_every` batches (deltas between), and a
+/// restore from its own snapshot after batch `restore_at`.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    hot_bytes: usize,
+    base_every: usize,
+    restore_at: Option<usize>,
+}
+
 /// Everything an operator did over `batches`: the calls, the outputs, the changes
 /// each batch reported for an incremental checkpoint, and a snapshot at the end.
 #[derive(Debug, PartialEq)]
@@ -138,6 +147,7 @@ struct Run {
 fn run(
     batches: &[Batch],
     ttl: Option<i64>,
+    plan: Plan,
     spill: Option<Box<dyn SpillStore<KeyState<u32>>>>,
 ) -> Run {
     let clock = ManualClock::default();
@@ -147,8 +157,7 @@ fn run(
         op = op.with_state_ttl(DurationMs(ttl));
     }
     if let Some(store) = spill {
-        // Smaller than one key: every key is evicted at every batch end.
-        op.spill_to(store, 1);
+        op.spill_to(store, plan.hot_bytes);
     }
     op.track_changes(true);
     let mut r = Run {
@@ -158,7 +167,7 @@ fn run(
         keys: Vec::new(),
         snapshot: Vec::new(),
     };
-    for (events, tick) in batches {
+    for (b, (events, tick)) in batches.iter().enumerate() {
         clock.advance(DurationMs(*tick));
         let mut f = function(&mut r.seen);
         for &(k, t, a) in events {
@@ -168,11 +177,15 @@ fn run(
         op.end_batch(&mut f, &mut |o| r.outputs.push(o));
         drop(f);
         let mut changes = BTreeMap::new();
-        op.encode_state(false, |k, v| {
+        op.encode_state(b % plan.base_every == 0, |k, v| {
             changes.insert(k.to_vec(), v.map(<[u8]>::to_vec));
         })
         .expect("encodes");
         r.changes.push(changes);
+        if plan.restore_at == Some(b) {
+            let snapshot = op.snapshot().expect("snapshot");
+            op.restore(&snapshot).expect("restore");
+        }
         r.keys.push(op.keys());
         assert!(op.take_spill_error().is_none());
     }
@@ -181,6 +194,20 @@ fn run(
     drop(f);
     r.snapshot = op.snapshot().expect("snapshot");
     r
+}
+
+fn plan() -> impl Strategy<Value = Plan> {
+    (
+        // Smaller than one key (every key evicted at every batch end), a few keys, most.
+        prop_oneof![Just(1usize), Just(500), Just(1_500)],
+        1usize..6,
+        prop::option::of(0usize..14),
+    )
+        .prop_map(|(hot_bytes, base_every, restore_at)| Plan {
+            hot_bytes,
+            base_every,
+            restore_at,
+        })
 }
 
 fn batches() -> impl Strategy<Value = Vec<Batch>> {
@@ -200,9 +227,10 @@ proptest! {
     fn a_stateful_operator_on_a_spill_store_calls_the_function_as_one_in_memory(
         batches in batches(),
         ttl in prop::option::of(1i64..40),
+        plan in plan(),
     ) {
-        let memory = run(&batches, ttl, None);
-        let spilled = run(&batches, ttl, Some(Box::new(MapSpill::default())));
+        let memory = run(&batches, ttl, plan, None);
+        let spilled = run(&batches, ttl, plan, Some(Box::new(MapSpill::default())));
         prop_assert_eq!(&spilled, &memory);
     }
 }
@@ -215,6 +243,7 @@ proptest! {
     fn a_stateful_operator_on_rocksdb_calls_the_function_as_one_in_memory(
         batches in batches(),
         ttl in prop::option::of(1i64..40),
+        plan in plan(),
     ) {
         use sessionizer_window::spill::{RocksMemory, RocksSpill};
         use sessionizer_window::stateful::KeyRecordCodec;
@@ -225,8 +254,8 @@ proptest! {
             &RocksMemory::new(8 << 20),
         )
         .expect("opens");
-        let memory = run(&batches, ttl, None);
-        let spilled = run(&batches, ttl, Some(Box::new(store)));
+        let memory = run(&batches, ttl, plan, None);
+        let spilled = run(&batches, ttl, plan, Some(Box::new(store)));
         prop_assert_eq!(&spilled, &memory);
     }
 }
@@ -299,4 +328,48 @@ fn a_restore_fills_the_spill_store_and_snapshots_alike() {
     assert_eq!(a, b);
     // One round at the end: the timers the calls register wait for a next batch end.
     assert_eq!(a.len(), KEYS.len(), "every key's timer fired");
+}
+
+/// A state its JSON writer refuses (a map with non-string keys) cannot be evicted: the
+/// operator reports it, naming the key, and makes no more calls while it is pending.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn a_state_that_cannot_be_written_stops_the_operator_with_its_key() {
+    use sessionizer_window::spill::{RocksMemory, RocksSpill, SpillError};
+    use sessionizer_window::stateful::KeyRecordCodec;
+    type Pairs = BTreeMap<(u32, u32), u32>;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = RocksSpill::open_with(
+        &dir.path().join("spill"),
+        Box::new(KeyRecordCodec::<Pairs>::default()),
+        &RocksMemory::new(8 << 20),
+    )
+    .expect("opens");
+    let clock = ManualClock::default();
+    let mut op: StatefulOperator<u32, Pairs, _, _> =
+        StatefulOperator::new(BoundedOutOfOrderness::new(DurationMs(3)), clock.clone());
+    op.spill_to(Box::new(store), 1);
+    let calls = std::cell::Cell::new(0);
+    let mut f = |_: &str, evs: Vec<u32>, s: &mut GroupState<'_, Pairs>| {
+        calls.set(calls.get() + 1);
+        let mut m = s.get().cloned().unwrap_or_default();
+        for e in evs {
+            m.insert((e, e), e);
+        }
+        s.update(m);
+        None::<()>
+    };
+    assert!(op.push("ann", EventTime(1), 1).is_none());
+    op.end_batch(&mut f, &mut |_| {});
+    assert_eq!(calls.get(), 1);
+    // While the error is pending no call is made: the caller stops with it.
+    assert!(op.push("bob", EventTime(2), 2).is_none());
+    op.end_batch(&mut f, &mut |_| {});
+    assert_eq!(calls.get(), 1, "no call after the failure");
+    let err = op.take_spill_error().expect("eviction refused");
+    assert!(
+        matches!(err, SpillError::Encode { ref key, .. } if key == "ann"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("key must be a string"), "{err}");
 }

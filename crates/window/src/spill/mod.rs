@@ -53,6 +53,14 @@ pub enum SpillError {
         /// What the store reported.
         message: String,
     },
+    /// A state could not be written (its serde implementation refused it).
+    #[error("the state of key {key:?} cannot be written to the state store: {reason}")]
+    Encode {
+        /// The key, as text.
+        key: String,
+        /// What the state's writer said.
+        reason: String,
+    },
     /// The store's directory could not be made ready.
     #[error("cannot prepare the state store directory {dir}: {source}")]
     Dir {
@@ -175,8 +183,9 @@ pub trait StoreImage: fmt::Debug + Send {
 /// window with its own accumulator type writes that layout with the accumulator as
 /// JSON. One codec per store: what it wrote, it reads.
 pub trait StateCodec<S>: Send {
-    /// Appends the bytes of `state` to `out`.
-    fn encode(&self, state: &S, out: &mut Vec<u8>);
+    /// Appends the bytes of `state` to `out`; the error says why it cannot be written
+    /// (a user type that its JSON writer refuses).
+    fn encode(&self, state: &S, out: &mut Vec<u8>) -> Result<(), String>;
     /// Reads back what [`encode`](Self::encode) wrote; the error says what is wrong.
     fn decode(&self, bytes: &[u8]) -> Result<S, String>;
 }
@@ -187,8 +196,9 @@ pub trait StateCodec<S>: Send {
 pub struct SessionsCodec(pub crate::operator::WindowConfig);
 
 impl StateCodec<crate::session::KeySessions> for SessionsCodec {
-    fn encode(&self, state: &crate::session::KeySessions, out: &mut Vec<u8>) {
+    fn encode(&self, state: &crate::session::KeySessions, out: &mut Vec<u8>) -> Result<(), String> {
         crate::codec::encode_sessions(state, out);
+        Ok(())
     }
 
     fn decode(&self, bytes: &[u8]) -> Result<crate::session::KeySessions, String> {

@@ -348,14 +348,21 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         let (sessions, timers) = self.cfs();
         let mut earliest = [i64::MAX; 2];
         let mut written = Ok(());
+        let mut refused = None;
         // In batches of a few MiB: one eviction can move hundreds of thousands of keys.
-        for chunk in evicted.chunks(PUT_BATCH) {
+        'chunks: for chunk in evicted.chunks(PUT_BATCH) {
             let mut batch = WriteBatch::default();
             for (key, state, deadlines) in chunk {
                 scratch.clear();
                 scratch.extend_from_slice(&deadlines.event.to_le_bytes());
                 scratch.extend_from_slice(&deadlines.processing.to_le_bytes());
-                self.codec.encode(state, &mut scratch);
+                if let Err(reason) = self.codec.encode(state, &mut scratch) {
+                    refused = Some(SpillError::Encode {
+                        key: String::from_utf8_lossy(key).into_owned(),
+                        reason,
+                    });
+                    break 'chunks;
+                }
                 batch.put_cf(sessions, key, &scratch);
                 for d in DOMAINS {
                     let at = deadlines.of(d);
@@ -372,6 +379,9 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         }
         evicted.clear();
         self.scratch = scratch;
+        if let Some(e) = refused {
+            return Err(e);
+        }
         written.map_err(|e| self.error(e))?;
         for (from, earliest) in self.due_from.iter_mut().zip(earliest) {
             *from = (*from).min(earliest);

@@ -84,6 +84,11 @@ impl<S: Timed + Default> Tier<S> {
         }
     }
 
+    /// The spill store has failed since the last [`take_error`](Self::take_error).
+    pub(crate) fn has_failed(&self) -> bool {
+        self.error.is_some()
+    }
+
     pub(crate) fn take_error(&mut self) -> Option<SpillError> {
         self.error.take()
     }
