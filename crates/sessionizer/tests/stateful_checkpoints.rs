@@ -404,6 +404,14 @@ fn rocks(dir: &std::path::Path) -> sessionizer::config::StateBackend {
     }
 }
 
+/// [`job`] on the rocksdb backend of [`rocks`], its store in `store`.
+#[cfg(feature = "rocksdb")]
+fn rocks_job(clock: &ManualClock, store: &std::path::Path) -> Job {
+    let mut job = job(clock);
+    job.set_state_backend(&rocks(store)).expect("rocksdb");
+    job
+}
+
 #[test]
 fn a_stateful_backend_is_chosen_before_the_first_event() {
     let clock = ManualClock::default();
@@ -474,10 +482,7 @@ fn a_checkpoint_of_a_stateful_job_on_rocksdb_restores_on_either_backend() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = tempfile::tempdir().expect("temp dir");
     let clock = ManualClock::default();
-    let mut first = job(&clock);
-    first
-        .set_state_backend(&rocks(store.path()))
-        .expect("rocksdb");
+    let mut first = rocks_job(&clock, store.path());
     let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
     let (out, kinds) =
         checkpoint_through(&mut first, &clock, &input, stop, &mut checkpoints, |_| true);
@@ -526,10 +531,7 @@ fn too_many_evicted_changes_make_the_stateful_jobs_next_checkpoint_a_base() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = tempfile::tempdir().expect("temp dir");
     let clock = ManualClock::default();
-    let mut first = job(&clock);
-    first
-        .set_state_backend(&rocks(store.path()))
-        .expect("rocksdb");
+    let mut first = rocks_job(&clock, store.path());
     let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
     let (mut out, kinds) =
         checkpoint_through(&mut first, &clock, &input, stop, &mut checkpoints, |b| {
