@@ -1489,18 +1489,18 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         let batches = u64::from_le_bytes(r.array()?);
         let count = u64::from_le_bytes(r.array()?);
 
-        let mut records: Vec<(&[u8], &[u8])> = Vec::new();
+        let mut keys = Restored::new(self.spill.is_some());
         for _ in 0..count {
             let len = r.len()?;
             let key = r.take(len)?;
             let start = r.at;
-            decode_key_record::<S>(key, &mut r)?;
-            records.push((key, &body[start..r.at]));
+            let ks = decode_key_record::<S>(key, &mut r)?;
+            keys.add(key, &body[start..r.at], ks);
         }
         if r.at != body.len() {
             return Err(SnapshotError::Truncated);
         }
-        self.install(Watermark(watermark), batches, records)
+        self.install(Watermark(watermark), batches, keys)
     }
 
     /// Starts (or stops) remembering which keys change, for incremental checkpoints
@@ -1597,47 +1597,55 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         if self.open.is_some() {
             return Err(SnapshotError::BatchOpen);
         }
-        let mut records: Vec<(&[u8], &[u8])> = Vec::new();
+        let mut restored = Restored::new(self.spill.is_some());
         for (key, record) in keys {
             let mut r = Reader {
                 bytes: record,
                 at: 0,
             };
-            decode_key_record::<S>(key, &mut r)?;
+            let ks = decode_key_record::<S>(key, &mut r)?;
             if r.at != record.len() {
                 return Err(SnapshotError::Truncated);
             }
-            records.push((key, record));
+            restored.add(key, record, ks);
         }
-        self.install(watermark, batches, records)
+        self.install(watermark, batches, restored)
     }
 
-    /// Replaces the keyed state with `records` (each read once already: they decode),
-    /// evicting to the spill store, if any, as they come (what it held goes first),
-    /// and sets the watermark and the number of batches ended.
+    /// Replaces the keyed state with the restored `keys` — with a spill store, decoding
+    /// them again and evicting as they come (what the store held goes first) — and sets
+    /// the watermark and the number of batches ended.
     fn install(
         &mut self,
         watermark: Watermark,
         batches: u64,
-        records: Vec<(&[u8], &[u8])>,
+        keys: Restored<'_, S>,
     ) -> Result<(), SnapshotError> {
-        if let Some(s) = self.spill.as_mut() {
-            s.tier.clear()?;
-        }
-        let mut store = KeyedStore::default();
-        store.track_changes(self.tracking);
-        self.store = store;
-        for (key, record) in records {
-            let mut r = Reader {
-                bytes: record,
-                at: 0,
-            };
-            let ks = decode_key_record(key, &mut r).expect("decoded before");
-            put_key(&mut self.store, key, ks);
-            self.check_budget(0);
-        }
-        if let Some(e) = self.take_spill_error() {
-            return Err(e.into());
+        match keys.store {
+            Some(mut store) => {
+                store.track_changes(self.tracking);
+                self.store = store;
+            }
+            None => {
+                if let Some(s) = self.spill.as_mut() {
+                    s.tier.clear()?;
+                }
+                let mut store = KeyedStore::default();
+                store.track_changes(self.tracking);
+                self.store = store;
+                for (key, record) in keys.records {
+                    let mut r = Reader {
+                        bytes: record,
+                        at: 0,
+                    };
+                    let ks = decode_key_record(key, &mut r).expect("decoded before");
+                    put_key(&mut self.store, key, ks);
+                    self.check_budget(0);
+                }
+                if let Some(e) = self.take_spill_error() {
+                    return Err(e.into());
+                }
+            }
         }
         self.watermark = match watermark.millis() {
             i64::MIN => Watermark::MIN,
@@ -1774,6 +1782,32 @@ pub fn describe_record(key: &[u8], record: &[u8]) -> Result<serde_json::Value, S
         "timers": timers,
         "expires": ks.expires.map(|t| time(t.millis())),
     }))
+}
+
+/// The keys of a restore, each read once (so a damaged one refuses the restore before
+/// anything changes): without a spill store decoded into the store they will live in;
+/// with one only checked, and decoded again as they go in, so that the whole state is
+/// never in memory at once.
+struct Restored<'r, S> {
+    store: Option<KeyedStore<KeyState<S>>>,
+    records: Vec<(&'r [u8], &'r [u8])>,
+}
+
+impl<'r, S> Restored<'r, S> {
+    fn new(spilling: bool) -> Self {
+        Restored {
+            store: (!spilling).then(KeyedStore::default),
+            records: Vec::new(),
+        }
+    }
+
+    /// `key` with its `record`, decoded as `ks`.
+    fn add(&mut self, key: &'r [u8], record: &'r [u8], ks: KeyState<S>) {
+        match &mut self.store {
+            Some(store) => put_key(store, key, ks),
+            None => self.records.push((key, record)),
+        }
+    }
 }
 
 /// Puts a decoded key into `store` with its timers scheduled.
