@@ -199,6 +199,18 @@ struct SessionCosts<'a, A: SessionAggregate> {
     retention: i64,
 }
 
+impl<'a, A: SessionAggregate> SessionCosts<'a, A> {
+    /// Of a window configured as `cfg` whose largest gap so far is `largest_gap`.
+    fn new(agg: &'a A, cfg: &WindowConfig, largest_gap: i64) -> Self {
+        let lateness = cfg.allowed_lateness.millis();
+        SessionCosts {
+            agg,
+            lateness,
+            retention: lateness.saturating_add(largest_gap),
+        }
+    }
+}
+
 impl<A: SessionAggregate> KeyCosts<KeySessions<A::Acc>> for SessionCosts<'_, A> {
     fn bytes(&mut self, key: &[u8], state: &KeySessions<A::Acc>) -> usize {
         KEY_BYTES + key.len().saturating_sub(16) + state.heap_bytes(self.agg)
@@ -416,12 +428,9 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// When the operator next acts on a key with `sessions` (see
     /// [`restore_key`](Self::restore_key)), `i64::MAX` for none.
     fn next_deadline(&self, sessions: &KeySessions<A::Acc>) -> i64 {
-        let lateness = self.cfg.allowed_lateness.millis();
-        next_deadline(
-            sessions,
-            lateness,
-            lateness.saturating_add(self.largest_gap),
-        )
+        SessionCosts::new(&self.agg, &self.cfg, self.largest_gap)
+            .deadlines(sessions)
+            .event
     }
 
     /// A key not in memory: taken back from the spill store if it is there.
@@ -461,12 +470,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
         if let Some(spill) = self.spill.as_mut()
             && spill.should_check(self.store.len(), 1)
         {
-            let lateness = self.cfg.allowed_lateness.millis();
-            let mut costs = SessionCosts {
-                agg: &self.agg,
-                lateness,
-                retention: lateness.saturating_add(self.largest_gap),
-            };
+            let mut costs = SessionCosts::new(&self.agg, &self.cfg, self.largest_gap);
             spill.evict(&mut self.store, keep, self.bound_changes, &mut costs);
         }
     }

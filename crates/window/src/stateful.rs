@@ -585,8 +585,6 @@ struct StatefulSpill<S> {
     /// the user type's layout); its buffer.
     json_len: fn(&S, &mut Vec<u8>) -> usize,
     buf: Vec<u8>,
-    /// The mean JSON size of the states sampled so far.
-    state_bytes: usize,
 }
 
 /// How many keys' states one measuring pass writes as JSON: one in this many.
@@ -596,10 +594,12 @@ const SAMPLE_EVERY: usize = 32;
 struct StatefulCosts<'a, S> {
     json_len: fn(&S, &mut Vec<u8>) -> usize,
     buf: &'a mut Vec<u8>,
-    state_bytes: &'a mut usize,
+    /// Keys with state seen in this pass; of them, how many were written, and their
+    /// mean JSON size.
     seen: usize,
     sampled: usize,
     sum: usize,
+    state_bytes: usize,
 }
 
 impl<S> KeyCosts<KeyState<S>> for StatefulCosts<'_, S> {
@@ -610,10 +610,10 @@ impl<S> KeyCosts<KeyState<S>> for StatefulCosts<'_, S> {
                 self.buf.clear();
                 self.sum += (self.json_len)(s, self.buf);
                 self.sampled += 1;
-                *self.state_bytes = self.sum / self.sampled;
+                self.state_bytes = self.sum / self.sampled;
             }
             self.seen += 1;
-            state = *self.state_bytes;
+            state = self.state_bytes;
         }
         key_bytes::<S>() + key.len().saturating_sub(16) + ks.timers.capacity() * 16 + state
     }
@@ -783,7 +783,6 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             tier: Tier::new(store, hot_bytes, key_bytes::<S>()),
             json_len: json_len::<S>,
             buf: Vec::new(),
-            state_bytes: 0,
         }));
     }
 
@@ -867,15 +866,14 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             tier,
             json_len,
             buf,
-            state_bytes,
         } = &mut **s;
         let mut costs = StatefulCosts {
             json_len: *json_len,
             buf,
-            state_bytes,
             seen: 0,
             sampled: 0,
             sum: 0,
+            state_bytes: 0,
         };
         tier.evict(&mut self.store, None, self.bound_changes, &mut costs);
     }

@@ -78,7 +78,7 @@ impl<S: Timed + Default> Tier<S> {
     }
 
     /// Keeps the first error.
-    pub(crate) fn failed(&mut self, e: SpillError) {
+    fn failed(&mut self, e: SpillError) {
         if self.error.is_none() {
             self.error = Some(e);
         }
