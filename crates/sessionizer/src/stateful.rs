@@ -733,7 +733,7 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
     #[cfg(not(feature = "rocksdb"))]
     fn open_rocks(&mut self, _: u64, _: Option<&std::path::Path>) -> Result<(), StateError> {
         Err(StateError::Backend(
-            "this build of the sessionizer crate has no RocksDB state backend: enable its cargo feature `rocksdb`".into(),
+            crate::pipeline::backend::NO_ROCKSDB_LIBRARY.into(),
         ))
     }
 }

@@ -885,7 +885,7 @@ where
     #[cfg(not(feature = "rocksdb"))]
     fn open_rocks(&mut self, _: u64, _: Option<&Path>) -> Result<(), StateError> {
         Err(StateError::Backend(
-            "this build of the sessionizer crate has no RocksDB state backend: enable its cargo feature `rocksdb`".into(),
+            crate::pipeline::backend::NO_ROCKSDB_LIBRARY.into(),
         ))
     }
 

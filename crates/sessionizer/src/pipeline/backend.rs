@@ -75,6 +75,11 @@ pub(crate) fn rocks_budget(
     (memory, total / 2 / parts.max(1))
 }
 
+/// A library job's refusal of `StateBackend::RocksDb` in a build without the `rocksdb`
+/// feature.
+#[cfg(not(feature = "rocksdb"))]
+pub(crate) const NO_ROCKSDB_LIBRARY: &str = "this build of the sessionizer crate has no RocksDB state backend: enable its cargo feature `rocksdb`";
+
 /// The refusal of a build without the `rocksdb` feature.
 #[cfg(not(feature = "rocksdb"))]
 pub(crate) const NO_ROCKSDB: &str = "this sessionizer was built without the RocksDB state backend; build it with `cargo build --release --features rocksdb`, or use --state-backend memory";
