@@ -18,6 +18,15 @@
 #   open     peak RSS of `run` holding 1M open sessions (one event per key, --gap 1000h)
 #            minus that of a 1,000-key run: bytes per open session through the CLI
 #
+#   scripts/bench.sh rocksdb    # the rocksdb state backend (feature `rocksdb`)
+#
+#   rocksdb  1M visits on each backend (`run --collect page`, one core); then
+#            ROCKS_OPEN (default 20M) open sessions with one collected page each under
+#            --state-memory 512MB with a state directory: the run and its base at the
+#            end of input (pause, write, base file, RocksDB files kept), the state on
+#            disk, and two restarts on it: with as many workers (the stores start from
+#            the base's copies) and with two (every key read into new stores).
+#
 #   scripts/bench.sh kafka      # Kafka in, Kafka out (feature `kafka`, a local broker
 #                               # from scripts/kafka-dev.sh, started if needed)
 #
@@ -31,9 +40,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}
 
-if [ "$WHAT" = kafka ]; then
+if [ "$WHAT" = kafka ] || [ "$WHAT" = rocksdb ]; then
   if [ -n "${SESSIONIZER_BIN:-}" ]; then BIN=$SESSIONIZER_BIN; else
-    cargo build --release -q -p sessionizer-cli --features kafka
+    cargo build --release -q -p sessionizer-cli --features "$WHAT"
     BIN=target/release/sessionizer
   fi
 elif [ -n "${SESSIONIZER_BIN:-}" ]; then
@@ -133,6 +142,51 @@ kafka_bench() {
   done
 }
 
+# One rocksdb-backend run: LABEL then the run's arguments; prints the run, its peak RSS
+# and what its checkpoints and restore did.
+rocks_run() {
+  local label=$1; shift
+  /usr/bin/time -f "%e %M" -o bench-data/time.txt "$BIN" run "$@" \
+    --stats-file bench-data/rstats.json --progress never 2>/dev/null
+  python3 - "$label" <<'PY'
+import json, sys
+s = json.load(open("bench-data/rstats.json"))
+wall, rss = open("bench-data/time.txt").read().split()
+c = s.get("checkpoints", {})
+st = s.get("state_store", {})
+n = s["records_read"] - c.get("records_before", 0)
+print(f"rocksdb {sys.argv[1]:28} {n:>9} events in {float(wall):6.1f} s ({n / max(float(wall), 1e-3) / 1e3:6.0f}K/s)  "
+      f"peak RSS {int(rss) / 1024:5.0f} MiB  evicted {st.get('evicted', 0)}")
+if c:
+    print(f"        checkpoints {c['written']} (bases {c['bases']}): state files {c['bytes']} bytes, new RocksDB files "
+          f"{c.get('store_bytes_new', 0)} bytes, longest pause {c['pause_us_max'] / 1e3:.0f} ms, "
+          f"longest write {c['write_us_max'] / 1e3:.0f} ms; restore {c['restore_us'] / 1e3:.0f} ms "
+          f"({c.get('restore_keys_linked', 0)} keys linked)")
+PY
+}
+
+rocks_bench() {
+  local data=bench-data/visits-1000000.jsonl
+  [ -s "$data" ] || "$BIN" generate --events 1000000 --output "$data" 2>/dev/null
+  cat "$data" > /dev/null
+  for backend in "memory" "rocksdb --state-memory 512MB"; do
+    # shellcheck disable=SC2086
+    rocks_run "1M visits, $backend" --input "$data" --output bench-data/sessions.jsonl \
+      --collect page --state-backend $backend
+  done
+  local n=${ROCKS_OPEN:-20000000} open sd=bench-data/rocks-state
+  open=bench-data/open-$n.jsonl
+  [ -s "$open" ] || "$BIN" generate --events "$n" --keys "$n" --session-length 1 --output "$open" 2>/dev/null
+  rm -rf "$sd"
+  local job=(--input "$open" --output bench-data/sessions.jsonl --collect page --gap 1000h
+    --state-dir "$sd" --keep-open --checkpoint-interval 1h --state-backend rocksdb --state-memory 512MB)
+  rocks_run "$n open sessions" "${job[@]}"
+  echo "        state directory: $(du -sh --apparent-size "$sd" | cut -f1) (RocksDB copies $(du -shc --apparent-size "$sd"/rocksdb-* | tail -1 | cut -f1), live stores $(du -sh --apparent-size "$sd"/spill 2>/dev/null | cut -f1 || echo 0))"
+  rocks_run "restart, same workers" "${job[@]}"
+  rocks_run "restart, --workers 2" "${job[@]}" --workers 2
+  rm -rf "$sd"
+}
+
 # Count only, many keys: N events over K concurrent visits, WORKERS, REPEAT.
 e2e_keys() {
   local n=$1 keys=$2 workers=$3 repeat=$4 data=bench-data/keys$2-$1.jsonl pin=()
@@ -179,6 +233,9 @@ case "$WHAT" in
     ;;
   kafka)
     kafka_bench
+    ;;
+  rocksdb)
+    rocks_bench
     ;;
   quick)
     e2e 1000000 1 3

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 /// deleted after each checkpoint.
 pub const KEEP_MANIFESTS: usize = 3;
 
-const TMP_PREFIX: &str = ".tmp-";
+pub(crate) const TMP_PREFIX: &str = ".tmp-";
 
 /// The name of a checkpoint file.
 pub fn file_name(kind: FileKind, epoch: u64) -> String {
@@ -60,6 +60,9 @@ pub struct Listing {
     pub state_files: Vec<(FileKind, u64, String)>,
     /// Leftovers of interrupted writes.
     pub temp_files: Vec<String>,
+    /// Directories of bases' RocksDB store checkpoints: `(epoch, name)`
+    /// ([`crate::stores`]).
+    pub store_dirs: Vec<(u64, String)>,
 }
 
 impl Listing {
@@ -69,6 +72,7 @@ impl Listing {
             .iter()
             .copied()
             .chain(self.state_files.iter().map(|f| f.1))
+            .chain(self.store_dirs.iter().map(|d| d.0))
             .max()
             .unwrap_or(0)
     }
@@ -222,10 +226,13 @@ impl StateDir {
                     FileKind::Manifest => listing.manifests.push(epoch),
                     _ => listing.state_files.push((kind, epoch, name)),
                 }
+            } else if let Some(epoch) = crate::stores::parse_store_dir_name(&name) {
+                listing.store_dirs.push((epoch, name));
             }
         }
         listing.manifests.sort_unstable();
         listing.state_files.sort_by_key(|f| f.1);
+        listing.store_dirs.sort_unstable();
         Ok(listing)
     }
 
@@ -310,6 +317,7 @@ impl StateDir {
         let loaded = LoadedState {
             files,
             format_version: format_version.unwrap_or(frame::FORMAT_VERSION),
+            stores: self.check_stores(&manifest.base)?,
         };
         loaded.check()?;
         Ok(loaded)
@@ -460,8 +468,7 @@ impl StateDir {
     /// [`finish_state`](Self::finish_state), which makes it durable and puts it in
     /// place. Nothing is visible under the file's name before that.
     fn begin_state(&mut self, kind: FileKind, epoch: u64) -> Result<StateFile, CheckpointError> {
-        self.writes += 1;
-        let inject = self.fail_write_at == Some(self.writes);
+        let inject = self.count_write();
         let name = file_name(kind, epoch);
         let tmp = self.path.join(format!("{TMP_PREFIX}{name}"));
         let target = self.path.join(name.clone());
@@ -534,6 +541,7 @@ impl StateDir {
             bytes: (frame::HEADER_LEN + frame::TRAILER_LEN) as u64 + payload,
             puts: f.puts,
             tombstones: f.tombstones,
+            stores: Vec::new(),
         })
     }
 
@@ -550,8 +558,7 @@ impl StateDir {
         name: &str,
         parts: &[&[u8]],
     ) -> Result<u64, CheckpointError> {
-        self.writes += 1;
-        let inject = self.fail_write_at == Some(self.writes);
+        let inject = self.count_write();
         let tmp = self.path.join(format!("{TMP_PREFIX}{name}"));
         let target = self.path.join(name);
         let result = write_synced(&tmp, parts, inject).and_then(|len| {
@@ -574,7 +581,13 @@ impl StateDir {
         Ok(len)
     }
 
-    fn sync_dir(&self) -> Result<(), CheckpointError> {
+    /// Counts one more file write; whether the write-failure test hook picks it.
+    pub(crate) fn count_write(&mut self) -> bool {
+        self.writes += 1;
+        self.fail_write_at == Some(self.writes)
+    }
+
+    pub(crate) fn sync_dir(&self) -> Result<(), CheckpointError> {
         File::open(&self.path)
             .and_then(|d| d.sync_all())
             .map_err(|source| CheckpointError::Write {
@@ -587,9 +600,24 @@ impl StateDir {
     /// Removes temp files left by an interrupted write.
     pub fn remove_temp_files(&self) -> Result<(), CheckpointError> {
         for name in self.list()?.temp_files {
-            remove(&self.path.join(name))?;
+            if self.path.join(&name).is_dir() {
+                self.remove_store_dir(&name)?;
+            } else {
+                remove(&self.path.join(name))?;
+            }
         }
         Ok(())
+    }
+
+    /// Removes a directory of store checkpoints ([`crate::stores`]), or one left by an
+    /// interrupted adoption.
+    fn remove_store_dir(&self, name: &str) -> Result<(), CheckpointError> {
+        let path = self.path.join(name);
+        crate::stores::remove_dir_if_there(&path).map_err(|source| CheckpointError::Write {
+            action: "remove the old checkpoint's store directory",
+            path,
+            source,
+        })
     }
 
     /// Deletes every checkpoint newer than `epoch` (`None`: every checkpoint): their
@@ -613,6 +641,11 @@ impl StateDir {
                 remove(&self.path.join(name))?;
             }
         }
+        for (e, name) in &listing.store_dirs {
+            if newer(*e) {
+                self.remove_store_dir(name)?;
+            }
+        }
         Ok(discarded)
     }
 
@@ -630,6 +663,9 @@ impl StateDir {
             if let Ok(m) = self.read_manifest(epoch) {
                 referenced.insert(m.base.file.clone());
                 referenced.extend(m.deltas.iter().map(|d| d.file.clone()));
+                if !m.base.stores.is_empty() {
+                    referenced.insert(crate::stores::store_dir_name(m.base.epoch));
+                }
             }
         }
         for &epoch in old {
@@ -638,6 +674,11 @@ impl StateDir {
         for (_, epoch, name) in &listing.state_files {
             if *epoch <= newest && !referenced.contains(name) {
                 remove(&self.path.join(name))?;
+            }
+        }
+        for (epoch, name) in &listing.store_dirs {
+            if *epoch <= newest && !referenced.contains(name) {
+                self.remove_store_dir(name)?;
             }
         }
         Ok(())

@@ -18,6 +18,7 @@ pub mod error;
 pub mod frame;
 pub mod manifest;
 pub mod state;
+pub mod stores;
 pub mod task;
 pub mod writer;
 
@@ -26,9 +27,10 @@ pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
 pub use manifest::{
     Counters, InputPosition, KafkaPosition, KafkaSource, KafkaTxn, Manifest, OutputCommit,
-    StateFileRef, WatermarkState,
+    StateFileRef, StoreFileRef, StoreRef, WatermarkState,
 };
 pub use state::{LoadedState, StateEntries};
+pub use stores::{LoadedStore, StoreImageDir, StoreReader};
 pub use task::TaskSnapshot;
 pub use writer::{CheckpointWriter, Committed, EncodedState};
 

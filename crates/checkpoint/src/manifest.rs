@@ -124,6 +124,53 @@ pub struct StateFileRef {
     pub puts: u64,
     /// Keys removed (deltas only).
     pub tombstones: u64,
+    /// A base of the `rocksdb` state backend: the RocksDB checkpoint of each worker's
+    /// store (by worker index), holding the keys that were in RocksDB when the base was
+    /// taken; the base file holds the keys that were in memory. Empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stores: Vec<StoreRef>,
+}
+
+/// One worker's RocksDB store as a base keeps it: a RocksDB checkpoint (its table files
+/// hard links shared with the store and with earlier bases, its other files copies) in a
+/// directory of the state directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreRef {
+    /// Its directory inside the state directory: `rocksdb-<base epoch>/shard-<index>`.
+    pub dir: String,
+    /// Keys it holds.
+    pub keys: u64,
+    /// Sessions among them that are not final (the operator's count of its keys).
+    pub open_sessions: u64,
+    /// Every file of the RocksDB checkpoint, by name.
+    pub files: Vec<StoreFileRef>,
+}
+
+/// One file of a [`StoreRef`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreFileRef {
+    /// The file's name in the store's directory.
+    pub name: String,
+    /// Its length.
+    pub bytes: u64,
+    /// CRC32 (IEEE) of its contents: recovery reads every file back and compares.
+    pub crc32: u32,
+}
+
+impl StateFileRef {
+    /// Bytes of state this file stands for: its own, and those of the stores a base
+    /// builds on.
+    pub fn state_bytes(&self) -> u64 {
+        self.bytes
+            + self
+                .stores
+                .iter()
+                .flat_map(|s| &s.files)
+                .map(|f| f.bytes)
+                .sum::<u64>()
+    }
 }
 
 /// How far one input was consumed, and what the file looked like, so that a changed file

@@ -244,6 +244,9 @@ pub struct LoadedState {
     /// The format version of every one of the files (a chain is never mixed: after a
     /// resume from an older version the first checkpoint is a new base).
     pub(crate) format_version: u16,
+    /// The base's RocksDB store checkpoints, verified (the `rocksdb` backend's bases;
+    /// empty otherwise): keys besides the base file's, none of them in it.
+    pub(crate) stores: Vec<crate::stores::LoadedStore>,
 }
 
 /// A state file's payload, checked: in memory (deltas), or where it lies in its file
@@ -275,13 +278,78 @@ impl LoadedState {
         self.format_version
     }
 
+    /// The base's RocksDB store checkpoints (a base of the `rocksdb` backend), by
+    /// worker index; empty when the base file holds every key.
+    pub fn stores(&self) -> &[crate::stores::LoadedStore] {
+        &self.stores
+    }
+
     /// Calls `f` once for every key that has state at the checkpoint, with its newest
     /// value, in no particular order. Stops at the first error of `f`. The slices live
-    /// for the call only (the base is read from its file piece by piece).
+    /// for the call only (the base is read from its file piece by piece). A checkpoint
+    /// whose base keeps keys in RocksDB store checkpoints ([`stores`](Self::stores))
+    /// needs [`for_each_live_with`](Self::for_each_live_with) and a reader of them.
     pub fn for_each_live<E>(
         &self,
+        f: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), LiveError<E>> {
+        self.for_each_live_with(None, f)
+    }
+
+    /// As [`for_each_live`](Self::for_each_live), the keys of the base's store
+    /// checkpoints read with `reader` (without one, a checkpoint that has them is an
+    /// error that says so).
+    pub fn for_each_live_with<E>(
+        &self,
+        reader: Option<&dyn crate::stores::StoreReader>,
         mut f: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
     ) -> Result<(), LiveError<E>> {
+        if !self.stores.is_empty() && reader.is_none() {
+            return Err(LiveError::NoStoreReader);
+        }
+        let seen = self.for_each_newest_in_files(|key, value| match value {
+            Some(v) => f(key, v),
+            None => Ok(()),
+        })?;
+        let Some(reader) = reader else {
+            return Ok(());
+        };
+        for store in &self.stores {
+            let mut failed = None;
+            reader
+                .for_each(&store.path, &mut |key, value| {
+                    if seen.contains(key) {
+                        return true;
+                    }
+                    match f(key, value) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            failed = Some(e);
+                            false
+                        }
+                    }
+                })
+                .map_err(|reason| {
+                    LiveError::Damaged(Damage {
+                        file: store.path.display().to_string(),
+                        reason,
+                    })
+                })?;
+            if let Some(e) = failed {
+                return Err(LiveError::Apply(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `f` once for every key of the base file and the deltas with its newest
+    /// entry there: its value, or `None` where a delta removed it. Not the keys of the
+    /// base's store checkpoints (restored as they are, then overridden by these).
+    /// Returns the keys the deltas name.
+    pub fn for_each_newest_in_files<E>(
+        &self,
+        mut f: impl FnMut(&[u8], Option<&[u8]>) -> Result<(), E>,
+    ) -> Result<HashSet<&[u8]>, LiveError<E>> {
         let damaged = |name: &str, reason: String| {
             LiveError::Damaged(Damage {
                 file: name.to_string(),
@@ -298,10 +366,8 @@ impl LoadedState {
             };
             for entry in entries(payload) {
                 let (key, value) = entry.map_err(|r| damaged(name, r))?;
-                if seen.insert(key)
-                    && let Some(v) = value
-                {
-                    f(key, v).map_err(LiveError::Apply)?;
+                if seen.insert(key) {
+                    f(key, value).map_err(LiveError::Apply)?;
                 }
             }
         }
@@ -311,7 +377,7 @@ impl LoadedState {
                 for entry in entries(payload) {
                     let (key, value) = entry.map_err(|r| damaged(name, r))?;
                     if let Some(v) = value.filter(|_| !seen.contains(key)) {
-                        f(key, v).map_err(LiveError::Apply)?;
+                        f(key, Some(v)).map_err(LiveError::Apply)?;
                     }
                 }
             }
@@ -324,12 +390,12 @@ impl LoadedState {
                 let mut stream = StreamEntries::new(reader, *len).map_err(|r| damaged(name, r))?;
                 while let Some(has_value) = stream.next().map_err(|r| damaged(name, r))? {
                     if has_value && !seen.contains(&stream.key[..]) {
-                        f(&stream.key, &stream.value).map_err(LiveError::Apply)?;
+                        f(&stream.key, Some(&stream.value)).map_err(LiveError::Apply)?;
                     }
                 }
             }
         }
-        Ok(())
+        Ok(seen)
     }
 
     /// Checks that the in-memory files' entries are well formed, without applying them
@@ -458,6 +524,10 @@ pub enum LiveError<E> {
     /// The callback returned this error.
     #[error(transparent)]
     Apply(E),
+    /// The base keeps keys in RocksDB store checkpoints and there is no reader of them
+    /// (a build without the `rocksdb` state backend): [`crate::stores::NO_READER`].
+    #[error("{}", crate::stores::NO_READER)]
+    NoStoreReader,
 }
 
 #[cfg(test)]
@@ -535,6 +605,7 @@ mod tests {
                 ("d2".into(), Payload::Bytes(payload(&[&d2]))),
             ],
             format_version: crate::FORMAT_VERSION,
+            stores: Vec::new(),
         };
         let mut live = Vec::new();
         state
@@ -549,5 +620,107 @@ mod tests {
             .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
             .collect();
         assert_eq!(live, want);
+    }
+
+    /// A store checkpoint's keys, as a reader of RocksDB files would hand them out.
+    struct Stores(Vec<(std::path::PathBuf, Vec<(&'static str, &'static str)>)>);
+
+    impl crate::stores::StoreReader for Stores {
+        fn for_each(
+            &self,
+            dir: &std::path::Path,
+            f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+        ) -> Result<(), String> {
+            let (_, keys) = self
+                .0
+                .iter()
+                .find(|(p, _)| p == dir)
+                .ok_or("no such store")?;
+            for (k, v) in keys {
+                if !f(k.as_bytes(), v.as_bytes()) {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn keys_of_a_bases_stores_are_live_unless_a_delta_changed_them() {
+        // The base file holds the keys in memory ("m"), the stores the others; the
+        // deltas change and remove keys of both.
+        let mut base = StateEntries::default();
+        base.put_with(b"m", |v| v.extend_from_slice(b"0"));
+        let mut d1 = StateEntries::default();
+        d1.put_with(b"s1", |v| v.extend_from_slice(b"1"));
+        d1.tombstone(b"s2");
+        d1.put_with(b"new", |v| v.extend_from_slice(b"1"));
+        let store = |n: &str| crate::stores::LoadedStore {
+            path: n.into(),
+            keys: 2,
+            open_sessions: 2,
+        };
+        let state = LoadedState {
+            files: vec![
+                ("base".into(), Payload::Bytes(payload(&[&base]))),
+                ("d1".into(), Payload::Bytes(payload(&[&d1]))),
+            ],
+            format_version: crate::FORMAT_VERSION,
+            stores: vec![store("shard-0"), store("shard-1")],
+        };
+        let reader = Stores(vec![
+            ("shard-0".into(), vec![("s1", "0"), ("s2", "0")]),
+            ("shard-1".into(), vec![("s3", "0"), ("s4", "0")]),
+        ]);
+        let mut live = Vec::new();
+        state
+            .for_each_live_with::<()>(Some(&reader), |k, v| {
+                live.push((String::from_utf8_lossy(k).into_owned(), v.to_vec()));
+                Ok(())
+            })
+            .expect("apply");
+        live.sort();
+        let want: Vec<(String, Vec<u8>)> = [
+            ("m", "0"),
+            ("new", "1"),
+            ("s1", "1"),
+            ("s3", "0"),
+            ("s4", "0"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+        assert_eq!(live, want);
+
+        // What a restore onto the stores as they are applies: the files' newest entries,
+        // removals included, and nothing of the stores.
+        let mut over = Vec::new();
+        let named = state
+            .for_each_newest_in_files::<()>(|k, v| {
+                over.push((
+                    String::from_utf8_lossy(k).into_owned(),
+                    v.map(<[u8]>::to_vec),
+                ));
+                Ok(())
+            })
+            .expect("apply");
+        over.sort();
+        assert_eq!(
+            over,
+            vec![
+                ("m".to_string(), Some(b"0".to_vec())),
+                ("new".to_string(), Some(b"1".to_vec())),
+                ("s1".to_string(), Some(b"1".to_vec())),
+                ("s2".to_string(), None),
+            ]
+        );
+        assert_eq!(named.len(), 3);
+
+        // Without a reader the stores' keys cannot be read: said, not skipped.
+        let err = state
+            .for_each_live::<String>(|_, _| Ok(()))
+            .expect_err("no reader");
+        assert!(matches!(err, LiveError::NoStoreReader), "{err}");
+        assert!(err.to_string().contains("cargo feature `rocksdb`"), "{err}");
     }
 }

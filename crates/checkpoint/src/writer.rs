@@ -26,6 +26,11 @@ pub struct Committed {
     pub puts: u64,
     /// Keys removed in the state file (deltas only).
     pub tombstones: u64,
+    /// A base with RocksDB store checkpoints: bytes of their files that are new since
+    /// the previous base (the others are shared with it). 0 otherwise.
+    pub store_bytes_new: u64,
+    /// A base with RocksDB store checkpoints: bytes of all their files. 0 otherwise.
+    pub store_bytes: u64,
 }
 
 /// The keyed state of one checkpoint, encoded (see [`crate::state`]): payload parts
@@ -47,6 +52,10 @@ pub struct CheckpointWriter {
     dir: StateDir,
     /// The base and deltas of the last checkpoint (written or resumed from).
     chain: Option<(StateFileRef, Vec<StateFileRef>)>,
+    /// The last base with store checkpoints, written or resumed from (also when a
+    /// resume started a new chain): a new base's files that are the same as its files
+    /// keep their checksums.
+    previous_base: Option<StateFileRef>,
     next_epoch: u64,
     max_deltas: usize,
 }
@@ -67,6 +76,9 @@ impl CheckpointWriter {
             chain: resumed
                 .filter(|(_, state)| state.format_version() == FORMAT_VERSION)
                 .map(|(m, _)| (m.base.clone(), m.deltas.clone())),
+            previous_base: resumed
+                .map(|(m, _)| m.base.clone())
+                .filter(|b| !b.stores.is_empty()),
             next_epoch,
             max_deltas: DEFAULT_MAX_DELTAS,
         })
@@ -79,6 +91,9 @@ impl CheckpointWriter {
         self.chain = resumed
             .filter(|(_, state)| state.format_version() == FORMAT_VERSION)
             .map(|(m, _)| (m.base.clone(), m.deltas.clone()));
+        self.previous_base = resumed
+            .map(|(m, _)| m.base.clone())
+            .filter(|b| !b.stores.is_empty());
     }
 
     /// Sets how many deltas may follow a base.
@@ -100,7 +115,7 @@ impl CheckpointWriter {
             None => true,
             Some((base, deltas)) => {
                 deltas.len() >= self.max_deltas
-                    || deltas.iter().map(|d| d.bytes).sum::<u64>() >= base.bytes
+                    || deltas.iter().map(|d| d.bytes).sum::<u64>() >= base.state_bytes()
             }
         }
     }
@@ -140,6 +155,20 @@ impl CheckpointWriter {
         &mut self,
         state: &EncodedState<'_>,
         more: &mut dyn FnMut(&mut crate::StateFile) -> Result<(), CheckpointError>,
+        manifest: Manifest,
+    ) -> Result<Committed, CheckpointError> {
+        self.commit_full(state, more, Vec::new(), manifest)
+    }
+
+    /// As [`commit_with`](Self::commit_with); a base also keeps `stores`, the RocksDB
+    /// checkpoints of the workers' stores that hold the keys `state` does not
+    /// ([`crate::stores`]): they are moved into the state directory before the base
+    /// file is written. A delta takes none (they are removed).
+    pub fn commit_full(
+        &mut self,
+        state: &EncodedState<'_>,
+        more: &mut dyn FnMut(&mut crate::StateFile) -> Result<(), CheckpointError>,
+        stores: Vec<crate::stores::StoreImageDir>,
         mut manifest: Manifest,
     ) -> Result<Committed, CheckpointError> {
         let epoch = self.next_epoch;
@@ -151,7 +180,17 @@ impl CheckpointWriter {
         // The epoch is used up even if the write fails, so a retry never meets a
         // half-written file of its own name.
         self.next_epoch += 1;
-        let file = self.dir.write_state_with(
+        let adopted = if kind == FileKind::Base && !stores.is_empty() {
+            let previous = self.previous_base.as_ref();
+            self.dir.adopt_stores(epoch, stores, previous)?
+        } else {
+            for s in &stores {
+                let _ = std::fs::remove_dir_all(&s.path);
+            }
+            crate::stores::Adopted::default()
+        };
+        let store_bytes_new = adopted.new_bytes;
+        let mut file = self.dir.write_state_with(
             kind,
             epoch,
             &state.parts,
@@ -159,6 +198,8 @@ impl CheckpointWriter {
             state.tombstones,
             more,
         )?;
+        file.stores = adopted.stores;
+        let store_bytes = file.state_bytes() - file.bytes;
         let (puts, tombstones) = (file.puts, file.tombstones);
         let state_bytes = file.bytes;
         let (base, deltas) = match (kind, self.chain.take()) {
@@ -175,6 +216,7 @@ impl CheckpointWriter {
         manifest.base = base.clone();
         manifest.deltas = deltas.clone();
         let manifest_bytes = self.dir.write_manifest(&manifest)?;
+        self.previous_base = Some(base.clone()).filter(|b| !b.stores.is_empty());
         self.chain = Some((base, deltas));
         self.dir.collect_garbage()?;
         Ok(Committed {
@@ -184,6 +226,8 @@ impl CheckpointWriter {
             manifest_bytes,
             puts,
             tombstones,
+            store_bytes_new,
+            store_bytes,
         })
     }
 }

@@ -129,15 +129,26 @@ pub fn inspect(args: &InspectArgs, out: &mut impl Write) -> anyhow::Result<()> {
 fn write_checkpoint_line(c: &CheckpointInfo, out: &mut impl Write) -> std::io::Result<()> {
     match &c.status {
         Ok(m) => {
-            let state_bytes: u64 = m.base.bytes + m.deltas.iter().map(|d| d.bytes).sum::<u64>();
+            let state_bytes: u64 =
+                m.base.state_bytes() + m.deltas.iter().map(|d| d.bytes).sum::<u64>();
             let kind = if m.deltas.last().is_some_and(|d| d.epoch == m.epoch) {
                 "delta"
             } else {
                 "base"
             };
+            let stores = &m.base.stores;
+            let in_stores = if stores.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " + {} in copies of the RocksDB stores, {} bytes",
+                    stores.iter().map(|s| s.keys).sum::<u64>(),
+                    m.base.state_bytes() - m.base.bytes
+                )
+            };
             writeln!(
                 out,
-                "  {:>6}  {}  {kind:<5}  base {} ({} keys) + {} deltas ({} changed, {} removed); state {} bytes, manifest {} bytes{}",
+                "  {:>6}  {}  {kind:<5}  base {} ({} keys{in_stores}) + {} deltas ({} changed, {} removed); state {} bytes, manifest {} bytes{}",
                 c.epoch,
                 format_rfc3339_ms(EventTime(
                     i64::try_from(m.created_unix_ms).unwrap_or(i64::MAX)
@@ -231,7 +242,7 @@ fn checkpoint_json(c: &CheckpointInfo) -> Value {
 fn collect_stateful(state: &LoadedState, only: Option<&str>) -> anyhow::Result<Vec<Value>> {
     let mut all = Vec::new();
     state
-        .for_each_live(|key, value| {
+        .for_each_live_with(sessionizer::pipeline::store_reader(), |key, value| {
             if only.is_some_and(|k| k.as_bytes() != key) {
                 return Ok(());
             }
@@ -309,7 +320,7 @@ fn collect_sessions(
     let mut all = Vec::new();
     let format = state.format_version();
     state
-        .for_each_live(|key, value| {
+        .for_each_live_with(sessionizer::pipeline::store_reader(), |key, value| {
             if only.is_some_and(|k| k.as_bytes() != key) {
                 return Ok(());
             }

@@ -351,3 +351,122 @@ fn a_state_directory_continues_on_the_other_backend_and_inspect_reads_it() {
     durable(&c, &[]);
     assert_same_outputs(&got, &want);
 }
+
+/// Splits the lines of `input` into `parts` files of about equal length in `dir`.
+#[cfg(feature = "rocksdb")]
+fn split(input: &Path, parts: usize, dir: &Path) -> Vec<std::path::PathBuf> {
+    let text = std::fs::read_to_string(input).expect("read");
+    let lines: Vec<&str> = text.lines().collect();
+    let per = lines.len().div_ceil(parts);
+    lines
+        .chunks(per)
+        .enumerate()
+        .map(|(i, part)| {
+            let path = dir.join(format!("part{i}.jsonl"));
+            std::fs::write(&path, part.join("\n") + "\n").expect("write");
+            path
+        })
+        .collect()
+}
+
+/// A rocksdb base keeps each worker's store as a RocksDB checkpoint in the state
+/// directory (SPEC §4: incremental checkpoints from RocksDB's own): a run with as many
+/// workers starts its stores from those copies (hard links, no key read or written),
+/// one with another number reads their keys; `inspect` lists them; and every way gives
+/// one uninterrupted memory run's outputs.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn a_rocksdb_base_keeps_the_stores_and_a_restart_with_as_many_workers_links_them() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 150_000, 20_000, 17);
+    let parts = split(&input, 4, tmp.path());
+    let want = tmp.path().join("want");
+    let all: Vec<&Path> = parts.iter().map(|p| p.as_path()).collect();
+    job(&all, &want, &["--allowed-lateness", "5m"]);
+
+    let got = tmp.path().join("got");
+    let state = got.join("state");
+    let continued = |part: &Path, workers: &str, last: bool| {
+        let mut args = vec![
+            "--state-dir",
+            s(&state),
+            "--allowed-lateness",
+            "5m",
+            "--workers",
+            workers,
+            // Bases and deltas within a part.
+            "--checkpoint-every-records",
+            "10000",
+        ];
+        if !last {
+            args.push("--keep-open");
+        }
+        args.extend_from_slice(TINY);
+        job(&[part], &got, &args);
+        stats(&got.join("stats.json"))
+    };
+    continued(&parts[0], "2", false);
+    assert_spilled(&got.join("stats.json"), 1_000);
+    let manifest = newest_manifest(&state);
+    let stores = manifest["base"]["stores"].as_array().expect("stores");
+    assert_eq!(stores.len(), 2, "{manifest}");
+    let in_stores: u64 = stores.iter().map(|s| s["keys"].as_u64().unwrap_or(0)).sum();
+    assert!(in_stores > 5_000, "{manifest}");
+    for (i, store) in stores.iter().enumerate() {
+        let dir = state.join(store["dir"].as_str().expect("dir"));
+        assert!(dir.ends_with(format!("shard-{i}")), "{}", dir.display());
+        let tables = store["files"]
+            .as_array()
+            .expect("files")
+            .iter()
+            .filter(|f| f["name"].as_str().is_some_and(|n| n.ends_with(".sst")))
+            .count();
+        assert!(tables > 0 && dir.join("CURRENT").is_file(), "{store}");
+    }
+    // inspect reads the store copies' keys too.
+    let shown = run_ok(&["inspect", "--state-dir", s(&state), "--json", "--keys"]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("json");
+    let listed = shown["sessions"].as_array().map_or(0, Vec::len) as u64;
+    assert_eq!(
+        Some(listed),
+        manifest["keys"].as_u64(),
+        "inspect lists every key"
+    );
+
+    // As many workers: the stores start as the copies.
+    let st = continued(&parts[1], "2", false);
+    let linked = st["checkpoints"]["restore_keys_linked"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(linked > 5_000, "{st}");
+    // Bases after the first write only the table files that are new.
+    let new_bytes = st["checkpoints"]["store_bytes_new"].as_u64().unwrap_or(0);
+    assert!(new_bytes > 0, "{st}");
+    // Another number of workers reads the copies' keys into its shards.
+    let st = continued(&parts[2], "3", false);
+    assert_eq!(st["checkpoints"]["restore_keys_linked"], 0, "{st}");
+    let st = continued(&parts[3], "3", true);
+    assert!(
+        st["checkpoints"]["restore_keys_linked"]
+            .as_u64()
+            .unwrap_or(0)
+            > 1_000,
+        "{st}"
+    );
+    assert_same_outputs(&got, &want);
+}
+
+/// The newest manifest of a state directory, as JSON (its payload starts after the
+/// 24-byte frame header and ends before the 4-byte checksum).
+#[cfg(feature = "rocksdb")]
+fn newest_manifest(state: &Path) -> serde_json::Value {
+    let newest = std::fs::read_dir(state)
+        .expect("read")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("manifest-"))
+        .max()
+        .expect("a manifest");
+    let bytes = std::fs::read(state.join(newest)).expect("read");
+    serde_json::from_slice(&bytes[24..bytes.len() - 4]).expect("manifest json")
+}

@@ -854,6 +854,7 @@ where
         let restored = match read {
             Err(LiveError::Damaged(d)) => Err(d.to_string()),
             Err(LiveError::Apply(reason)) => Err(reason),
+            Err(LiveError::NoStoreReader) => Err(sessionizer_checkpoint::stores::NO_READER.into()),
             Ok(()) => {
                 let watermark = Watermark(manifest.watermark.watermark_ms);
                 let shards = 1 + self.workers.len();

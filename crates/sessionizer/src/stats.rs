@@ -165,6 +165,12 @@ pub struct CheckpointStats {
     /// Time spent restoring the checkpoint this run resumed from: reading and checking
     /// its files, decoding every key into its shard (microseconds).
     pub restore_us: u64,
+    /// Keys restored without being read: the `rocksdb` backend's stores started as the
+    /// copies the checkpoint's base kept of them (hard links to their files).
+    pub restore_keys_linked: u64,
+    /// Bytes of RocksDB store files that bases adopted new (the files they share with
+    /// the previous base are neither copied nor counted).
+    pub store_bytes_new: u64,
 }
 
 impl RunStats {
@@ -260,12 +266,29 @@ impl RunStats {
         if let Some(c) = &self.checkpoints {
             if let Some(epoch) = c.resumed_from {
                 let _ = write!(s, "\n  resumed from checkpoint {epoch}");
+                if c.restore_keys_linked > 0 {
+                    let _ = write!(
+                        s,
+                        " ({} keys in RocksDB restored by linking the checkpoint's files)",
+                        c.restore_keys_linked
+                    );
+                }
             }
             let _ = write!(
                 s,
-                "\n  checkpoints written {} ({} bytes; longest write {:.1} ms, longest pause {:.1} ms)",
-                c.written,
-                c.bytes,
+                "\n  checkpoints written {} ({} bytes",
+                c.written, c.bytes
+            );
+            if c.store_bytes_new > 0 {
+                let _ = write!(
+                    s,
+                    ", and {} bytes of new RocksDB files kept",
+                    c.store_bytes_new
+                );
+            }
+            let _ = write!(
+                s,
+                "; longest write {:.1} ms, longest pause {:.1} ms)",
                 c.write_us_max as f64 / 1e3,
                 c.pause_us_max as f64 / 1e3
             );

@@ -922,6 +922,7 @@ where
             let reason = match e {
                 LiveError::Damaged(d) => d.to_string(),
                 LiveError::Apply(reason) => reason,
+                LiveError::NoStoreReader => sessionizer_checkpoint::stores::NO_READER.into(),
             };
             return Err(checkpoints.keep_found((manifest, state), reason));
         }

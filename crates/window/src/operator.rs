@@ -17,7 +17,7 @@ use crate::keyed::{KeyedStore, SlotId, Timed, key_hash};
 use crate::session::{Arrival, KeySessions, Session};
 pub use crate::spill::SpillCounts;
 use crate::spill::tier::{KeyCosts, Tier};
-use crate::spill::{Deadlines, Domain, SpillError, SpillStore};
+use crate::spill::{BaseImage, Deadlines, Domain, SpillError, SpillStore};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use smallvec::SmallVec;
 use std::fmt;
@@ -367,22 +367,28 @@ impl<A: SessionAggregate> SessionOperator<A> {
     }
 
     /// The keys of a checkpoint's base, the cheap way: calls `f` with every key in
-    /// memory, and returns an image of the spill store's keys to read later
-    /// ([`SpillStore::image`]) — or, when the store makes none, calls `f` with those too.
+    /// memory, and returns an image of the spill store's keys ([`SpillStore::image`]),
+    /// for the base to keep — or, when the store makes none, calls `f` with those too.
     /// Either way the changes are forgotten (the base holds them).
     pub fn base_keys(
         &mut self,
         mut f: impl FnMut(&[u8], &KeySessions<A::Acc>),
-    ) -> Result<Option<Box<dyn crate::spill::StoreImage>>, SpillError> {
+    ) -> Result<Option<BaseImage>, SpillError> {
         self.forget_changes();
+        let mut open_in_memory = 0;
         for (_, key, sessions) in self.store.iter() {
+            open_in_memory += sessions.sessions().filter(|s| !s.is_final()).count();
             f(key, sessions);
         }
         let Some(s) = self.spill.as_mut() else {
             return Ok(None);
         };
         match s.store_mut().image()? {
-            Some(image) => Ok(Some(image)),
+            Some(image) => Ok(Some(BaseImage {
+                image,
+                keys: s.keys as u64,
+                open_sessions: (self.open_sessions - open_in_memory) as u64,
+            })),
             None => s.store().for_each(&mut f).map(|()| None),
         }
     }
@@ -411,6 +417,43 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// before the first event or restored key.
     pub fn spill_to(&mut self, store: Box<dyn SpillStore<KeySessions<A::Acc>>>, hot_bytes: usize) {
         self.spill = Some(Box::new(Tier::new(store, hot_bytes, KEY_BYTES)));
+    }
+
+    /// As [`spill_to`](Self::spill_to), with a store restored from a checkpoint's
+    /// [`BaseImage`]: it holds `keys` keys with `open_sessions` sessions not yet final,
+    /// each with the deadline it was evicted with. Call it after the watermark and the
+    /// largest gap are restored and before any other key is; the checkpoint's other
+    /// keys then come with [`restore_over`](Self::restore_over).
+    pub fn spill_restored(
+        &mut self,
+        store: Box<dyn SpillStore<KeySessions<A::Acc>>>,
+        hot_bytes: usize,
+        keys: usize,
+        open_sessions: usize,
+    ) -> Result<(), SpillError> {
+        self.spill = Some(Box::new(Tier::restored(store, hot_bytes, KEY_BYTES, keys)?));
+        self.open_sessions += open_sessions;
+        Ok(())
+    }
+
+    /// Puts a key's newest state from a checkpoint over what a restored spill store
+    /// ([`spill_restored`](Self::spill_restored)) holds of it: its copy there is
+    /// dropped, then `sessions` are restored as [`restore_key`](Self::restore_key) does
+    /// (`None`: the key has no state any more).
+    pub fn restore_over(
+        &mut self,
+        key: &[u8],
+        sessions: Option<KeySessions<A::Acc>>,
+    ) -> Result<(), SpillError> {
+        if let Some(spill) = self.spill.as_mut()
+            && let Some(old) = spill.remove(key)?
+        {
+            self.open_sessions -= old.sessions().filter(|s| !s.is_final()).count();
+        }
+        if let Some(sessions) = sessions {
+            self.restore_key(key, sessions);
+        }
+        Ok(())
     }
 
     /// The first error of the spill store since the last call, if any. The operator

@@ -436,6 +436,33 @@ proptest! {
     }
 }
 
+#[cfg(feature = "rocksdb")]
+proptest! {
+    #![proptest_config(rocks_config())]
+
+    /// A rocksdb base kept as RocksDB's own checkpoint and restored from it: the store
+    /// opened from the image (its keys keep their deadlines), the keys that were in
+    /// memory put over it, then the run goes on — with a hot tier as tiny as before, or
+    /// one that evicts nothing more (so only the restored store's own deadlines bring
+    /// its keys back). Exactly the reference's records.
+    #[test]
+    fn engine_restored_from_a_rocksdb_base_matches_reference(
+        events in stream(),
+        p in params_strategy(),
+        hot in hot_bytes(),
+        cut in 0usize..1000,
+        roomy in any::<bool>(),
+    ) {
+        let reference = run_reference(&events, &p);
+        let at = cut % events.len().max(1);
+        let hot_after = if roomy { 1 << 30 } else { hot };
+        let engine = run_engine_on(&events, &p, &[], Backend::RocksRestored { hot, at, hot_after });
+        if let Some(diff) = first_difference(&engine, &reference) {
+            prop_assert!(false, "engine restored after event {} (hot {} then {}) != reference at {}\nparams: {:?}\nevents: {:?}", at, hot, hot_after, diff, p, events);
+        }
+    }
+}
+
 /// The reference's records without their aggregates.
 fn bounds_only(run: &mut RefRun) {
     for o in &mut run.out {

@@ -3,14 +3,17 @@
 //! RocksDB spill store of its own below it (`window::spill`), all within one memory
 //! budget.
 //!
-//! The spill stores are scratch space, not the durable state: a checkpoint holds every
-//! key (cold ones read back from RocksDB), so the stores start empty in every run and
-//! a restore fills them again by evicting. Their files live in `<state-dir>/spill/`
-//! (or a temporary directory without a state directory) while the run lasts.
+//! The spill stores live in `<state-dir>/spill/` (or a temporary directory without a
+//! state directory) while the run lasts. A checkpoint's base keeps a RocksDB
+//! checkpoint of each store (`sessionizer_checkpoint::stores`); a run that restores
+//! it with as many workers starts each store from its copy (hard links, no key read or
+//! written), any other run reads the copies' keys into its shards like a base file's.
+//! Stores start empty otherwise.
 
 use super::RunError;
 use super::shard::Shard;
 use crate::config::{PipelineConfig, StateBackend};
+use sessionizer_checkpoint::{LoadedState, LoadedStore, StoreReader};
 use std::path::{Path, PathBuf};
 
 /// The directory of a run's spill stores; a temporary one is removed when dropped
@@ -107,18 +110,41 @@ pub(crate) fn sample_stores(
     seen.disk_bytes_max = seen.disk_bytes_max.max(disk);
 }
 
-/// Puts the configured backend below every shard (before anything is restored).
+/// The backend below a run's shards ([`attach`]).
+#[derive(Debug, Default)]
+pub(crate) struct Attached {
+    /// The spill stores' directory (`rocksdb`).
+    pub root: Option<SpillRoot>,
+    /// The stores started as the restored checkpoint's copies of them: the restore
+    /// puts only the checkpoint's base file and deltas over them.
+    pub stores_restored: bool,
+}
+
+/// Puts the configured backend below every shard (before anything else is restored).
+/// With `rocksdb`, a checkpoint to restore whose base keeps a store per shard of this
+/// run (as many workers as then) gives each shard's store its start.
 pub(crate) fn attach(
     cfg: &PipelineConfig,
     shards: &mut [Shard],
     state_dir: Option<&Path>,
-) -> Result<Option<SpillRoot>, RunError> {
+    restoring: Option<&LoadedState>,
+) -> Result<Attached, RunError> {
+    let stores = restoring.map_or(&[][..], LoadedState::stores);
+    if !stores.is_empty() && store_reader().is_none() {
+        return Err(RunError::Unsupported(
+            sessionizer_checkpoint::stores::NO_READER.into(),
+        ));
+    }
     match &cfg.state_backend {
-        StateBackend::Memory => Ok(None),
+        StateBackend::Memory => Ok(Attached::default()),
         StateBackend::RocksDb { memory_bytes, dir } => {
             let root = SpillRoot::choose(dir.as_deref(), state_dir);
-            open_rocks(cfg, shards, &root, *memory_bytes)?;
-            Ok(Some(root))
+            let from = Some(stores).filter(|s| s.len() == shards.len());
+            open_rocks(cfg, shards, &root, *memory_bytes, from)?;
+            Ok(Attached {
+                root: Some(root),
+                stores_restored: from.is_some(),
+            })
         }
     }
 }
@@ -129,19 +155,61 @@ fn open_rocks(
     shards: &mut [Shard],
     root: &SpillRoot,
     memory_bytes: u64,
+    from: Option<&[LoadedStore]>,
 ) -> Result<(), RunError> {
     use sessionizer_window::spill::RocksSpill;
     let (memory, hot) = rocks_budget(memory_bytes, shards.len());
     for shard in shards {
-        let store = RocksSpill::open(&root.part(shard.index), cfg.window_config(), &memory)?;
-        shard.op.spill_to(Box::new(store), hot);
+        let dir = root.part(shard.index);
+        let codec = Box::new(sessionizer_window::spill::SessionsCodec(
+            cfg.window_config(),
+        ));
+        match from.map(|stores| &stores[shard.index as usize]) {
+            Some(copy) => {
+                let store = RocksSpill::open_from(&dir, &copy.path, codec, &memory)?;
+                let keys = usize::try_from(copy.keys).unwrap_or(usize::MAX);
+                let open = usize::try_from(copy.open_sessions).unwrap_or(usize::MAX);
+                shard.op.spill_restored(Box::new(store), hot, keys, open)?;
+            }
+            None => {
+                let store = RocksSpill::open_with(&dir, codec, &memory)?;
+                shard.op.spill_to(Box::new(store), hot);
+            }
+        }
     }
     Ok(())
 }
 
 #[cfg(not(feature = "rocksdb"))]
-fn open_rocks(_: &PipelineConfig, _: &mut [Shard], _: &SpillRoot, _: u64) -> Result<(), RunError> {
+fn open_rocks(
+    _: &PipelineConfig,
+    _: &mut [Shard],
+    _: &SpillRoot,
+    _: u64,
+    _: Option<&[LoadedStore]>,
+) -> Result<(), RunError> {
     Err(RunError::Unsupported(NO_ROCKSDB.into()))
+}
+
+/// Reads the keys of a base's RocksDB store copies ([`LoadedState::stores`]);
+/// `None` in a build without the `rocksdb` feature.
+pub fn store_reader() -> Option<&'static dyn StoreReader> {
+    #[cfg(feature = "rocksdb")]
+    {
+        struct Rocks;
+        impl StoreReader for Rocks {
+            fn for_each(
+                &self,
+                dir: &Path,
+                f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+            ) -> Result<(), String> {
+                sessionizer_window::spill::RocksImage::read(dir, f).map_err(|e| e.to_string())
+            }
+        }
+        Some(&Rocks)
+    }
+    #[cfg(not(feature = "rocksdb"))]
+    None
 }
 
 /// `--state-backend rocksdb` for Kafka input tasks: every task's operator gets a store

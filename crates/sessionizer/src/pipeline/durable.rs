@@ -28,15 +28,14 @@ use super::shard::Shard;
 use crate::config::{CheckpointConfig, PipelineConfig};
 use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
-use sessionizer_checkpoint::{CheckpointError, StateFile};
 use sessionizer_checkpoint::{
     CheckpointWriter, Committed, Counters, EncodedState, InputPosition, KafkaTxn, LoadedState,
-    Manifest, OutputCommit, Recovered, StateDir, StateEntries, WatermarkState,
+    Manifest, OutputCommit, Recovered, StateDir, StateEntries, StoreImageDir, WatermarkState,
 };
 use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
 use sessionizer_connectors::{InputSource, OutputTarget};
-use sessionizer_window::spill::StoreImage;
+use sessionizer_window::spill::BaseImage;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -272,7 +271,7 @@ impl Durable {
         // base.
         let base = self.next_is_base || shards.iter().any(|s| s.op.changes_lost());
         let parts = &mut self.parts;
-        let images: Vec<Option<Box<dyn StoreImage>>> = match pool {
+        let images: Vec<Option<BaseImage>> = match pool {
             Some(pool) => {
                 use rayon::prelude::*;
                 pool.install(|| {
@@ -372,6 +371,7 @@ impl Durable {
         st.written += 1;
         st.bases += u64::from(committed.kind == sessionizer_checkpoint::FileKind::Base);
         st.bytes += committed.state_bytes + committed.manifest_bytes;
+        st.store_bytes_new += committed.store_bytes_new;
         st.last_epoch = Some(committed.epoch);
         st.last_bytes = committed.state_bytes + committed.manifest_bytes;
         st.last_keys = committed.puts + committed.tombstones;
@@ -415,9 +415,9 @@ impl Durable {
 struct Work {
     syncs: Vec<PendingSync>,
     parts: Vec<StateEntries>,
-    /// A base's spilled keys: images of the state backend's stores, read here and
-    /// removed once written.
-    images: Vec<Box<dyn StoreImage>>,
+    /// A base's spilled keys: images of the state backend's stores, which the base
+    /// keeps as they are.
+    images: Vec<BaseImage>,
     base: bool,
     manifest: Manifest,
 }
@@ -451,9 +451,9 @@ impl Background {
         let thread = std::thread::Builder::new()
             .name("sessionizer-checkpoint".into())
             .spawn(move || {
-                while let Ok(w) = work_rx.recv() {
+                while let Ok(mut w) = work_rx.recv() {
                     let began = Instant::now();
-                    let result = write(&mut writer, &w);
+                    let result = write(&mut writer, &mut w);
                     let report = Done {
                         result,
                         parts: w.parts,
@@ -524,7 +524,7 @@ impl Drop for Background {
 }
 
 /// Syncs the outputs, then writes the state file and the manifest.
-fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError> {
+fn write(writer: &mut CheckpointWriter, w: &mut Work) -> Result<Committed, RunError> {
     // The shards encoded either every key (a base) or the changes (a delta); the writer
     // must label the file the same way, or a "base" would silently lack unchanged keys.
     if !writer.settle_kind(w.base) {
@@ -554,53 +554,16 @@ fn write(writer: &mut CheckpointWriter, w: &Work) -> Result<Committed, RunError>
         puts: w.parts.iter().map(StateEntries::puts).sum(),
         tombstones: w.parts.iter().map(StateEntries::tombstones).sum(),
     };
-    Ok(writer.commit_with(
-        &state,
-        &mut |file| stream_images(&w.images, file),
-        w.manifest.clone(),
-    )?)
-}
-
-/// Appends the keys of `images` to a base being written, a few MiB of entries at a time
-/// (so memory does not grow with the state).
-fn stream_images(
-    images: &[Box<dyn StoreImage>],
-    file: &mut StateFile,
-) -> Result<(), CheckpointError> {
-    const BLOCK: usize = 4 << 20;
-    let mut block = StateEntries::default();
-    let mut bytes = 0;
-    let mut failed = None;
-    for image in images {
-        let read = image.for_each_encoded(&mut |key, value| {
-            if failed.is_some() {
-                return;
-            }
-            block.put_with(key, |buf| buf.extend_from_slice(value));
-            bytes += key.len() + value.len() + 8;
-            if bytes >= BLOCK {
-                bytes = 0;
-                if let Err(e) = append_block(&mut block, file) {
-                    failed = Some(e);
-                }
-            }
-        });
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        read.map_err(|e| CheckpointError::Write {
-            action: "read the state store's image for",
-            path: std::path::PathBuf::from("the base"),
-            source: std::io::Error::other(e.to_string()),
-        })?;
-    }
-    append_block(&mut block, file)
-}
-
-fn append_block(block: &mut StateEntries, file: &mut StateFile) -> Result<(), CheckpointError> {
-    file.append_entries(block)?;
-    block.clear();
-    Ok(())
+    // A base keeps the stores' images as its copy of the keys in RocksDB.
+    let stores = std::mem::take(&mut w.images)
+        .into_iter()
+        .map(|b| StoreImageDir {
+            keys: b.keys,
+            open_sessions: b.open_sessions,
+            path: b.image.into_dir(),
+        })
+        .collect();
+    Ok(writer.commit_full(&state, &mut |_| Ok(()), stores, w.manifest.clone())?)
 }
 
 /// With a Kafka output, the checkpoint to resume from is the newest whose transaction

@@ -31,6 +31,8 @@ mod lookup;
 pub(crate) mod parse;
 pub(crate) mod shard;
 
+pub use backend::store_reader;
+
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
 use crate::engine::{Workers, merge_order, shard_of};
 use crate::stats::RunStats;
@@ -41,6 +43,7 @@ use durable::{Durable, Start};
 use kafka_sink::{Side, TopicSink};
 use parse::Parsed;
 use sessionizer_checkpoint::CheckpointError;
+use sessionizer_checkpoint::state::LiveError;
 use sessionizer_connectors::encode::{OutputError, SourceName};
 use sessionizer_connectors::input::{InputError, ReadPosition};
 use sessionizer_connectors::{
@@ -438,6 +441,8 @@ struct Job<'c> {
     spill_root: Option<backend::SpillRoot>,
     /// What the spill stores did, sampled after every batch.
     store_stats: Option<crate::stats::StateStoreStats>,
+    /// The spill stores started as the restored checkpoint's copies of them.
+    stores_restored: bool,
 }
 
 impl<'c> Job<'c> {
@@ -490,6 +495,7 @@ impl<'c> Job<'c> {
             topics,
             spill_root: None,
             store_stats: None,
+            stores_restored: false,
         }
     }
 
@@ -584,7 +590,11 @@ impl<'c> Job<'c> {
                     Durable::open(self.cfg, c, self.shards.len(), telemetry, sink)?;
                 self.durable = Some(durable);
                 // The state directory is locked now: its spill stores may be emptied.
-                self.spill_root = backend::attach(self.cfg, &mut self.shards, Some(&c.state_dir))?;
+                let restoring = start.restore.as_ref().map(|(_, state)| state);
+                let attached =
+                    backend::attach(self.cfg, &mut self.shards, Some(&c.state_dir), restoring)?;
+                self.spill_root = attached.root;
+                self.stores_restored = attached.stores_restored;
                 for s in &mut self.shards {
                     s.track_changes();
                     s.op.bound_tracked_changes();
@@ -592,7 +602,7 @@ impl<'c> Job<'c> {
                 start
             }
             None => {
-                self.spill_root = backend::attach(self.cfg, &mut self.shards, None)?;
+                self.spill_root = backend::attach(self.cfg, &mut self.shards, None, None)?.root;
                 if let Some(t) = &mut self.topics {
                     t.claim(None)?;
                 }
@@ -782,8 +792,14 @@ impl<'c> Job<'c> {
             s.restore_progress(&manifest.watermark);
         }
         let shards = self.shards.len();
-        // The keys spread evenly over the shards: room for them all up front.
-        let keys = usize::try_from(manifest.keys).unwrap_or(0);
+        // The keys spread evenly over the shards: room for them all up front (for
+        // those in memory, when the spill stores started as the checkpoint's copies).
+        let in_stores: u64 = if self.stores_restored {
+            state.stores().iter().map(|s| s.keys).sum()
+        } else {
+            0
+        };
+        let keys = usize::try_from(manifest.keys.saturating_sub(in_stores)).unwrap_or(0);
         for s in &mut self.shards {
             s.op.reserve_keys(keys.div_ceil(shards) + keys / 64);
         }
@@ -791,6 +807,22 @@ impl<'c> Job<'c> {
         // Progress of a long restore, for the metrics.
         const PROGRESS_EVERY: u64 = 1 << 16;
         let (mut keys, mut reported) = (0u64, 0u64);
+        if self.stores_restored {
+            // The stores hold the keys that were in RocksDB at the base; the base file
+            // and the deltas go over them.
+            let shards_now = &mut self.shards;
+            let restored = state.for_each_newest_in_files(|key, value| {
+                keys += 1;
+                shards_now[shard_of(key, shards) as usize]
+                    .restore_over(key, value, format)
+                    .map_err(|reason| (key.to_vec(), reason))
+            });
+            self.restore_failed(restored.map(drop), manifest, &dir)?;
+            if let Some(d) = &mut self.durable {
+                d.stats.restore_keys_linked = in_stores;
+            }
+            return Ok((keys + in_stores, reported));
+        }
         // With a million keys every insert misses the cache on the shard's index: its
         // entry is asked for RESTORE_AHEAD keys before the key is put in.
         const RESTORE_AHEAD: usize = 16;
@@ -800,7 +832,7 @@ impl<'c> Job<'c> {
             std::collections::VecDeque::with_capacity(RESTORE_AHEAD + 1);
         let mut spare: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(RESTORE_AHEAD + 1);
         let shards_now = &mut self.shards;
-        let mut restored = state.for_each_live(|key, value| {
+        let mut restored = state.for_each_live_with(backend::store_reader(), |key, value| {
             let shard = shard_of(key, shards) as usize;
             keys += 1;
             if keys % PROGRESS_EVERY == 0 {
@@ -828,28 +860,39 @@ impl<'c> Job<'c> {
         if restored.is_ok() {
             for (s, k, v) in ahead.drain(..) {
                 if let Err(reason) = shards_now[s].restore_key(&k, &v, format) {
-                    restored = Err(sessionizer_checkpoint::state::LiveError::Apply((k, reason)));
+                    restored = Err(LiveError::Apply((k, reason)));
                     break;
                 }
             }
         }
+        self.restore_failed(restored, manifest, &dir)?;
+        Ok((keys, reported))
+    }
+
+    /// The error of a restore that failed.
+    fn restore_failed(
+        &self,
+        restored: Result<(), LiveError<(Vec<u8>, String)>>,
+        manifest: &sessionizer_checkpoint::Manifest,
+        dir: &str,
+    ) -> Result<(), RunError> {
         match restored {
-            Ok(()) => {}
-            Err(sessionizer_checkpoint::state::LiveError::Damaged(d)) => {
-                return Err(RunError::Checkpoint(CheckpointError::NoValidCheckpoint {
+            Ok(()) => Ok(()),
+            Err(LiveError::Damaged(d)) => {
+                Err(RunError::Checkpoint(CheckpointError::NoValidCheckpoint {
                     dir: dir.into(),
                     details: vec![(manifest.epoch, d)],
-                }));
+                }))
             }
-            Err(sessionizer_checkpoint::state::LiveError::Apply((key, reason))) => {
-                return Err(RunError::RestoreState {
-                    dir,
-                    key: String::from_utf8_lossy(&key).into_owned(),
-                    reason,
-                });
-            }
+            Err(LiveError::Apply((key, reason))) => Err(RunError::RestoreState {
+                dir: dir.to_string(),
+                key: String::from_utf8_lossy(&key).into_owned(),
+                reason,
+            }),
+            Err(LiveError::NoStoreReader) => Err(RunError::Unsupported(
+                sessionizer_checkpoint::stores::NO_READER.into(),
+            )),
         }
-        Ok((keys, reported))
     }
 
     /// Takes a checkpoint when one is due, or — without a state directory — commits

@@ -18,7 +18,7 @@ use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::codec;
-use sessionizer_window::spill::{SpillError, StoreImage};
+use sessionizer_window::spill::{BaseImage, SpillError};
 use sessionizer_window::watermark::WatermarkStrategy;
 use sessionizer_window::{
     BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
@@ -308,7 +308,7 @@ impl Shard {
         &mut self,
         base: bool,
         out: &mut StateEntries,
-    ) -> Result<Option<Box<dyn StoreImage>>, SpillError> {
+    ) -> Result<Option<BaseImage>, SpillError> {
         out.clear();
         let mut image = None;
         if base {
@@ -335,6 +335,23 @@ impl Shard {
             .map_err(|e| e.to_string())?;
         self.op.restore_key(key, sessions);
         Ok(())
+    }
+
+    /// Puts one key's newest entry in a checkpoint's base file or deltas (`None`: a
+    /// removal) over the store copy a restore started this shard's spill store from.
+    pub fn restore_over(
+        &mut self,
+        key: &[u8],
+        value: Option<&[u8]>,
+        format: u16,
+    ) -> Result<(), String> {
+        let sessions = value
+            .map(|v| codec::decode_value(v, self.op.config(), format, self.op.watermark()))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        self.op
+            .restore_over(key, sessions)
+            .map_err(|e| e.to_string())
     }
 
     /// The largest gap of any valid event so far.

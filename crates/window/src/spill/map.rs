@@ -60,6 +60,12 @@ impl<S: Send> SpillStore<S> for MapSpill<S> {
         Ok(())
     }
 
+    fn earliest(&self, domain: Domain) -> Result<i64, SpillError> {
+        Ok(self.timers[domain as usize]
+            .first()
+            .map_or(i64::MAX, |(deadline, _)| *deadline))
+    }
+
     fn take_due(
         &mut self,
         domain: Domain,

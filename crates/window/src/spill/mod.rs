@@ -156,6 +156,11 @@ pub trait SpillStore<S>: fmt::Debug + Send {
     /// Removes every key (the operator's state is being replaced by a restore).
     fn clear(&mut self) -> Result<(), SpillError>;
 
+    /// The earliest deadline of any key here on `domain`'s clock (`i64::MAX`: none):
+    /// where an operator given a store that already holds keys (restored from a
+    /// checkpoint) starts taking them back.
+    fn earliest(&self, domain: Domain) -> Result<i64, SpillError>;
+
     /// Bytes the store takes on disk (0 in memory), for the run's report.
     fn disk_bytes(&self) -> u64 {
         0
@@ -176,6 +181,23 @@ pub trait SpillStore<S>: fmt::Debug + Send {
 pub trait StoreImage: fmt::Debug + Send {
     /// Calls `f` with every key and its encoded state, in key order.
     fn for_each_encoded(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError>;
+
+    /// The directory the image lies in, handed over to be kept (a checkpoint adopts it
+    /// as its copy of the store): it is no longer removed when the image is dropped.
+    fn into_dir(self: Box<Self>) -> std::path::PathBuf;
+}
+
+/// A spill store's keys for a checkpoint's base
+/// ([`SessionOperator::base_keys`](crate::SessionOperator::base_keys)): its image, and
+/// what the image holds.
+#[derive(Debug)]
+pub struct BaseImage {
+    /// The image.
+    pub image: Box<dyn StoreImage>,
+    /// Keys in it.
+    pub keys: u64,
+    /// Sessions among them that are not final.
+    pub open_sessions: u64,
 }
 
 /// How a spill store on disk writes a key's state as bytes and reads it back. The

@@ -107,15 +107,57 @@ impl<S> RocksSpill<S> {
         codec: Box<dyn StateCodec<S>>,
         memory: &RocksMemory,
     ) -> Result<Self, SpillError> {
-        let name = dir.display().to_string();
+        Self::fresh_dir(dir)?;
+        Self::open_db(dir, codec, memory)
+    }
+
+    /// Opens a store in `dir` (whatever it held is deleted first) that starts as the
+    /// store checkpoint in `checkpoint` (a base's copy of a store, see
+    /// [`StoreImage::into_dir`]): its table files are hard-linked (they never change,
+    /// so the checkpoint's copies stay as they are while the store goes on), its other
+    /// files copied. Its keys keep the deadlines they were evicted with.
+    pub fn open_from(
+        dir: &Path,
+        checkpoint: &Path,
+        codec: Box<dyn StateCodec<S>>,
+        memory: &RocksMemory,
+    ) -> Result<Self, SpillError> {
+        Self::fresh_dir(dir)?;
+        let linked = (|| {
+            for entry in std::fs::read_dir(checkpoint)? {
+                let entry = entry?;
+                let to = dir.join(entry.file_name());
+                let table = entry.file_name().to_string_lossy().ends_with(".sst");
+                if !(table && std::fs::hard_link(entry.path(), &to).is_ok()) {
+                    std::fs::copy(entry.path(), &to)?;
+                }
+            }
+            Ok(())
+        })();
+        linked.map_err(|source| SpillError::Dir {
+            dir: checkpoint.display().to_string(),
+            source,
+        })?;
+        Self::open_db(dir, codec, memory)
+    }
+
+    /// Empties `dir` (and removes an image a killed run left beside it).
+    fn fresh_dir(dir: &Path) -> Result<(), SpillError> {
         let dir_error = |source| SpillError::Dir {
-            dir: name.clone(),
+            dir: dir.display().to_string(),
             source,
         };
-        // Its directory and an image a killed run left beside it.
         remove_if_there(dir).map_err(dir_error)?;
         remove_if_there(&image_dir(dir)).map_err(dir_error)?;
-        std::fs::create_dir_all(dir).map_err(dir_error)?;
+        std::fs::create_dir_all(dir).map_err(dir_error)
+    }
+
+    fn open_db(
+        dir: &Path,
+        codec: Box<dyn StateCodec<S>>,
+        memory: &RocksMemory,
+    ) -> Result<Self, SpillError> {
+        let name = dir.display().to_string();
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
         db_opts.create_missing_column_families(true);
@@ -265,27 +307,51 @@ fn image_dir(dir: &Path) -> PathBuf {
 }
 
 /// A [`RocksSpill`]'s keys at one instant: a RocksDB checkpoint, opened read-only when
-/// read, removed when dropped.
+/// read, removed when dropped unless handed over ([`StoreImage::into_dir`]).
 #[derive(Debug)]
 pub struct RocksImage {
     dir: PathBuf,
+    kept: bool,
 }
 
-impl StoreImage for RocksImage {
-    fn for_each_encoded(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError> {
+impl RocksImage {
+    /// Calls `f` with every key of the store checkpoint in `dir` and its encoded state
+    /// (after the deadlines: for sessions, the checkpoint codec's value), in key order,
+    /// until `f` returns `false`. Nothing is written into `dir`: RocksDB's info log of
+    /// the read goes to a temporary directory, removed after.
+    pub fn read(dir: &Path, f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), SpillError> {
+        let log = std::env::temp_dir().join(format!(
+            "sessionizer-read-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let mut opts = Options::default();
+        opts.set_db_log_dir(&log);
+        let read = Self::read_with(&opts, dir, f);
+        let _ = std::fs::remove_dir_all(&log);
+        read
+    }
+
+    fn read_with(
+        opts: &Options,
+        dir: &Path,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), SpillError> {
         let error = |e: rocksdb::Error| SpillError::Store {
-            dir: self.dir.display().to_string(),
+            dir: dir.display().to_string(),
             message: e.into_string(),
         };
-        let db =
-            DB::open_cf_for_read_only(&Options::default(), &self.dir, [SESSIONS, TIMERS], false)
-                .map_err(error)?;
+        let db = DB::open_cf_for_read_only(opts, dir, [SESSIONS, TIMERS], false).map_err(error)?;
         let cf = db.cf_handle(SESSIONS).expect("opened with it");
         let mut it = db.raw_iterator_cf(cf);
         it.seek_to_first();
         while it.valid() {
-            if let (Some(k), Some(v)) = (it.key(), it.value()) {
-                f(k, split_value(&self.dir, k, v)?.1);
+            if let (Some(k), Some(v)) = (it.key(), it.value())
+                && !f(k, split_value(dir, k, v)?.1)
+            {
+                return Ok(());
             }
             it.next();
         }
@@ -293,9 +359,25 @@ impl StoreImage for RocksImage {
     }
 }
 
+impl StoreImage for RocksImage {
+    fn for_each_encoded(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError> {
+        Self::read_with(&Options::default(), &self.dir, &mut |k, v| {
+            f(k, v);
+            true
+        })
+    }
+
+    fn into_dir(mut self: Box<Self>) -> PathBuf {
+        self.kept = true;
+        self.dir.clone()
+    }
+}
+
 impl Drop for RocksImage {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.kept {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -387,6 +469,21 @@ impl<S> SpillStore<S> for RocksSpill<S> {
             *from = (*from).min(earliest);
         }
         Ok(())
+    }
+
+    fn earliest(&self, domain: Domain) -> Result<i64, SpillError> {
+        let (_, timers) = self.cfs();
+        let mut it = self.db().raw_iterator_cf(timers);
+        it.seek([domain as u8]);
+        let first = match it.key() {
+            Some(k) if k.first() == Some(&(domain as u8)) => match k[1..].first_chunk::<8>() {
+                Some(d) => deadline_of(*d),
+                None => return Err(self.damaged(k, "a timer entry without its deadline")),
+            },
+            _ => i64::MAX,
+        };
+        it.status().map_err(|e| self.error(e))?;
+        Ok(first)
     }
 
     fn take_due(
@@ -495,7 +592,7 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         rocksdb::checkpoint::Checkpoint::new(self.db())
             .and_then(|c| c.create_checkpoint(&dir))
             .map_err(|e| self.error(e))?;
-        Ok(Some(Box::new(RocksImage { dir })))
+        Ok(Some(Box::new(RocksImage { dir, kept: false })))
     }
 
     fn disk_bytes(&self) -> u64 {

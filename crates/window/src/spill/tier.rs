@@ -69,6 +69,37 @@ impl<S: Timed + Default> Tier<S> {
         }
     }
 
+    /// As [`new`](Self::new), below a store that already holds `keys` keys (restored
+    /// from a checkpoint): they come back on their events and deadlines as if evicted.
+    pub(crate) fn restored(
+        store: Box<dyn SpillStore<S>>,
+        hot_bytes: usize,
+        key_bytes: usize,
+        keys: usize,
+    ) -> Result<Self, SpillError> {
+        let bound = [
+            store.earliest(Domain::EventTime)?,
+            store.earliest(Domain::ProcessingTime)?,
+        ];
+        let mut tier = Tier::new(store, hot_bytes, key_bytes);
+        tier.keys = keys;
+        tier.bound = bound;
+        Ok(tier)
+    }
+
+    /// Takes `key` out of the spill store for good (a restore replaces or removes it);
+    /// its state if it was there.
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Result<Option<S>, SpillError> {
+        if self.keys == 0 {
+            return Ok(None);
+        }
+        let taken = self.store.take(key)?;
+        if taken.is_some() {
+            self.keys -= 1;
+        }
+        Ok(taken.map(|(state, _)| state))
+    }
+
     pub(crate) fn store(&self) -> &dyn SpillStore<S> {
         &*self.store
     }

@@ -1039,6 +1039,16 @@ pub mod engine {
         /// Keys beyond a hot tier of this many bytes in RocksDB (the `rocksdb` backend).
         #[cfg(feature = "rocksdb")]
         Rocks(usize),
+        /// As `Rocks(hot)`, and after event `at` the operator is checkpointed as a
+        /// rocksdb base (its keys in memory encoded, an image of its store) and replaced
+        /// by one restored from that base: a store opened from the image, the encoded
+        /// keys put over it, a hot tier of `hot_after` bytes.
+        #[cfg(feature = "rocksdb")]
+        RocksRestored {
+            hot: usize,
+            at: usize,
+            hot_after: usize,
+        },
     }
 
     /// [`run_engine_in_parts`] on `backend`.
@@ -1101,11 +1111,11 @@ pub mod engine {
             Backend::Memory => {}
             Backend::Map(hot) => op.spill_to(Box::new(MapSpill::default()), hot),
             #[cfg(feature = "rocksdb")]
-            Backend::Rocks(hot) => {
+            Backend::Rocks(hot) | Backend::RocksRestored { hot, .. } => {
                 let memory = sessionizer_window::spill::RocksMemory::new(8 << 20);
                 let store = sessionizer_window::spill::RocksSpill::open(
                     &dir.path().join("spill"),
-                    cfg,
+                    cfg.clone(),
                     &memory,
                 )
                 .expect("a RocksDB spill store opens");
@@ -1150,6 +1160,12 @@ pub mod engine {
             }
             let w = wm.observe(EventTime(e.time));
             advance(&mut op, w, &mut sink, parts, &mut calls);
+            #[cfg(feature = "rocksdb")]
+            if let Backend::RocksRestored { at, hot_after, .. } = backend
+                && at == idx
+            {
+                op = restored(&mut op, &cfg, dir.path(), hot_after);
+            }
         }
         advance(&mut op, Watermark::MAX, &mut sink, parts, &mut calls);
         if let Some(e) = op.take_spill_error() {
@@ -1158,6 +1174,56 @@ pub mod engine {
         assert_eq!(op.keys(), 0, "every key is dropped at +infinity");
         run.out = sink.out;
         run
+    }
+
+    /// A new operator restored from a rocksdb base of `op` (see
+    /// [`Backend::RocksRestored`]), its store in `dir`.
+    #[cfg(feature = "rocksdb")]
+    fn restored(
+        op: &mut SessionOperator,
+        cfg: &WindowConfig,
+        dir: &std::path::Path,
+        hot_after: usize,
+    ) -> SessionOperator {
+        use sessionizer_window::codec;
+        use sessionizer_window::spill::RocksSpill;
+        let mut in_memory: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        let image = op
+            .base_keys(|key, sessions| {
+                let mut value = Vec::new();
+                codec::encode_sessions(sessions, &mut value);
+                in_memory.push((key.to_vec(), value));
+            })
+            .expect("a base")
+            .expect("a rocksdb store makes an image");
+        let copy = image.image.into_dir();
+        let mut back = SessionOperator::new(cfg.clone());
+        back.observe_gap(op.largest_gap());
+        back.restore_watermark(op.watermark());
+        back.restore_new_key_floor(Some(op.new_key_floor()));
+        let memory = sessionizer_window::spill::RocksMemory::new(8 << 20);
+        let codec_of = Box::new(sessionizer_window::spill::SessionsCodec(cfg.clone()));
+        let store = RocksSpill::open_from(&dir.join("restored"), &copy, codec_of, &memory)
+            .expect("a store opens from the image");
+        back.spill_restored(
+            Box::new(store),
+            hot_after,
+            image.keys as usize,
+            image.open_sessions as usize,
+        )
+        .expect("restored store");
+        for (key, value) in in_memory {
+            let sessions =
+                codec::decode_value(&value, cfg, codec::FORMAT, back.watermark()).expect("decodes");
+            back.restore_over(&key, Some(sessions)).expect("restore");
+        }
+        assert_eq!(back.keys(), op.keys(), "every key restored");
+        assert_eq!(
+            back.open_sessions(),
+            op.open_sessions(),
+            "open sessions counted"
+        );
+        back
     }
 
     fn advance(
