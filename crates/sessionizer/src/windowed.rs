@@ -968,3 +968,156 @@ where
         }))
     }
 }
+
+/// What the Kafka group driver (`crate::kafka::group`) runs a job as: one job per input
+/// partition, on one worker, its state in memory; the driver decodes the records,
+/// cuts the batches, moves idle partitions on and keeps the state in the changelog.
+#[cfg(feature = "kafka")]
+impl<E, K, T, W, A, G, C> SessionWindowJob<E, K, T, W, A, G, C>
+where
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    A: Aggregator<E>,
+    A::Acc: Serialize + DeserializeOwned,
+    G: GapFn<E>,
+    C: Clock,
+{
+    /// Why the job cannot be a task of a group, if it cannot.
+    pub(crate) fn task_refusal(&self) -> Option<&'static str> {
+        if !self.workers.is_empty() {
+            Some(
+                "a job in a Kafka group runs on one worker per partition: do not call set_workers() on it (the group's workers() runs partitions in parallel)",
+            )
+        } else if self.spill_root.is_some() {
+            Some(
+                "a job in a Kafka group keeps its state in memory and in its changelog: do not call set_state_backend() on it",
+            )
+        } else if self.counts.events > 0 || self.checkpointed {
+            Some("a job in a Kafka group must be new: no events pushed, nothing restored")
+        } else {
+            None
+        }
+    }
+
+    /// Pushes the decoded events of a batch whose first record has sequence number
+    /// `first_seq` (the records after it count up from there).
+    pub(crate) fn push_task_batch<S>(
+        &mut self,
+        events: Vec<E>,
+        first_seq: u64,
+        sessions: &mut S,
+        on_late: impl FnMut(usize, Late<E>) -> Result<(), SinkError>,
+    ) -> Result<(), SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
+        self.seq = self.seq.max(first_seq);
+        self.push_events_with(events, sessions, on_late).map(drop)
+    }
+
+    /// Moves the watermark to `to` without events: an idle partition (`end` false), or
+    /// the end of a bounded input (`end`: every session).
+    pub(crate) fn advance_task<S>(
+        &mut self,
+        to: Watermark,
+        end: bool,
+        sessions: &mut S,
+    ) -> Result<(), SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
+        if end {
+            return self.advance_all(Watermark::MAX, Trigger::EndOfInput, None, sessions);
+        }
+        if to <= self.op.watermark() {
+            return Ok(());
+        }
+        self.watermark.resume_at(to);
+        let now = self.clock.now();
+        self.advance_all(to, Trigger::Idle, Some(now), sessions)
+    }
+
+    /// Where event time stands.
+    pub(crate) fn task_progress(&self) -> WatermarkState {
+        WatermarkState {
+            max_event_time_ms: self.max_time.map(EventTime::millis),
+            watermark_ms: self.op.watermark().millis(),
+            largest_gap_ms: self.op.largest_gap().millis(),
+            new_key_floor_ms: Some(self.op.new_key_floor()),
+        }
+    }
+
+    /// Puts event time back, before any key.
+    pub(crate) fn restore_task_progress(&mut self, w: &WatermarkState) {
+        let watermark = Watermark(w.watermark_ms);
+        self.op.observe_gap(DurationMs(w.largest_gap_ms));
+        self.op.restore_watermark(watermark);
+        self.op.restore_new_key_floor(w.new_key_floor_ms);
+        self.watermark.resume_at(watermark);
+        self.max_time = w.max_event_time_ms.map(EventTime);
+        self.checkpointed = true;
+    }
+
+    /// The options that shape the state, as its checkpoints record them.
+    pub(crate) fn task_state_options(&self) -> Vec<(String, String)> {
+        state_options::<A, E>(self.op.config(), self.valid)
+    }
+
+    /// Puts one key's sessions back from their encoding (the checkpoints').
+    pub(crate) fn restore_task_key(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+        let sessions = JsonAcc::<A::Acc>(std::marker::PhantomData).decode(value)?;
+        self.op.restore_key(key, sessions);
+        Ok(())
+    }
+
+    /// Starts remembering which keys change.
+    pub(crate) fn track_task_changes(&mut self) {
+        self.op.track_changes(true);
+    }
+
+    /// Calls `f` with every key whose sessions changed since the last call, encoded
+    /// (`None`: gone); an accumulator its JSON writer refuses is an error naming it.
+    pub(crate) fn drain_task_changes(
+        &mut self,
+        f: &mut crate::pipeline::kafka::PutChange<'_>,
+    ) -> Result<(), String> {
+        let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
+        let mut buf = Vec::new();
+        let mut refused = None;
+        self.op.drain_changes(|key, sessions| match sessions {
+            Some(s) => {
+                buf.clear();
+                if let Err(e) = json.encode(s, &mut buf) {
+                    refused.get_or_insert(e);
+                }
+                f(key, Some(&buf));
+            }
+            None => f(key, None),
+        });
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// Calls `f` with every key and its encoded sessions.
+    pub(crate) fn for_each_task_key(
+        &self,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> Result<(), SpillError> {
+        let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
+        let mut buf = Vec::new();
+        let mut refused = None;
+        self.op.for_each_key(|key, sessions| {
+            buf.clear();
+            match json.encode(sessions, &mut buf) {
+                Ok(()) => f(key, &buf),
+                Err(reason) => {
+                    refused.get_or_insert(SpillError::Encode {
+                        key: String::from_utf8_lossy(key).into_owned(),
+                        reason,
+                    });
+                }
+            }
+        })?;
+        refused.map_or(Ok(()), Err)
+    }
+}

@@ -25,7 +25,7 @@
 pub(crate) mod backend;
 pub(crate) mod durable;
 #[cfg(feature = "kafka")]
-mod kafka;
+pub(crate) mod kafka;
 pub(crate) mod kafka_sink;
 mod lookup;
 pub(crate) mod parse;
@@ -141,6 +141,10 @@ pub enum RunError {
     /// The state backend's store (RocksDB) failed.
     #[error(transparent)]
     StateStore(#[from] sessionizer_window::spill::SpillError),
+    /// A library job's output or state could not be written (its serde implementation
+    /// refused it, say): the job stops before anything of that step is committed.
+    #[error("the job cannot go on: {0}")]
+    Job(#[from] crate::sink::SinkError),
     /// A key's state in the checkpoint does not decode.
     #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
     RestoreState {
@@ -365,6 +369,21 @@ pub(crate) fn task_counts(run: &RunStats, shards: &[Shard]) -> TaskCounts {
         c.retractions += counts.retractions;
     }
     c
+}
+
+/// A task's counts for telemetry from its run's counts, the operator's included.
+#[cfg(feature = "kafka")]
+pub(crate) fn task_counts_of(run: &RunStats) -> TaskCounts {
+    TaskCounts {
+        invalid: run.invalid,
+        blank_lines: run.blank_lines,
+        bytes_read: run.bytes_read,
+        in_sessions: run.in_sessions,
+        duplicates: run.duplicates,
+        late: run.late,
+        sessions_emitted: run.sessions_emitted,
+        retractions: run.retractions,
+    }
 }
 
 /// Adds the shards' own counts (verdicts, emitted records) to the run's.

@@ -74,6 +74,45 @@ impl Tagged {
         });
     }
 
+    /// An empty buffer for records a library job writes itself (as JSON), tagged for
+    /// the Kafka driver with their key and start.
+    #[cfg(feature = "kafka")]
+    pub fn for_records() -> Tagged {
+        Tagged {
+            encoder: SessionEncoder::new(&[], false),
+            tags: Vec::new(),
+            keys: Vec::new(),
+            completed: 0,
+            tagging: true,
+            step: 0,
+        }
+    }
+
+    /// Appends one record that `write` writes (one line, without its end), of the
+    /// session of `key` starting at `start`: a complete session (counted for the
+    /// emission delay), an update of one still open, or (`retract`) a retraction.
+    #[cfg(feature = "kafka")]
+    pub fn push_with(
+        &mut self,
+        key: &[u8],
+        start: EventTime,
+        complete: bool,
+        retract: bool,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let from = self.encoder.buf.len();
+        write(&mut self.encoder.buf);
+        self.encoder.buf.push(b'\n');
+        self.encoder.records += 1;
+        let place = if retract {
+            Place::retraction(self.step, start)
+        } else {
+            self.completed += u64::from(complete);
+            Place::session(self.step, complete, start, start)
+        };
+        self.tag(place, key, from, retract);
+    }
+
     /// The key bytes of a tag.
     pub fn key(&self, t: &Tag) -> &[u8] {
         &self.keys[t.key.0..t.key.0 + t.key.1]

@@ -393,6 +393,20 @@ where
         S: Sink<WindowOutput<A::Output>>,
         L: Sink<Late<E>>,
     {
+        self.push_events_with(events, sessions, |_, l| late.send(l))
+    }
+
+    /// [`push_events`](Self::push_events), each late (or rejected) event given to
+    /// `on_late` with its index in `events`.
+    pub(crate) fn push_events_with<S>(
+        &mut self,
+        events: Vec<E>,
+        sessions: &mut S,
+        mut on_late: impl FnMut(usize, Late<E>) -> Result<(), SinkError>,
+    ) -> Result<Outcome, SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
         let workers = 1 + self.workers.len();
         let mut preps = Vec::with_capacity(events.len());
         let mut keys = Vec::new();
@@ -482,12 +496,15 @@ where
                 }
             };
             let time = preps[j].time;
-            late.send(Late {
-                event,
-                time,
-                watermark,
-                reason,
-            })?;
+            on_late(
+                j,
+                Late {
+                    event,
+                    time,
+                    watermark,
+                    reason,
+                },
+            )?;
         }
         if self.idle_timeout.is_some() {
             self.last_input = Some((self.clock.now(), self.op.watermark()));
@@ -497,7 +514,7 @@ where
 
     /// Moves every operator's watermark to `to` without events (the end of input, an
     /// idle advance) and sends what that emits.
-    pub(super) fn advance_all<S>(
+    pub(crate) fn advance_all<S>(
         &mut self,
         to: Watermark,
         trigger: Trigger,

@@ -15,6 +15,7 @@
 //!   run starts from `--kafka-start` every time, as a file run starts at the top.
 //! * **Files in, Kafka out** is the file driver with a Kafka sink (see [`super`]).
 
+mod op;
 mod output;
 mod repartition;
 mod restore;
@@ -23,8 +24,6 @@ mod standby;
 mod task;
 
 use super::RunError;
-use super::parse::Parsed;
-use super::shard::Shard;
 use crate::config::{KafkaConfig, KafkaStart, PipelineConfig};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, TaskReport, Telemetry};
@@ -37,15 +36,15 @@ use sessionizer_connectors::kafka::changelog;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, Rebalance, StartAt};
 use sessionizer_connectors::kafka::producer::{CommitError, SOURCE_HEADER, TxnProducer};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
-use sessionizer_connectors::{Batch, OutputTarget, SessionEncoder};
-use sessionizer_core::decode::Decoder;
+use sessionizer_connectors::{Batch, OutputTarget};
 use sessionizer_core::{EventTime, Watermark};
-use sessionizer_window::{EmitMode, codec};
 use snapshot::Snapshots;
 use standby::Standbys;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use task::{Task, stage};
+
+pub(crate) use op::{JsonTasks, Processed, PutChange, TaskFactory, TaskOp};
 
 /// Bytes of records staged per task before its batch is processed.
 const TASK_BATCH_BYTES: usize = 2 << 20;
@@ -94,11 +93,57 @@ pub(crate) fn run(
     kafka: &KafkaConfig,
     telemetry: &Telemetry,
 ) -> Result<RunStats, RunError> {
-    KafkaJob::open(cfg, kafka, telemetry)?.run()
+    run_tasks(
+        DriverSettings::of(cfg),
+        kafka,
+        JsonTasks::new(cfg),
+        telemetry,
+    )
 }
 
-struct KafkaJob<'c> {
-    cfg: &'c PipelineConfig,
+/// What the driver itself needs besides the Kafka options: where outputs that are not
+/// topics go, the workers, the state backend, the idle timeout, and the key field that
+/// `--repartition` re-keys by.
+#[derive(Debug, Clone)]
+pub(crate) struct DriverSettings {
+    pub output: OutputTarget,
+    pub dead_letter: OutputTarget,
+    pub late_output: OutputTarget,
+    pub rekey_field: Option<sessionizer_core::json::FieldPath>,
+    pub workers: usize,
+    pub state_backend: crate::config::StateBackend,
+    pub idle_timeout: Option<sessionizer_core::DurationMs>,
+}
+
+impl DriverSettings {
+    /// The command line's.
+    pub(crate) fn of(cfg: &PipelineConfig) -> DriverSettings {
+        DriverSettings {
+            output: cfg.output.clone(),
+            dead_letter: cfg.dead_letter.clone(),
+            late_output: cfg.late_output.clone(),
+            rekey_field: Some(cfg.key.clone()),
+            workers: cfg.workers,
+            state_backend: cfg.state_backend.clone(),
+            idle_timeout: cfg.idle_timeout,
+        }
+    }
+}
+
+/// Runs a job whose input is Kafka topics, each task's operator made by `factory`
+/// (`cfg` gives the driver's settings: outputs, `--on-invalid`, `--idle-timeout`,
+/// `--workers`, the state backend, the key field of `--repartition`).
+pub(crate) fn run_tasks<F: TaskFactory>(
+    settings: DriverSettings,
+    kafka: &KafkaConfig,
+    factory: F,
+    telemetry: &Telemetry,
+) -> Result<RunStats, RunError> {
+    KafkaJob::open(&settings, kafka, factory, telemetry)?.run()
+}
+
+struct KafkaJob<'c, F: TaskFactory> {
+    cfg: &'c DriverSettings,
     kafka: &'c KafkaConfig,
     settings: KafkaSettings,
     admin: Admin,
@@ -112,10 +157,11 @@ struct KafkaJob<'c> {
     late: Out,
     /// The changelog topic of each input topic (durable mode).
     changelogs: Vec<String>,
-    tasks: BTreeMap<TopicPartition, Task>,
+    tasks: BTreeMap<TopicPartition, Task<F::Op>>,
     /// `--workers N`: the threads that sessionize the tasks' batches in parallel.
     pool: crate::engine::Workers,
-    encoder: SessionEncoder,
+    /// Makes each task's operator.
+    factory: F,
     options: Vec<(String, String)>,
     started: Instant,
     last_commit: Instant,
@@ -150,7 +196,6 @@ struct KafkaJob<'c> {
     stale_skipped: u64,
     /// Scratch.
     key_buf: Vec<u8>,
-    value_buf: Vec<u8>,
     /// `--state-backend rocksdb`: where each task's store goes, and its budget; what
     /// the stores did (those of tasks given up included).
     stores: Option<super::backend::TaskStores>,
@@ -158,12 +203,13 @@ struct KafkaJob<'c> {
     released_store: (u64, u64),
 }
 
-impl<'c> KafkaJob<'c> {
+impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     fn open(
-        cfg: &'c PipelineConfig,
+        cfg: &'c DriverSettings,
         kafka: &'c KafkaConfig,
+        factory: F,
         telemetry: &Telemetry,
-    ) -> Result<KafkaJob<'c>, RunError> {
+    ) -> Result<KafkaJob<'c, F>, RunError> {
         let settings = kafka.settings();
         let admin = Admin::new(&settings)?;
         let mut partitions = Vec::new();
@@ -203,12 +249,12 @@ impl<'c> KafkaJob<'c> {
             let internal = format!("{g}-repartition");
             let n = partitions[0];
             admin.ensure_internal(&internal, n)?;
-            rekey = Some(Rekey::new(
-                internal.clone(),
-                n,
-                topics.len(),
-                cfg.key.clone(),
-            ));
+            let Some(field) = cfg.rekey_field.clone() else {
+                return Err(RunError::Kafka(KafkaError::Invalid(
+                    "this job cannot re-key its input (--repartition): it names no key field of the records".into(),
+                )));
+            };
+            rekey = Some(Rekey::new(internal.clone(), n, topics.len(), field));
             topics.push(internal);
             partitions.push(n);
         }
@@ -264,7 +310,6 @@ impl<'c> KafkaJob<'c> {
         } else {
             None
         };
-        let encoder = SessionEncoder::new(&cfg.aggregate_names(), cfg.emit == EmitMode::OnUpdate);
         let mut job = KafkaJob {
             cfg,
             kafka,
@@ -278,8 +323,8 @@ impl<'c> KafkaJob<'c> {
             late,
             changelogs,
             tasks: BTreeMap::new(),
-            encoder,
-            options: cfg.state_options(),
+            options: factory.options(),
+            factory,
             started: Instant::now(),
             last_commit: Instant::now(),
             restored: Restored::default(),
@@ -300,7 +345,6 @@ impl<'c> KafkaJob<'c> {
             standbys,
             stale_skipped: 0,
             key_buf: Vec::new(),
-            value_buf: Vec::new(),
             pool: super::start_workers(cfg.workers.max(1))?,
             stores: None,
             store_stats: None,
@@ -408,7 +452,7 @@ impl<'c> KafkaJob<'c> {
                     let key = key.as_bytes();
                     self.tasks
                         .values()
-                        .filter_map(|t| super::lookup::describe(&t.shard, key, &t.names[0].name))
+                        .filter_map(|t| t.op.describe(key, &t.names[0].name))
                         .collect()
                 });
                 // Poll a round: wait for the first record, then take what is ready.
@@ -525,11 +569,11 @@ impl<'c> KafkaJob<'c> {
         }
         for id in &done {
             let task = self.tasks.get_mut(id).expect("task exists");
-            task.shard.clear_outputs();
-            task.shard.finish();
+            task.op.clear_outputs();
+            task.op.finish();
             task.flushed = true;
             task.dirty = true;
-            self.send_outputs(*id, None)?;
+            self.send_outputs(*id)?;
         }
         self.commit()
     }
@@ -541,10 +585,10 @@ impl<'c> KafkaJob<'c> {
             .values()
             .map(|t| TaskReport {
                 task: &t.names[0].name,
-                counts: super::task_counts(&t.run, std::slice::from_ref(&t.shard)),
-                watermark: t.shard.op.watermark(),
-                open_sessions: t.shard.op.open_sessions() as u64,
-                keys: t.shard.op.keys() as u64,
+                counts: super::task_counts_of(&t.run_counts()),
+                watermark: t.op.watermark(),
+                open_sessions: t.op.open_sessions(),
+                keys: t.op.keys(),
             })
             .collect();
         self.telemetry.batch(&reports);
@@ -811,28 +855,19 @@ impl<'c> KafkaJob<'c> {
         Ok(starts)
     }
 
-    fn new_task(&self, tp: TopicPartition) -> Result<Task, RunError> {
+    fn new_task(&self, tp: TopicPartition) -> Result<Task<F::Op>, RunError> {
         let topic = &self.topics[tp.topic as usize];
-        let mut shard = Shard::new(
-            0,
-            self.cfg.window_config(),
-            self.cfg.watermark_delay,
-            self.encoder.clone(),
-            true,
-        );
+        let name = format!("{topic}-{}", tp.partition);
+        let mut op = self.factory.new_op(&name, self.stores.as_ref())?;
         if self.durable {
-            shard.track_changes();
-        }
-        if let Some(stores) = &self.stores {
-            stores.attach(self.cfg, &mut shard, &format!("{topic}-{}", tp.partition))?;
+            op.track_changes();
         }
         Ok(Task {
             tp,
             names: vec![SourceName::partition(topic, tp.partition)],
             last_offset: -1,
-            shard,
-            decoder: Decoder::new(self.cfg.decoder_config()),
-            parsed: Parsed::default(),
+            op,
+            first_invalid: None,
             batch: Batch::default(),
             key_spans: Vec::new(),
             keys: Vec::new(),
@@ -856,7 +891,7 @@ impl<'c> KafkaJob<'c> {
             r.positions.remove(tp);
         }
         if let Some(task) = self.tasks.remove(tp) {
-            if let Some(c) = task.shard.op.spill_counts() {
+            if let Some(c) = task.op.spill_counts() {
                 self.released_store.0 += c.evicted;
                 self.released_store.1 += c.unspilled;
             }
@@ -954,8 +989,7 @@ impl<'c> KafkaJob<'c> {
     /// Runs every task's staged records through decode and sessionize — the tasks in
     /// parallel over `--workers` threads — and sends what came out, task by task.
     fn process_staged(&mut self) -> Result<(), RunError> {
-        let (aggregates, on_invalid) = (self.cfg.aggregates.len(), self.cfg.on_invalid);
-        let mut staged: Vec<&mut Task> = self
+        let mut staged: Vec<&mut Task<F::Op>> = self
             .tasks
             .values_mut()
             .filter(|t| !t.batch.lines.is_empty())
@@ -964,30 +998,28 @@ impl<'c> KafkaJob<'c> {
         match self.pool.pool() {
             Some(pool) if staged.len() > 1 => pool.install(|| {
                 use rayon::prelude::*;
-                staged
-                    .par_iter_mut()
-                    .for_each(|t| t.sessionize_staged(aggregates, on_invalid));
+                staged.par_iter_mut().for_each(|t| t.process_staged());
             }),
             _ => {
                 for t in staged {
-                    t.sessionize_staged(aggregates, on_invalid);
+                    t.process_staged();
                 }
             }
         }
         for id in ids {
             let task = self.tasks.get_mut(&id).expect("staged task exists");
             // A task's RocksDB store failed: stop before anything of the step is sent.
-            if let Some(e) = task.shard.op.take_spill_error() {
-                return Err(e.into());
+            if let Some(e) = task.op.take_error() {
+                return Err(e);
             }
-            if let Some((line, reason)) = &task.parsed.first_invalid {
+            if let Some((line, reason)) = &task.first_invalid {
                 let span = task.batch.lines[*line as usize];
                 return Err(RunError::InvalidRecord {
                     position: task.names[0].pos(span.line_no).to_string(),
                     reason: reason.clone(),
                 });
             }
-            self.send_outputs(id, Some(()))?;
+            self.send_outputs(id)?;
             let task = self.tasks.get_mut(&id).expect("task exists");
             task.batch.lines.clear();
             task.batch.data.clear();
@@ -1004,10 +1036,7 @@ impl<'c> KafkaJob<'c> {
     /// Updates what the tasks' RocksDB stores did (nothing without them).
     fn sample_state_stores(&mut self) {
         if self.stores.is_some() {
-            let live = self
-                .tasks
-                .values()
-                .filter_map(|t| t.shard.op.spill_counts());
+            let live = self.tasks.values().filter_map(|t| t.op.spill_counts());
             super::backend::sample_stores(&mut self.store_stats, self.released_store, live);
         }
     }
@@ -1031,16 +1060,16 @@ impl<'c> KafkaJob<'c> {
             let w = Watermark::at(EventTime(
                 task.watermark_at_last_input.millis().saturating_add(quiet),
             ));
-            if w <= task.shard.op.watermark() {
+            if w <= task.op.watermark() {
                 continue;
             }
-            task.shard.clear_outputs();
-            task.shard.advance_idle(w, task.next_seq);
-            if task.shard.out.tags.is_empty() && task.shard.late_steps.is_empty() {
+            task.op.clear_outputs();
+            task.op.advance_idle(w, task.next_seq);
+            if task.op.sessions().tags.is_empty() && task.op.late().1.is_empty() {
                 continue;
             }
             task.dirty = true;
-            self.send_outputs(id, None)?;
+            self.send_outputs(id)?;
         }
         Ok(())
     }
@@ -1084,8 +1113,8 @@ impl<'c> KafkaJob<'c> {
             changelogs,
             options,
             key_buf,
-            value_buf,
             consumer,
+            factory,
             durable,
             rekey,
             ..
@@ -1098,16 +1127,11 @@ impl<'c> KafkaJob<'c> {
                     let topic = &changelogs[task.tp.topic as usize];
                     let partition = Some(task.tp.partition);
                     let mut failed = None;
-                    task.shard.op.drain_changes(|key, sessions| {
+                    task.op.drain_changes(&mut |key, value| {
                         if failed.is_some() {
                             return;
                         }
                         changelog::state_key(key, key_buf);
-                        let value = sessions.map(|s| {
-                            value_buf.clear();
-                            codec::encode_sessions(s, value_buf);
-                            &value_buf[..]
-                        });
                         keys += 1;
                         bytes += (key_buf.len() + value.map_or(0, <[u8]>::len)) as u64;
                         if let Err(e) = p.send(topic, partition, Some(key_buf), value, false) {
@@ -1117,11 +1141,11 @@ impl<'c> KafkaJob<'c> {
                     if let Some(e) = failed {
                         return Err(commit_error(e));
                     }
-                    if let Some(e) = task.shard.op.take_spill_error() {
-                        return Err(e.into());
+                    if let Some(e) = task.op.take_error() {
+                        return Err(e);
                     }
-                    let meta =
-                        serde_json::to_vec(&task.meta(options)).expect("progress record encodes");
+                    let meta = serde_json::to_vec(&task.meta(options, factory.state_format()))
+                        .expect("progress record encodes");
                     bytes += meta.len() as u64;
                     // Its offset tells a local snapshot how much of the changelog
                     // it covers.

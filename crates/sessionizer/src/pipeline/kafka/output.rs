@@ -2,10 +2,9 @@
 //! writers, and how a record becomes a Kafka message (SPEC §3).
 
 use super::super::RunError;
-use super::super::parse::Kind;
+use super::op::{TaskFactory, TaskOp};
 use super::task::message_key;
 use super::{KafkaJob, commit_error, write_hex};
-use crate::config::OnInvalid;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::partitioner::partition_for;
@@ -37,14 +36,10 @@ impl Out {
     }
 }
 
-impl KafkaJob<'_> {
-    /// Sends a task's outputs of its last step: sessions and retractions, late events,
-    /// and (`with_batch`) the dead letters of the batch just decoded.
-    pub(super) fn send_outputs(
-        &mut self,
-        id: TopicPartition,
-        with_batch: Option<()>,
-    ) -> Result<(), RunError> {
+impl<F: TaskFactory> KafkaJob<'_, F> {
+    /// Sends a task's outputs of its last step: dead letters of the batch just
+    /// processed, sessions and retractions, late events.
+    pub(super) fn send_outputs(&mut self, id: TopicPartition) -> Result<(), RunError> {
         let KafkaJob {
             tasks,
             producer,
@@ -55,29 +50,18 @@ impl KafkaJob<'_> {
             ..
         } = self;
         let task = tasks.get_mut(&id).expect("task exists");
+        let out = task.op.sessions();
         self.telemetry
-            .sessions_completed(task.shard.out.completed, std::time::Instant::now());
+            .sessions_completed(out.completed, std::time::Instant::now());
         // Dead letters first: they come from decoding, before any session of the batch.
-        if with_batch.is_some()
-            && self.cfg.on_invalid == OnInvalid::DeadLetter
-            && task.parsed.invalid > 0
-        {
-            let invalid_lines = task
-                .parsed
-                .recs
-                .iter()
-                .filter(|r| r.kind == Kind::Invalid)
-                .map(|r| r.line as usize);
-            let records = task
-                .parsed
-                .dead
-                .split(|&b| b == b'\n')
-                .filter(|r| !r.is_empty());
+        let (records, lines) = task.op.dead_letters();
+        if !lines.is_empty() {
             match dead {
-                Out::Writer(w) => w.append(&task.parsed.dead, task.parsed.invalid)?,
+                Out::Writer(w) => w.append(records, lines.len() as u64)?,
                 Out::Topic { name, .. } => {
                     let p = producer.as_mut().expect("a topic output has a producer");
-                    for (line, record) in invalid_lines.zip(records) {
+                    let records = records.split(|&b| b == b'\n').filter(|r| !r.is_empty());
+                    for (&line, record) in lines.iter().zip(records) {
                         let key = message_key(task, line);
                         p.send(name, None, key, Some(record), false)
                             .map_err(commit_error)?;
@@ -85,7 +69,6 @@ impl KafkaJob<'_> {
                 }
             }
         }
-        let out = &task.shard.out;
         match sessions {
             Out::Writer(w) => w.append(&out.encoder.buf, out.tags.len() as u64)?,
             Out::Topic { name, partitions } => {
@@ -103,14 +86,15 @@ impl KafkaJob<'_> {
                 }
             }
         }
-        if !task.shard.late_steps.is_empty() {
+        let (records, steps) = task.op.late();
+        if !steps.is_empty() {
             match late {
-                Out::Writer(w) => w.append(&task.shard.late, task.shard.late_steps.len() as u64)?,
+                Out::Writer(w) => w.append(records, steps.len() as u64)?,
                 Out::Topic { name, .. } => {
                     let p = producer.as_mut().expect("a topic output has a producer");
                     let first = task.next_seq - task.batch.lines.len() as u64;
-                    for &(step, from, len) in &task.shard.late_steps {
-                        let record = &task.shard.late[from..from + len];
+                    for &(step, from, len) in steps {
+                        let record = &records[from..from + len];
                         let record = record.strip_suffix(b"\n").unwrap_or(record);
                         let line = step.checked_sub(first).map(|l| l as usize);
                         let key = line.and_then(|l| message_key(task, l));

@@ -3,6 +3,7 @@
 //! (`--state-dir`) or a standby copy (`--standby-replicas`) that already holds the rest.
 
 use super::super::RunError;
+use super::op::{TaskFactory, TaskOp};
 use super::task::{META_VERSION, Task, TaskMeta};
 use super::{KafkaJob, option_differences};
 use crate::stats::RestoreStats;
@@ -69,7 +70,7 @@ pub(super) fn parse_meta(bytes: &[u8]) -> Result<TaskMeta, String> {
     Ok(m)
 }
 
-impl KafkaJob<'_> {
+impl<F: TaskFactory> KafkaJob<'_, F> {
     /// Puts the state of several tasks back (a rebalance gives partitions in groups):
     /// each from a standby copy or a local snapshot when one fits, then the changelog's
     /// tail (or all of it), every partition read at once. Returns, per task, the offset
@@ -77,7 +78,7 @@ impl KafkaJob<'_> {
     /// committed).
     pub(super) fn restore_all(
         &mut self,
-        tasks: &mut [Task],
+        tasks: &mut [Task<F::Op>],
         committed: &[Option<i64>],
     ) -> Result<Vec<Option<i64>>, RunError> {
         if tasks.is_empty() {
@@ -192,7 +193,7 @@ impl KafkaJob<'_> {
     /// to their ends (every partition of one topic by one reader), adding to `reads`.
     fn read_changelogs(
         &self,
-        tasks: &[Task],
+        tasks: &[Task<F::Op>],
         states: &mut [Restoring],
         which: &[usize],
         reads: &mut [ReadStats],
@@ -230,7 +231,7 @@ impl KafkaJob<'_> {
     /// read started and what it read.
     fn finish_restore(
         &mut self,
-        task: &mut Task,
+        task: &mut Task<F::Op>,
         state: Restoring,
         (from, read): (i64, ReadStats),
         committed: Option<i64>,
@@ -268,9 +269,9 @@ impl KafkaJob<'_> {
                 differences,
             });
         }
-        task.shard.restore_progress(&meta.watermark);
+        task.op.restore_progress(&meta.watermark);
         for (key, value) in &state.states {
-            task.shard
+            task.op
                 .restore_key(key, value, meta.state_format)
                 .map_err(|reason| RunError::RestoreState {
                     dir: format!("changelog {topic}/{partition}"),
@@ -282,7 +283,7 @@ impl KafkaJob<'_> {
         task.carried = meta.counters.clone();
         task.committed = meta.counters.clone();
         task.flushed = meta.flushed;
-        task.watermark_at_last_input = task.shard.op.watermark();
+        task.watermark_at_last_input = task.op.watermark();
         let micros = took.as_micros() as u64;
         self.restored.records += read.records;
         self.restored.bytes += read.bytes;

@@ -6,12 +6,12 @@
 
 use super::super::RunError;
 use super::KafkaJob;
+use super::op::{TaskFactory, TaskOp};
 use super::restore::Restoring;
 use super::task::{Task, TaskMeta};
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{StateDir, StateEntries, task};
 use sessionizer_connectors::kafka::TopicPartition;
-use sessionizer_window::codec;
 use std::time::{Duration, Instant};
 
 /// A snapshot older than this is not used: the changelog's compaction may have dropped
@@ -76,7 +76,7 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl KafkaJob<'_> {
+impl<F: TaskFactory> KafkaJob<'_, F> {
     /// The local snapshot of a task, if there is one that can be used.
     pub(super) fn load_snapshot(&mut self, changelog: &str, partition: i32) -> Option<Restoring> {
         let snaps = self.snapshots.as_ref()?;
@@ -133,8 +133,10 @@ impl KafkaJob<'_> {
             tasks,
             changelogs,
             options,
+            factory,
             ..
         } = self;
+        let format = factory.state_format();
         let Some(snaps) = snapshots.as_mut() else {
             return;
         };
@@ -146,7 +148,7 @@ impl KafkaJob<'_> {
             };
             let changelog = &changelogs[tp.topic as usize];
             let began = Instant::now();
-            match write_one(snaps, task, changelog, offset, options) {
+            match write_one(snaps, task, changelog, offset, options, format) {
                 Ok(bytes) => {
                     snaps.written += 1;
                     snaps.bytes += bytes;
@@ -166,12 +168,13 @@ impl KafkaJob<'_> {
     }
 }
 
-fn write_one(
+fn write_one<O: TaskOp>(
     snaps: &mut Snapshots,
-    task: &Task,
+    task: &Task<O>,
     changelog: &str,
     offset: i64,
     options: &[(String, String)],
+    format: u16,
 ) -> Result<u64, RunError> {
     let header = Header {
         task: task.names[0].name.clone(),
@@ -179,14 +182,14 @@ fn write_one(
         partition: task.tp.partition,
         changelog_offset: offset,
         created_unix_ms: now_ms(),
-        meta: task.meta(options),
+        meta: task.meta(options, format),
     };
     let header = serde_json::to_vec(&header).expect("snapshot header encodes");
     snaps.entries.clear();
     // Every key, in memory or in the task's RocksDB store.
     let entries = &mut snaps.entries;
-    task.shard.op.for_each_key(|key, sessions| {
-        entries.put_with(key, |buf| codec::encode_sessions(sessions, buf));
+    task.op.for_each_key(&mut |key, value| {
+        entries.put_with(key, |buf| buf.extend_from_slice(value));
     })?;
     let name = task::file_name(changelog, task.tp.partition);
     Ok(snaps

@@ -107,10 +107,10 @@ impl Standbys {
 
     /// Now and then: asks the group who owns what, and follows the changelogs of the
     /// partitions this process should keep copies of (never those it owns).
-    pub(super) fn refresh(
+    pub(super) fn refresh<O>(
         &mut self,
         consumer: &GroupConsumer,
-        owned: &BTreeMap<TopicPartition, Task>,
+        owned: &BTreeMap<TopicPartition, Task<O>>,
     ) -> Result<(), RunError> {
         if self.last_refresh.is_some_and(|t| t.elapsed() < REFRESH) {
             return Ok(());

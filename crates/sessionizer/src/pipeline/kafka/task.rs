@@ -1,9 +1,7 @@
 //! One input partition as a task: its operator, watermark, offsets and counters, and
 //! its progress record in the changelog.
 
-use super::super::parse::{self, ParseSettings, Parsed};
-use super::super::shard::Shard;
-use crate::config::OnInvalid;
+use super::op::TaskOp;
 use crate::stats::RunStats;
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{Counters, WatermarkState};
@@ -12,7 +10,6 @@ use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::input::LineSpan;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_core::Watermark;
-use sessionizer_core::decode::Decoder;
 use std::time::Instant;
 
 /// The version of the progress record's layout.
@@ -41,7 +38,7 @@ pub(super) struct TaskMeta {
 }
 
 /// One input partition: its operator, watermark, offsets and counters.
-pub(super) struct Task {
+pub(super) struct Task<O> {
     pub(super) tp: TopicPartition,
     /// `topic/partition` of the task first, then those of the partitions its records
     /// came from when they were re-keyed (`--repartition`): positions in side outputs
@@ -49,9 +46,11 @@ pub(super) struct Task {
     pub(super) names: Vec<SourceName>,
     /// The offset of the last record staged (the task's own partition).
     pub(super) last_offset: i64,
-    pub(super) shard: Shard,
-    pub(super) decoder: Decoder,
-    pub(super) parsed: Parsed,
+    /// Its operator: decode, state, timers, outputs.
+    pub(super) op: O,
+    /// With `--on-invalid fail`: the first invalid record of the last batch (line,
+    /// reason), which was not processed.
+    pub(super) first_invalid: Option<(u32, String)>,
     /// Records staged since the last processing: values as lines, line number = offset.
     pub(super) batch: Batch,
     /// The staged records' keys (`(start, len)` in `keys`, `len == u32::MAX`: none).
@@ -70,7 +69,7 @@ pub(super) struct Task {
     /// The task's cumulative counters at its last commit by this process (`carried`
     /// before the first).
     pub(super) committed: Counters,
-    /// This process's counters for the task (the shard keeps its verdict counts).
+    /// This process's counters for the task (the operator keeps its verdict counts).
     pub(super) run: RunStats,
     /// Processed records not yet committed.
     pub(super) dirty: bool,
@@ -79,50 +78,37 @@ pub(super) struct Task {
     pub(super) watermark_at_last_input: Watermark,
 }
 
-impl Task {
-    /// Runs the staged records through decode and sessionize (what comes out waits in
-    /// the shard's outputs). With `--on-invalid fail`, a batch holding an invalid record
-    /// is not sessionized: `parsed.first_invalid` names the record.
-    pub(super) fn sessionize_staged(&mut self, aggregates: usize, on_invalid: OnInvalid) {
+impl<O: TaskOp> Task<O> {
+    /// Runs the staged records through the operator (what comes out waits in its
+    /// outputs). With `--on-invalid fail`, a batch holding an invalid record is not
+    /// processed: [`first_invalid`](Self::first_invalid) names the record.
+    pub(super) fn process_staged(&mut self) {
         let n = self.batch.lines.len();
-        let settings = ParseSettings {
-            aggregates,
-            shards: 1,
-            on_invalid,
-            names: &self.names,
-        };
-        parse::parse_range(
-            &self.batch,
-            0..n,
-            &mut self.decoder,
-            settings,
-            &mut self.parsed,
-        );
-        if self.parsed.first_invalid.is_some() {
+        let p = self.op.process(&self.batch, &self.names, self.next_seq);
+        self.first_invalid = p.first_invalid;
+        if self.first_invalid.is_some() {
             return;
         }
-        let p = &self.parsed;
         self.run.blank_lines += p.blank;
         self.run.invalid += p.invalid;
-        self.run.records_read += p.recs.len() as u64 - p.blank;
+        self.run.records_read += p.records;
         self.run.bytes_read += self.batch.data.len() as u64;
-        self.shard.clear_outputs();
-        self.shard.process(
-            &self.batch,
-            std::slice::from_ref(&self.parsed),
-            self.next_seq,
-            &self.names,
-        );
         self.next_seq += n as u64;
         self.next_offset = self.last_offset + 1;
         self.dirty = true;
         self.last_input = Instant::now();
-        self.watermark_at_last_input = self.shard.op.watermark();
+        self.watermark_at_last_input = self.op.watermark();
+    }
+
+    /// This process's counts for the task, the operator's included.
+    pub(super) fn run_counts(&self) -> RunStats {
+        let mut total = self.run.clone();
+        self.op.add_counts(&mut total);
+        total
     }
 
     pub(super) fn counters(&self) -> Counters {
-        let mut total = self.run.clone();
-        super::super::add_shard_counts(&mut total, std::slice::from_ref(&self.shard));
+        let mut total = self.run_counts();
         total.add_counters(&self.carried);
         total.counters()
     }
@@ -136,18 +122,13 @@ impl Task {
         self.end.is_some_and(|e| self.next_offset >= e)
     }
 
-    pub(super) fn meta(&self, options: &[(String, String)]) -> TaskMeta {
+    pub(super) fn meta(&self, options: &[(String, String)], state_format: u16) -> TaskMeta {
         TaskMeta {
             version: META_VERSION,
-            state_format: sessionizer_checkpoint::FORMAT_VERSION,
+            state_format,
             next_offset: self.next_offset,
             next_seq: self.next_seq,
-            watermark: WatermarkState {
-                max_event_time_ms: self.shard.max_event_time().map(|t| t.millis()),
-                watermark_ms: self.shard.op.watermark().millis(),
-                largest_gap_ms: self.shard.largest_gap().millis(),
-                new_key_floor_ms: Some(self.shard.op.new_key_floor()),
-            },
+            watermark: self.op.progress(),
             counters: self.counters(),
             flushed: self.flushed,
             options: options.to_vec(),
@@ -156,8 +137,8 @@ impl Task {
 }
 
 /// Appends one record to a task's batch; returns the bytes staged.
-pub(super) fn stage(
-    task: &mut Task,
+pub(super) fn stage<O>(
+    task: &mut Task<O>,
     offset: i64,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
@@ -203,7 +184,7 @@ pub(super) fn stage(
 }
 
 /// The Kafka key of the record on line `line` of a task's batch.
-pub(super) fn message_key(task: &Task, line: usize) -> Option<&[u8]> {
+pub(super) fn message_key<O>(task: &Task<O>, line: usize) -> Option<&[u8]> {
     let &(from, len) = task.key_spans.get(line)?;
     (len != u32::MAX).then(|| &task.keys[from as usize..(from + len) as usize])
 }

@@ -64,7 +64,10 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
 
+pub use group::KafkaGroup;
 pub use sessionizer_connectors::kafka::KafkaError;
+
+mod group;
 
 fn settings(brokers: &str) -> KafkaSettings {
     KafkaSettings::new(brokers)
