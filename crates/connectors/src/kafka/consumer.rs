@@ -204,14 +204,19 @@ impl GroupConsumer {
     /// `group = None` a consumer that is assigned partitions by the job. Offsets are
     /// never auto-committed: they are committed in the job's transactions.
     ///
-    /// With an `instance` id the member is *static* (KIP-345): a restarted process with
-    /// the same id takes its place in the group at once, with the same partitions,
-    /// instead of waiting for the group to notice that the old one is gone.
+    /// Members are dynamic, not static (KIP-345), whatever the process's instance id
+    /// (which names its transactional producer): a static member killed in the middle
+    /// of a cooperative rebalance — after giving up partitions for another member,
+    /// before rejoining for the second round that hands them over — and restarted
+    /// within the session timeout is given back its cached assignment without that
+    /// round, and the partitions it gave up stay with nobody until some other member
+    /// joins or leaves (seen with Kafka 4.1 and librdkafka 2.12: a `--stop-at-end` group
+    /// then waited forever). A dynamic member's death is a rebalance of its own, once the
+    /// group's session timeout (10 s) passes.
     pub fn new(
         settings: &KafkaSettings,
         topics: &[String],
         group: Option<&str>,
-        instance: Option<&str>,
         client_id: &str,
     ) -> Result<GroupConsumer, KafkaError> {
         let mut c = settings.client_config();
@@ -237,9 +242,6 @@ impl GroupConsumer {
             .set("heartbeat.interval.ms", "1000");
         // A group id is always needed by librdkafka; without a group it is never used.
         c.set("group.id", group.unwrap_or("sessionizer-unused"));
-        if let (Some(_), Some(id)) = (group, instance) {
-            c.set("group.instance.id", id);
-        }
         let context = GroupContext {
             topics: topics.to_vec(),
             events: Mutex::new(VecDeque::new()),

@@ -164,8 +164,9 @@ impl KafkaGroup {
         self
     }
 
-    /// This process's stable name in the group (`--kafka-instance-id`): a restarted
-    /// process with the same id fences its predecessor at once.
+    /// This process's stable name (`--kafka-instance-id`), which names its
+    /// transactional producer: a restarted process with the same id fences its
+    /// predecessor's producer at once, aborting its open transaction.
     pub fn instance_id(mut self, id: &str) -> Self {
         self.kafka.instance_id = Some(id.to_string());
         self

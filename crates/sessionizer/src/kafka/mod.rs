@@ -197,13 +197,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
                 })?;
             *slot = Some(p.next_offset);
         }
-        let consumer = GroupConsumer::new(
-            &settings,
-            &[topic.to_string()],
-            None,
-            None,
-            "sessionizer-library",
-        )?;
+        let consumer =
+            GroupConsumer::new(&settings, &[topic.to_string()], None, "sessionizer-library")?;
         let assign: Vec<(TopicPartition, StartAt)> = next
             .iter()
             .enumerate()

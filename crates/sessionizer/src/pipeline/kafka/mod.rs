@@ -297,7 +297,6 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             &settings,
             &topics,
             if durable { group } else { None },
-            kafka.instance_id.as_deref(),
             &client_id,
         )?;
         let standbys = if durable && kafka.standby_replicas > 0 {
