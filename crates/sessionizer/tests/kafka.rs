@@ -11,74 +11,16 @@ mod support;
 #[path = "../../cli/tests/support/kafka.rs"]
 mod kafka;
 
-use serde::{Deserialize, Serialize};
+#[path = "support/kafka_visits.rs"]
+mod visits;
+
+use serde::Serialize;
 use sessionizer::kafka::{KafkaJson, KafkaJsonSink};
 use sessionizer::prelude::*;
 use sessionizer::source::DeadLetter;
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::time::{Duration, Instant};
-
-const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Visit {
-    visit_id: String,
-    event_time: EventTime,
-}
-
-/// `n` visit lines over 40 visits, out of order by up to 2 minutes, some 20 minutes
-/// late; every 500th line is not a visit.
-fn lines(n: i64) -> Vec<String> {
-    let mut next = support::xorshift(0x9e37_79b9_7f4a_7c15);
-    (0..n)
-        .map(|i| {
-            if i % 500 == 499 {
-                return format!("{{\"visit_id\": \"v{i}\", \"event_time\": \"not a time\"}}");
-            }
-            let late = if next().is_multiple_of(40) {
-                1_200_000
-            } else {
-                0
-            };
-            let visit = Visit {
-                visit_id: format!("v{}", next() % 40),
-                event_time: EventTime(T0 + i * 2_000 - (next() % 120_000) as i64 - late),
-            };
-            serde_json::to_string(&visit).expect("json")
-        })
-        .collect()
-}
-
-type Job = SessionWindowJob<
-    Visit,
-    fn(&Visit) -> String,
-    fn(&Visit) -> EventTime,
-    BoundedOutOfOrderness,
-    Count,
-    sessionizer::windowed::FixedGap,
-    SystemClock,
->;
-
-fn job() -> Job {
-    Stream::<Visit>::new()
-        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
-        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(minutes(5))
-        .allowed_lateness(minutes(10))
-        .aggregate(Count)
-        .build()
-}
-
-fn produce(topic: &str, lines: &[String]) {
-    let mut file = tempfile::NamedTempFile::new().expect("temp file");
-    for l in lines {
-        writeln!(file, "{l}").expect("write");
-    }
-    file.flush().expect("flush");
-    kafka::produce_lines(topic, file.path(), "visit_id");
-}
+use visits::{Visit, job, lines, produce};
 
 /// Polls `source` until it has read `records` records in all (dead letters included).
 fn read_until(
@@ -114,7 +56,7 @@ fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
     let (input, output) = (kafka::unique("lib-visits"), kafka::unique("lib-sessions"));
     kafka::create_topics(&[&input], 1);
     kafka::create_topics(&[&output], 3);
-    let lines = lines(3_000);
+    let lines = lines(0, 3_000, None);
     produce(&input, &lines);
 
     // What one uninterrupted run gives: the same events, in the topic's order.
@@ -220,7 +162,7 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     let _one = kafka::exclusive();
     let (input, other) = (kafka::unique("lib-parts"), kafka::unique("lib-other"));
     kafka::create_topics(&[&input, &other], 3);
-    let lines = lines(900);
+    let lines = lines(0, 900, None);
     produce(&input, &lines);
     let broker = kafka::broker();
     let dir = tempfile::tempdir().expect("temp dir");
@@ -294,7 +236,7 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
     let _one = kafka::exclusive();
     let input = kafka::unique("lib-per-partition");
     kafka::create_topics(&[&input], PARTITIONS as i32);
-    let lines = lines(2_400);
+    let lines = lines(0, 2_400, None);
     produce(&input, &lines);
     let broker = kafka::broker();
     let dir = tempfile::tempdir().expect("temp dir");
@@ -409,7 +351,7 @@ fn a_stateful_job_resumed_with_an_exactly_once_sink_commits_one_runs_records() {
     );
     kafka::create_topics(&[&input], 1);
     kafka::create_topics(&[&output], 2);
-    let lines = lines(3_000);
+    let lines = lines(0, 3_000, None);
     produce(&input, &lines);
     let job = || {
         Stream::<Visit>::new()

@@ -29,51 +29,8 @@ const VISITS: i64 = 60_000;
 /// Seconds without a record after which the service stops.
 const IDLE: &str = "2";
 
-/// The example's binary: `target/<profile>/examples/`, next to this test's `deps/`.
-/// `cargo test` builds it with the other targets, but not when only this test is
-/// named (`--test kafka_exactly_once`): then a binary older than a source file of the
-/// workspace is refused rather than tested.
 fn service() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary");
-    let profile = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = profile.join("examples").join("kafka_exactly_once");
-    let build = "cargo build -p sessionizer --features kafka --example kafka_exactly_once";
-    let built = std::fs::metadata(&bin)
-        .and_then(|m| m.modified())
-        .unwrap_or_else(|_| panic!("{} is missing: {build}", bin.display()));
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    if let Some(newer) = newest_source(&crates).filter(|(at, _)| *at > built) {
-        panic!(
-            "{} is older than {}: {build}",
-            bin.display(),
-            newer.1.display()
-        );
-    }
-    bin
-}
-
-/// The most recently modified `.rs` file under `dir`'s `src/` and `examples/` folders.
-fn newest_source(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
-    let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
-    let mut todo: Vec<PathBuf> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .flat_map(|c| [c.path().join("src"), c.path().join("examples")])
-        .collect();
-    while let Some(d) = todo.pop() {
-        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                todo.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs")
-                && let Ok(at) = entry.metadata().and_then(|m| m.modified())
-                && newest.as_ref().is_none_or(|(n, _)| at > *n)
-            {
-                newest = Some((at, path));
-            }
-        }
-    }
-    newest
+    support::example("kafka_exactly_once")
 }
 
 /// A visit line as the example reads it (and `sessionizer generate` writes it).

@@ -14,81 +14,17 @@ mod support;
 #[path = "../../cli/tests/support/kafka.rs"]
 mod kafka;
 
+#[path = "support/kafka_visits.rs"]
+mod visits;
+
 use serde::{Deserialize, Serialize};
 use sessionizer::kafka::KafkaGroup;
 use sessionizer::prelude::*;
 use sessionizer_connectors::kafka::partitioner::partition_for;
-use std::io::Write;
 use std::time::Duration;
+use visits::{FAR, Visit, job, produce};
 
-const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
 const PARTITIONS: usize = 3;
-/// 2500-01-01T00:00:00Z: past the default valid time range.
-const FAR: i64 = 16_725_225_600_000;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Visit {
-    visit_id: String,
-    event_time: EventTime,
-}
-
-/// `n` visit lines over 40 visits from line `from` on, out of order by up to 2 minutes,
-/// some 20 minutes late; every 500th line is not a visit and every 700th is dated in
-/// the year 2500.
-fn lines(from: i64, n: i64) -> Vec<String> {
-    let mut next = support::xorshift(0x9e37_79b9_7f4a_7c15 ^ from as u64);
-    (from..from + n)
-        .map(|i| {
-            let visit_id = format!("v{}", next() % 40);
-            if i % 500 == 499 {
-                return format!("{{\"visit_id\": \"{visit_id}\", \"event_time\": \"not a time\"}}");
-            }
-            if i % 700 == 699 {
-                return format!("{{\"visit_id\": \"{visit_id}\", \"event_time\": {FAR}}}");
-            }
-            let late = if next().is_multiple_of(40) {
-                1_200_000
-            } else {
-                0
-            };
-            let visit = Visit {
-                visit_id,
-                event_time: EventTime(T0 + i * 2_000 - (next() % 120_000) as i64 - late),
-            };
-            serde_json::to_string(&visit).expect("json")
-        })
-        .collect()
-}
-
-type Job = SessionWindowJob<
-    Visit,
-    fn(&Visit) -> String,
-    fn(&Visit) -> EventTime,
-    BoundedOutOfOrderness,
-    Count,
-    sessionizer::windowed::FixedGap,
-    SystemClock,
->;
-
-fn job() -> Job {
-    Stream::<Visit>::new()
-        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
-        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(minutes(5))
-        .allowed_lateness(minutes(10))
-        .aggregate(Count)
-        .build()
-}
-
-fn produce(topic: &str, lines: &[String]) {
-    let mut file = tempfile::NamedTempFile::new().expect("temp file");
-    for l in lines {
-        writeln!(file, "{l}").expect("write");
-    }
-    file.flush().expect("flush");
-    kafka::produce_lines(topic, file.path(), "visit_id");
-}
 
 /// The lines of input partition `p`, in offset order: those whose key it holds.
 fn of(lines: &[String], p: usize) -> Vec<&String> {
@@ -159,7 +95,7 @@ fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_con
     kafka::create_topics(&[&input, &output], PARTITIONS as i32);
     kafka::create_topics(&[&dead, &late], 1);
     let group = kafka::unique("grp");
-    let first = lines(0, 3_000);
+    let first = visits::lines(0, 3_000, Some(700));
     produce(&input, &first);
     let run = |keep_open: bool| {
         KafkaGroup::new(kafka::broker(), &group, &input, &output)
@@ -181,7 +117,7 @@ fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_con
         "every record accounted for: {stats:?}"
     );
     // ... and the second, over more records, continues them and ends them.
-    let second = lines(3_000, 1_500);
+    let second = visits::lines(3_000, 1_500, Some(700));
     produce(&input, &second);
     let stats = run(false);
     assert_eq!(stats.records_read, second.len() as u64);
@@ -242,4 +178,173 @@ fn a_job_that_cannot_be_a_task_is_refused_with_the_reason() {
         })
         .expect_err("a job on two workers");
     assert!(err.to_string().contains("set_workers"), "{err}");
+}
+
+/// The end of a process's stderr (its late events come before its error).
+fn tail(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join("\n")
+}
+
+/// A visit line of the example `kafka_group` (and of `sessionizer generate`).
+#[derive(Debug, Serialize, Deserialize)]
+struct PageVisit {
+    visit_id: String,
+    #[serde(with = "sessionizer::time::rfc3339")]
+    event_time: EventTime,
+    page: String,
+}
+
+/// The example's job.
+fn page_job() -> impl FnMut(&[&String]) -> Vec<Message> {
+    |records| {
+        let mut j = Stream::<PageVisit>::new()
+            .key_by(|v| v.visit_id.clone())
+            .event_time(|v| v.event_time)
+            .watermark(BoundedOutOfOrderness::new(seconds(30)))
+            .session_windows(minutes(2))
+            .allowed_lateness(minutes(2))
+            .aggregate(Collect(|v: &PageVisit| Some(v.page.clone())).named("pages"))
+            .build();
+        let events = records
+            .iter()
+            .filter_map(|l| serde_json::from_str::<PageVisit>(l).ok());
+        let mut out = Vec::new();
+        j.run(events, &mut out, &mut Vec::new()).expect("vectors");
+        out.iter()
+            .map(|r| match r {
+                WindowOutput::Session(s) => (
+                    format!("{:016x}", s.session_id),
+                    Some(serde_json::to_string(r).expect("json")),
+                ),
+                WindowOutput::Retraction(r) => (format!("{:016x}", r.session_id), None),
+            })
+            .collect()
+    }
+}
+
+/// Two processes of the example `kafka_group` in one group over a three-partition
+/// topic; the second is killed with SIGKILL four times at random instants and started
+/// again, restoring its partitions from their changelogs each time. The committed output of each partition is, record for record, what one job
+/// over that partition's records emits — nothing lost, nothing twice — and every record
+/// that is not a visit is one dead letter.
+#[test]
+fn two_processes_one_killed_again_and_again_give_each_partitions_sessions_once() {
+    use rand::{Rng, SeedableRng};
+    use std::process::{Command, Stdio};
+    let _one = kafka::exclusive();
+    let input = kafka::unique("grp-kill-visits");
+    let (output, dead) = (
+        kafka::unique("grp-kill-sessions"),
+        kafka::unique("grp-kill-dead"),
+    );
+    kafka::create_topics(&[&input, &output], PARTITIONS as i32);
+    kafka::create_topics(&[&dead], 1);
+    let lines: Vec<String> = support::visits(600_000, 400, 300, 23)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if i % 500 == 499 {
+                return format!(
+                    r#"{{"visit_id":"v{}","event_time":"not a time","page":"/"}}"#,
+                    v.visit
+                );
+            }
+            let line = PageVisit {
+                visit_id: format!("v{}", v.visit),
+                event_time: v.at,
+                page: format!("/p{}", v.page),
+            };
+            serde_json::to_string(&line).expect("JSON")
+        })
+        .collect();
+    produce(&input, &lines);
+    let group = kafka::unique("grp-kill");
+    let service = support::example("kafka_group");
+    // Their stderr (late events, then any error) goes to files: a pipe nobody reads
+    // would fill and stall the process past its transaction timeout.
+    let logs = tempfile::tempdir().expect("temp dir");
+    let log = |instance: &str| logs.path().join(format!("{instance}.log"));
+    let spawn = |instance: &str| {
+        let err = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(log(instance))
+            .expect("log file");
+        Command::new(&service)
+            .args([kafka::broker(), &group, &input, &output, &dead, instance])
+            .arg("--stop-at-end")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .expect("spawn the example")
+    };
+    let tail = |instance: &str| tail(&std::fs::read(log(instance)).unwrap_or_default());
+    // Both start together and share the partitions. b is killed three times, each
+    // time once the group has committed more state since b started (so that b's
+    // partitions have state in their changelogs) and a random moment later, and
+    // started again: with the same instance id it gets its partitions back at once and
+    // restores them from their changelogs. Then it runs to its end.
+    let changelog = format!("{group}-{input}-changelog");
+    let committed_state = || -> i64 {
+        kafka::high_watermarks_if_there(&changelog, PARTITIONS).map_or(0, |w| w.iter().sum())
+    };
+    let a = spawn("a");
+    let mut b = spawn("b");
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(12);
+    let kills = 3;
+    for _ in 0..kills {
+        let (began, before) = (std::time::Instant::now(), committed_state());
+        while committed_state() < before + 50 {
+            assert!(
+                began.elapsed() < Duration::from_secs(60),
+                "no state committed in 60 s: {}",
+                tail("b")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..400)));
+        if let Some(status) = b.try_wait().expect("wait") {
+            panic!("b ended before its kill ({status}): {}", tail("b"));
+        }
+        b.kill().expect("kill -9 b");
+        b.wait().expect("reap b");
+        b = spawn("b");
+    }
+    let out = b.wait_with_output().expect("b runs to its end");
+    assert!(out.status.success(), "b failed: {}", tail("b"));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("b's stats");
+    let restored: u64 = stats["kafka"]["restores"]
+        .as_array()
+        .expect("restores")
+        .iter()
+        .map(|r| r["changelog_records"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(
+        restored > 50,
+        "b's last run restored {restored} changelog records: {stats}"
+    );
+    let out = a.wait_with_output().expect("a runs to its end");
+    assert!(out.status.success(), "a failed: {}", tail("a"));
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a's stats");
+    let read = stats["records_read"].as_u64().expect("records_read");
+    let sum: u64 = ["in_sessions", "late", "invalid"]
+        .iter()
+        .map(|k| stats[*k].as_u64().expect("a count"))
+        .sum();
+    assert_eq!(sum, read, "a's accounting: {stats}");
+
+    let got = messages(&output);
+    let mut reference = page_job();
+    let mut records = 0;
+    for (p, got) in got.iter().enumerate() {
+        let want = reference(&of(&lines, p));
+        records += want.len();
+        assert_eq!(*got, want, "output partition {p} after {kills} kills of b");
+    }
+    assert!(records > 1_000, "{records} records");
+    let dead_letters = kafka::read_committed(&dead).iter().flatten().count();
+    assert_eq!(dead_letters, lines.len() / 500, "every non-visit once");
 }

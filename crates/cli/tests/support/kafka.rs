@@ -377,10 +377,21 @@ pub fn last_stable_offsets(topic: &str, partitions: usize) -> Vec<i64> {
     end_offsets(topic, partitions, "read_committed")
 }
 
+/// The high watermarks of `topic`'s first `partitions` partitions, `None` while the
+/// topic is not there (yet).
+pub fn high_watermarks_if_there(topic: &str, partitions: usize) -> Option<Vec<i64>> {
+    end_offsets_if_there(topic, partitions, "read_uncommitted")
+}
+
 /// librdkafka asks for a partition's end with the client's isolation level: a
 /// `read_committed` client is told the last stable offset, a `read_uncommitted` one the
 /// high watermark.
 fn end_offsets(topic: &str, partitions: usize, isolation: &str) -> Vec<i64> {
+    end_offsets_if_there(topic, partitions, isolation).expect("watermarks")
+}
+
+/// [`end_offsets`], `None` while the topic is not there (yet).
+fn end_offsets_if_there(topic: &str, partitions: usize, isolation: &str) -> Option<Vec<i64>> {
     let client: BaseConsumer = config()
         .set("isolation.level", isolation)
         .create()
@@ -389,8 +400,8 @@ fn end_offsets(topic: &str, partitions: usize, isolation: &str) -> Vec<i64> {
         .map(|p| {
             client
                 .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .expect("watermarks")
-                .1
+                .ok()
+                .map(|w| w.1)
         })
         .collect()
 }
