@@ -180,6 +180,149 @@ fn a_job_that_cannot_be_a_task_is_refused_with_the_reason() {
     assert!(err.to_string().contains("set_workers"), "{err}");
 }
 
+/// A visit's pages, emitted once the visit has been quiet for 5 minutes of event time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Closed {
+    visit: String,
+    pages: u64,
+    first: i64,
+    last: i64,
+}
+
+/// A visit's pages and first and last event time so far.
+type Pages = (u64, i64, i64);
+
+type PagesFn = fn(&str, Vec<Visit>, &mut GroupState<'_, Pages>) -> Option<Closed>;
+
+type StatefulVisits = StatefulJob<
+    Visit,
+    fn(&Visit) -> String,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    Pages,
+    PagesFn,
+    SystemClock,
+>;
+
+/// Each visit's pages in its state, kept until an event-time timeout 5 minutes after
+/// its last event, which emits them.
+fn close_visits(
+    visit: &str,
+    events: Vec<Visit>,
+    state: &mut GroupState<'_, Pages>,
+) -> Option<Closed> {
+    if state.has_timed_out() {
+        return state.remove().map(|(pages, first, last)| Closed {
+            visit: visit.to_string(),
+            pages,
+            first,
+            last,
+        });
+    }
+    let (mut pages, mut first, mut last) = state.get().copied().unwrap_or((0, i64::MAX, i64::MIN));
+    for e in &events {
+        pages += 1;
+        first = first.min(e.event_time.0);
+        last = last.max(e.event_time.0);
+    }
+    state.update((pages, first, last));
+    state.set_timeout_timestamp(EventTime(last).plus(minutes(5)));
+    None
+}
+
+/// A stateful job in Flink's way, one event per batch, so that nothing depends on where
+/// a restart cuts the input.
+fn stateful_job() -> StatefulVisits {
+    Stream::<Visit>::new()
+        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .flat_map_groups_with_state(close_visits as PagesFn)
+        .batching(Batching::PerEvent)
+        .build()
+}
+
+#[test]
+fn a_stateful_group_job_gives_each_partition_the_outputs_of_one_job_over_its_records() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("grp-st-visits");
+    let (output, dead, late) = (
+        kafka::unique("grp-st-out"),
+        kafka::unique("grp-st-dead"),
+        kafka::unique("grp-st-late"),
+    );
+    kafka::create_topics(&[&input, &output], PARTITIONS as i32);
+    kafka::create_topics(&[&dead, &late], 1);
+    let group = kafka::unique("grp-st");
+    let first = visits::lines(0, 3_000, Some(700));
+    produce(&input, &first);
+    let run = |keep_open: bool| {
+        KafkaGroup::new(kafka::broker(), &group, &input, &output)
+            .dead_letter_topic(&dead)
+            .late_topic(&late)
+            .commit_interval(Duration::from_millis(300))
+            .stop_at_end(true)
+            .keep_open(keep_open)
+            .workers(2)
+            .run_stateful(stateful_job)
+            .expect("the group job runs")
+    };
+    // The first run keeps its states at the end (in the changelogs); the second, over
+    // more records, restores them, goes on and ends.
+    let stats = run(true);
+    assert_eq!(stats.records_read, first.len() as u64);
+    let second = visits::lines(3_000, 1_500, Some(700));
+    produce(&input, &second);
+    let stats = run(false);
+    assert_eq!(stats.records_read, second.len() as u64);
+    assert!(
+        stats.kafka.as_ref().expect("kafka stats").restored_records > 0,
+        "the second run restored from the changelogs"
+    );
+
+    let got = kafka::read_committed(&output);
+    assert_eq!(got.len(), PARTITIONS);
+    let mut expected_late = 0;
+    for (p, got) in got.iter().enumerate() {
+        // One job over the partition's records, uninterrupted.
+        let mut j = stateful_job();
+        let (mut want, mut late_events) = (Vec::new(), Vec::new());
+        let events = of(&first, p)
+            .into_iter()
+            .chain(of(&second, p))
+            .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
+        j.run(events, &mut want, &mut late_events).expect("vectors");
+        assert!(want.len() > 20, "partition {p}: {} outputs", want.len());
+        let got: Vec<(String, Closed)> = got
+            .iter()
+            .map(|r| {
+                let key = String::from_utf8(r.key.clone().expect("a key")).expect("utf8");
+                (
+                    key,
+                    serde_json::from_str(&kafka::text(r)).expect("an output"),
+                )
+            })
+            .collect();
+        let want: Vec<(String, Closed)> = want.into_iter().map(|c| (c.visit.clone(), c)).collect();
+        assert_eq!(got, want, "output partition {p}");
+        expected_late += late_events
+            .iter()
+            .filter(|l| l.reason != sessionizer::late::TIME_OUT_OF_RANGE)
+            .count();
+    }
+    let dead_letters = kafka::read_committed(&dead).iter().flatten().count();
+    let all: Vec<&String> = first.iter().chain(&second).collect();
+    let not_events = all
+        .iter()
+        .filter(|l| l.contains("not a time") || l.contains(&FAR.to_string()))
+        .count();
+    assert!(not_events > 8);
+    assert_eq!(dead_letters, not_events);
+    let late_records = kafka::read_committed(&late).iter().flatten().count();
+    assert!(expected_late > 10, "{expected_late} late events");
+    assert_eq!(late_records, expected_late);
+}
+
 /// The end of a process's stderr (its late events come before its error).
 fn tail(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);

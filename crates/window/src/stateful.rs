@@ -709,10 +709,19 @@ impl Due {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CallOrder<'a> {
     /// A call with events: the rank of its key among the keys of the batch (by first
-    /// appearance, or as given to [`StatefulOperator::push_ranked`]).
-    Data(u32),
+    /// appearance, or as given to [`StatefulOperator::push_ranked`]), and the key.
+    Data(u32, &'a [u8]),
     /// A timeout or timer call.
     Due(TimeoutKind, i64, &'a [u8], DueRank),
+}
+
+impl<'a> CallOrder<'a> {
+    /// The key of the call.
+    pub fn key(&self) -> &'a [u8] {
+        match *self {
+            CallOrder::Data(_, key) | CallOrder::Due(_, _, key, _) => key,
+        }
+    }
 }
 
 /// The kind of a due call, as [`CallOrder`] sorts it (opaque).
@@ -1173,6 +1182,36 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         report
     }
 
+    /// Moves the watermark to `w` without an event (an idle input, SPEC §2) and ends an
+    /// empty batch: the timeouts and timers due by then, or by the clock's processing
+    /// time, fire. A `w` at or behind the watermark changes only processing time.
+    pub fn advance_to<F, R>(
+        &mut self,
+        w: Watermark,
+        f: &mut F,
+        emit: &mut impl FnMut(CallOrder<'_>, R::Item),
+    ) -> BatchReport
+    where
+        F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+        R: IntoIterator,
+    {
+        let mut report = BatchReport::default();
+        if self.open.is_some() {
+            // An open batch ends first, at the watermark its events give.
+            report = self.end_batch_ordered(f, emit);
+        }
+        if w > self.watermark {
+            // The batch end keeps the larger of this and what the strategy says.
+            self.watermark = w;
+        }
+        let rest = self.end_batch_ordered(f, emit);
+        report.data_calls += rest.data_calls;
+        report.timeout_calls += rest.timeout_calls;
+        report.outputs += rest.outputs;
+        report.watermark = rest.watermark;
+        report
+    }
+
     /// The second half of [`finish`](Self::finish), with no batch open: the watermark
     /// becomes +∞ and what is due then, or at processing time `now`, fires.
     pub fn finish_at<F, R>(
@@ -1351,7 +1390,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         let ttl = self.ttl;
         let (key_bytes, ks) = self.store.key_and_state_mut(id);
         let order = match seed {
-            CallSeed::Data(rank) => CallOrder::Data(rank),
+            CallSeed::Data(rank) => CallOrder::Data(rank, key_bytes),
             CallSeed::Due(what, deadline) => {
                 CallOrder::Due(what.domain(), deadline, key_bytes, DueRank(what))
             }
@@ -1581,6 +1620,48 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
             }
         })?;
         failed.map_or(Ok(()), Err)
+    }
+
+    /// Calls `put` with every key and its record (as [`encode_state`](Self::encode_state)
+    /// writes it with `base`), changing nothing: a snapshot taken between batches that
+    /// leaves the tracked changes alone.
+    pub fn for_each_key_record(
+        &self,
+        mut put: impl FnMut(&[u8], &[u8]),
+    ) -> Result<(), SnapshotError> {
+        let mut buf = Vec::new();
+        for (_, key, ks) in self.store.iter() {
+            buf.clear();
+            encode_key_record(key, ks, &mut buf)?;
+            put(key, &buf);
+        }
+        self.for_each_spilled(|key, ks| {
+            buf.clear();
+            encode_key_record(key, ks, &mut buf)?;
+            put(key, &buf);
+            Ok(())
+        })
+    }
+
+    /// Puts one key back from its record (as [`encode_state`](Self::encode_state)
+    /// wrote it), between batches, replacing what the key held: a restore key by key,
+    /// after [`restore_state`](Self::restore_state) set the watermark. On error nothing
+    /// changes.
+    pub fn restore_key(&mut self, key: &[u8], record: &[u8]) -> Result<(), SnapshotError> {
+        if self.open.is_some() {
+            return Err(SnapshotError::BatchOpen);
+        }
+        let mut r = Reader {
+            bytes: record,
+            at: 0,
+        };
+        let ks = decode_key_record::<S>(key, &mut r)?;
+        if r.at != record.len() {
+            return Err(SnapshotError::Truncated);
+        }
+        put_key(&mut self.store, key, ks);
+        self.check_budget(0);
+        self.take_spill_error().map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// Replaces the keyed state with `keys` (key, record as

@@ -514,6 +514,101 @@ fn user_state_and_timeouts_survive_a_snapshot_and_restore_at_every_batch_boundar
     }
 }
 
+#[test]
+fn a_restore_key_by_key_from_the_records_continues_as_the_uninterrupted_operator() {
+    // What a Kafka task does: its changelog holds each key's record; a new owner puts
+    // event time back, then the keys one by one.
+    let clock = ManualClock::new(ProcessingTime(0));
+    let mut whole: VisitOp =
+        StatefulOperator::new(BoundedOutOfOrderness::new(DurationMs(5)), clock.clone());
+    let mut expected = Vec::new();
+    drive(&mut whole, &clock, 0, &mut expected);
+    for cut in 1..batches().len() {
+        let clock = ManualClock::new(ProcessingTime(0));
+        let mut first: VisitOp =
+            StatefulOperator::new(BoundedOutOfOrderness::new(DurationMs(5)), clock.clone());
+        first.track_changes(true);
+        let mut got = Vec::new();
+        let mut changelog = std::collections::BTreeMap::new();
+        for batch in &batches()[..cut] {
+            clock.advance(DurationMs(700));
+            for &(k, t, p) in batch {
+                assert!(first.push(k, EventTime(t), (t, p.to_string())).is_none());
+            }
+            first.end_batch(&mut visit_fn, &mut |o| got.push(o));
+            // The changed keys of each batch, as a compacted changelog keeps them.
+            first
+                .encode_state(false, |k, r| {
+                    changelog.insert(k.to_vec(), r.map(<[u8]>::to_vec));
+                })
+                .expect("changes");
+        }
+        // Every key's record, read without touching the tracked changes, is the
+        // changelog's newest value of it.
+        let mut records = std::collections::BTreeMap::new();
+        first
+            .for_each_key_record(|k, r| {
+                records.insert(k.to_vec(), Some(r.to_vec()));
+            })
+            .expect("records");
+        changelog.retain(|_, v| v.is_some());
+        assert_eq!(records, changelog, "after batch {cut}");
+
+        let mut second: VisitOp =
+            StatefulOperator::new(BoundedOutOfOrderness::new(DurationMs(5)), clock.clone());
+        second
+            .restore_state(first.watermark(), 0, std::iter::empty())
+            .expect("event time");
+        for (k, r) in &changelog {
+            second
+                .restore_key(k, r.as_deref().expect("live"))
+                .expect("a key");
+        }
+        assert_eq!(second.keys(), first.keys());
+        drive(&mut second, &clock, cut, &mut got);
+        assert_eq!(
+            got, expected,
+            "output with a key-by-key restore after batch {cut}"
+        );
+    }
+    assert!(matches!(
+        fresh().restore_key(b"k", &[0xff]),
+        Err(SnapshotError::Truncated)
+    ));
+}
+
+#[test]
+fn advancing_the_watermark_without_events_fires_what_is_due_and_never_moves_it_back() {
+    let clock = ManualClock::default();
+    let mut op = op(0, &clock);
+    let mut calls = Vec::new();
+    let mut out: Vec<String> = Vec::new();
+    let mut f = recorder(&mut calls, Some(10));
+    push_all(&mut op, &[("a", 0), ("b", 50)]); // timeouts 10 and 60
+    op.end_batch(&mut f, &mut |o| out.push(o));
+    assert_eq!(op.watermark(), w(50));
+    // Behind the watermark: nothing moves, nothing fires.
+    op.advance_to(w(20), &mut f, &mut |_, o| out.push(o));
+    assert_eq!(op.watermark(), w(50));
+    assert_eq!(
+        out,
+        ["a:1"],
+        "a was due by 50 already, at the first batch end"
+    );
+    op.advance_to(w(59), &mut f, &mut |_, o| out.push(o));
+    assert_eq!(out, ["a:1"]);
+    op.advance_to(w(60), &mut f, &mut |o, item| {
+        assert_eq!(o.key(), b"b");
+        out.push(item)
+    });
+    assert_eq!(op.watermark(), w(60));
+    assert_eq!(out, ["a:1", "b:1"]);
+    // An event's own watermark step cannot take it back either.
+    push_all(&mut op, &[("c", 61)]);
+    op.end_batch(&mut f, &mut |o| out.push(o));
+    assert_eq!(op.watermark(), w(61));
+}
+
 fn sample_snapshot() -> Vec<u8> {
     let clock = ManualClock::new(ProcessingTime(0));
     let mut op: VisitOp =

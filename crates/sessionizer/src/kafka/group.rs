@@ -16,10 +16,12 @@
 //! record, `{"reason","source","watermark","behind_watermark_ms","event"}` — the command
 //! line's records. Session records are the job's [`WindowOutput`] as JSON (the
 //! [`SessionRecord`](crate::windowed::SessionRecord) layout), each a message keyed by
-//! its `session_id`, partitioned by its session key; a retraction is a tombstone.
+//! its `session_id`, partitioned by its session key; a retraction is a tombstone. A
+//! stateful job's outputs ([`KafkaGroup::run_stateful`]) are messages keyed by the key
+//! of the call that returned them.
 
 use crate::config::{KafkaConfig, KafkaStart, StateBackend};
-use crate::late::TIME_OUT_OF_RANGE;
+use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::pipeline::backend::TaskStores;
 use crate::pipeline::kafka::{
     DriverSettings, Processed, PutChange, TaskFactory, TaskOp, run_tasks,
@@ -27,6 +29,7 @@ use crate::pipeline::kafka::{
 use crate::pipeline::shard::Tagged;
 use crate::pipeline::{Quiet, RunError};
 use crate::sink::{Sink, SinkError};
+use crate::stateful::StatefulJob;
 use crate::stats::RunStats;
 use crate::stream::{KeyFn, TimeFn};
 use crate::telemetry::Telemetry;
@@ -36,12 +39,13 @@ use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter, encode_late};
 use sessionizer_connectors::{Batch, OutputTarget};
-use sessionizer_core::{DurationMs, Watermark};
+use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::aggregate::Aggregator;
 use sessionizer_window::clock::Clock;
 use sessionizer_window::codec;
 use sessionizer_window::spill::{SpillCounts, SpillError};
+use sessionizer_window::stateful::{GroupState, SNAPSHOT_VERSION};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -253,6 +257,57 @@ impl KafkaGroup {
             self.settings(),
             &self.kafka,
             WindowTasks { new_job, options },
+            telemetry,
+        )
+    }
+
+    /// Runs a stateful job per partition (`flat_map_groups_with_state`): `new_job`
+    /// builds one (on one worker, in memory), called for every task this process takes
+    /// on. Each output is a message keyed by the key of the call that returned it,
+    /// partitioned by that key, its value the output as JSON. The state of each key
+    /// (its state value, timeouts, timers, expiry) is in the changelog as in the job's
+    /// checkpoints.
+    ///
+    /// A micro-batch ([`Batching`](crate::stateful::Batching)) never spans two polls
+    /// of the partition: `Events(n)` batches are cut at n events and at the end of each
+    /// poll's records, so after a restart or a rebalance the batches can be cut
+    /// elsewhere. With `Batching::PerEvent` (Flink's way) nothing depends on the cut:
+    /// a function of event time gives the outputs of one uninterrupted job over the
+    /// partition, whoever processed which records. Processing time moves at each batch
+    /// end, which happens when the partition has records (and, with an
+    /// [`idle_timeout`](Self::idle_timeout), when its watermark moves while quiet).
+    pub fn run_stateful<N, E, K, T, W, S, F, C, R>(&self, new_job: N) -> Result<RunStats, RunError>
+    where
+        N: Fn() -> StatefulJob<E, K, T, W, S, F, C> + Sync,
+        StatefulJob<E, K, T, W, S, F, C>: Send,
+        E: DeserializeOwned,
+        K: KeyFn<E>,
+        T: TimeFn<E>,
+        W: WatermarkStrategy,
+        S: Serialize + DeserializeOwned,
+        F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+        R: IntoIterator,
+        R::Item: Serialize + 'static,
+        C: Clock,
+    {
+        let probe = new_job();
+        if let Some(refusal) = probe.task_refusal() {
+            return Err(RunError::Unsupported(refusal.into()));
+        }
+        let options = probe.task_state_options();
+        drop(probe);
+        let quiet;
+        let telemetry = match &self.telemetry {
+            Some(t) => t,
+            None => {
+                quiet = Telemetry::new(Quiet);
+                &quiet
+            }
+        };
+        run_tasks(
+            self.settings(),
+            &self.kafka,
+            StatefulTasks { new_job, options },
             telemetry,
         )
     }
@@ -541,5 +596,302 @@ where
 
     fn keys(&self) -> u64 {
         self.job.operator().keys() as u64
+    }
+}
+
+/// Makes a stateful job per task.
+struct StatefulTasks<N> {
+    new_job: N,
+    options: Vec<(String, String)>,
+}
+
+impl<N, E, K, T, W, S, F, C, R> TaskFactory for StatefulTasks<N>
+where
+    N: Fn() -> StatefulJob<E, K, T, W, S, F, C> + Sync,
+    StatefulJob<E, K, T, W, S, F, C>: Send,
+    E: DeserializeOwned,
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    S: Serialize + DeserializeOwned,
+    F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+    R: IntoIterator,
+    R::Item: Serialize + 'static,
+    C: Clock,
+{
+    type Op = StatefulOp<E, K, T, W, S, F, C>;
+
+    fn new_op(&self, _task: &str, stores: Option<&TaskStores>) -> Result<Self::Op, RunError> {
+        if stores.is_some() {
+            return Err(RunError::Unsupported(
+                "a library job in a Kafka group keeps its state in memory".into(),
+            ));
+        }
+        let job = (self.new_job)();
+        if let Some(refusal) = job.task_refusal() {
+            return Err(RunError::Unsupported(refusal.into()));
+        }
+        Ok(StatefulOp {
+            job,
+            out: Tagged::for_keyed_records(),
+            outputs: Outputs::default(),
+            error: None,
+        })
+    }
+
+    fn options(&self) -> Vec<(String, String)> {
+        self.options.clone()
+    }
+
+    fn state_format(&self) -> u16 {
+        SNAPSHOT_VERSION
+    }
+}
+
+/// The late, dead-letter and failure outputs of a task's last step (shared by both
+/// kinds of library task).
+#[derive(Default)]
+struct Outputs {
+    late: Vec<u8>,
+    late_steps: Vec<(u64, usize, usize)>,
+    dead: Vec<u8>,
+    dead_lines: Vec<usize>,
+}
+
+impl Outputs {
+    fn clear(&mut self) {
+        self.late.clear();
+        self.late_steps.clear();
+        self.dead.clear();
+        self.dead_lines.clear();
+    }
+
+    /// A record that does not decode as an event.
+    fn undecodable(&mut self, batch: &Batch, names: &[SourceName], i: usize, reason: &str) {
+        let span = batch.lines[i];
+        let pos = names[span.input as usize].pos(span.line_no);
+        encode_dead_letter(&mut self.dead, reason, pos, batch.line(i));
+        self.dead_lines.push(i);
+    }
+
+    /// An event the job handed back: outside the valid time range (a dead letter) or
+    /// behind the watermark (a late record); `seq` is its record's sequence number.
+    fn handed_back<E>(
+        &mut self,
+        batch: &Batch,
+        names: &[SourceName],
+        i: usize,
+        seq: u64,
+        l: &Late<E>,
+    ) {
+        if l.reason == TIME_OUT_OF_RANGE {
+            let reason = format!("event time {} is outside the valid time range", l.time);
+            self.undecodable(batch, names, i, &reason);
+        } else {
+            let span = batch.lines[i];
+            let pos = names[span.input as usize].pos(span.line_no);
+            let from = self.late.len();
+            encode_late(
+                &mut self.late,
+                l.reason,
+                pos,
+                l.watermark,
+                l.time,
+                batch.line(i),
+            );
+            self.late_steps.push((seq, from, self.late.len() - from));
+        }
+    }
+}
+
+/// One task's stateful job, and the records of its last step.
+struct StatefulOp<E, K, T, W, S, F, C> {
+    job: StatefulJob<E, K, T, W, S, F, C>,
+    out: Tagged,
+    outputs: Outputs,
+    /// The first error (an output or a state its serde implementation refused).
+    error: Option<RunError>,
+}
+
+impl<E, K, T, W, S, F, C, R> StatefulOp<E, K, T, W, S, F, C>
+where
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    S: Serialize + DeserializeOwned,
+    F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+    R: IntoIterator,
+    R::Item: Serialize + 'static,
+    C: Clock,
+{
+    fn failed(&mut self, e: RunError) {
+        self.error.get_or_insert(e);
+    }
+
+    /// Runs `step` with a writer of the job's outputs into the task's buffer.
+    fn step(
+        &mut self,
+        step: impl FnOnce(
+            &mut StatefulJob<E, K, T, W, S, F, C>,
+            &mut dyn FnMut(&[u8], R::Item),
+        ) -> Result<(), SinkError>,
+    ) {
+        let mut refused = None;
+        let out = &mut self.out;
+        let result = step(&mut self.job, &mut |key, item| {
+            out.push_with(key, EventTime(0), false, false, |buf| {
+                if let Err(e) = serde_json::to_writer(buf, &item) {
+                    refused.get_or_insert(e);
+                }
+            })
+        });
+        if let Err(e) = result {
+            self.failed(e.into());
+        }
+        if let Some(e) = refused {
+            self.failed(SinkError::Encode(e).into());
+        }
+    }
+}
+
+impl<E, K, T, W, S, F, C, R> TaskOp for StatefulOp<E, K, T, W, S, F, C>
+where
+    StatefulJob<E, K, T, W, S, F, C>: Send,
+    E: DeserializeOwned,
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    S: Serialize + DeserializeOwned,
+    F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+    R: IntoIterator,
+    R::Item: Serialize + 'static,
+    C: Clock,
+{
+    fn process(&mut self, batch: &Batch, names: &[SourceName], first_seq: u64) -> Processed {
+        self.clear_outputs();
+        let mut p = Processed::default();
+        let size = self.job.batch_size();
+        let mut in_batch = 0;
+        // Where the job hands back a late event (one at a time).
+        let mut lates: Vec<Late<E>> = Vec::new();
+        for i in 0..batch.lines.len() {
+            let raw = batch.line(i);
+            if raw.iter().all(u8::is_ascii_whitespace) {
+                p.blank += 1;
+                continue;
+            }
+            p.records += 1;
+            let event = match serde_json::from_slice::<E>(raw) {
+                Ok(event) => event,
+                Err(e) => {
+                    p.invalid += 1;
+                    self.outputs.undecodable(batch, names, i, &e.to_string());
+                    continue;
+                }
+            };
+            // A vector never refuses a late event.
+            let _ = self.job.push(event, &mut lates);
+            if let Some(l) = lates.pop() {
+                self.outputs
+                    .handed_back(batch, names, i, first_seq + i as u64, &l);
+            }
+            in_batch += 1;
+            if in_batch == size {
+                self.step(|job, out| job.end_task_batch(out));
+                in_batch = 0;
+            }
+        }
+        if in_batch > 0 {
+            self.step(|job, out| job.end_task_batch(out));
+        }
+        p
+    }
+
+    fn clear_outputs(&mut self) {
+        self.out.clear();
+        self.outputs.clear();
+    }
+
+    fn advance_idle(&mut self, w: Watermark, _step: u64) {
+        self.step(|job, out| job.advance_task(w, out));
+    }
+
+    fn finish(&mut self) {
+        self.step(|job, out| job.advance_task(Watermark::MAX, out));
+    }
+
+    fn sessions(&self) -> &Tagged {
+        &self.out
+    }
+
+    fn late(&self) -> (&[u8], &[(u64, usize, usize)]) {
+        (&self.outputs.late, &self.outputs.late_steps)
+    }
+
+    fn dead_letters(&self) -> (&[u8], Vec<usize>) {
+        (&self.outputs.dead, self.outputs.dead_lines.clone())
+    }
+
+    fn watermark(&self) -> Watermark {
+        self.job.watermark()
+    }
+
+    fn progress(&self) -> WatermarkState {
+        self.job.task_progress()
+    }
+
+    fn restore_progress(&mut self, w: &WatermarkState) {
+        if let Err(reason) = self.job.restore_task_progress(w) {
+            self.failed(RunError::Unsupported(reason));
+        }
+    }
+
+    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String> {
+        if format != SNAPSHOT_VERSION {
+            return Err(format!(
+                "its state is of record version {format}, a stateful job reads version {SNAPSHOT_VERSION}"
+            ));
+        }
+        self.job.restore_task_key(key, value)
+    }
+
+    fn track_changes(&mut self) {
+        self.job.track_task_changes();
+    }
+
+    fn drain_changes(&mut self, f: &mut PutChange<'_>) {
+        if let Err(reason) = self.job.drain_task_changes(f) {
+            self.failed(RunError::Unsupported(format!(
+                "a state cannot be written as JSON: {reason}"
+            )));
+        }
+    }
+
+    fn for_each_key(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError> {
+        self.job.for_each_task_key(f)
+    }
+
+    fn take_error(&mut self) -> Option<RunError> {
+        self.error.take()
+    }
+
+    fn spill_counts(&self) -> Option<SpillCounts> {
+        None
+    }
+
+    fn add_counts(&self, stats: &mut RunStats) {
+        let c = self.job.counts();
+        stats.in_sessions += c.events - c.late - c.invalid;
+        stats.late += c.late;
+        stats.invalid += c.invalid;
+        stats.sessions_emitted += c.outputs;
+    }
+
+    fn open_sessions(&self) -> u64 {
+        self.job.keys() as u64
+    }
+
+    fn keys(&self) -> u64 {
+        self.job.keys() as u64
     }
 }

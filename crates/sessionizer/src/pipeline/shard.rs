@@ -57,6 +57,10 @@ pub(crate) struct Tagged {
     pub completed: u64,
     tagging: bool,
     step: u64,
+    /// A Kafka sink keys each record's message by its key (a stateful function's
+    /// outputs), not by the session id of its key and start.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub by_key: bool,
 }
 
 impl Tagged {
@@ -85,6 +89,17 @@ impl Tagged {
             completed: 0,
             tagging: true,
             step: 0,
+            by_key: false,
+        }
+    }
+
+    /// As [`for_records`](Self::for_records), for records that are not sessions (a
+    /// stateful function's outputs): a Kafka sink keys each message by its key.
+    #[cfg(feature = "kafka")]
+    pub fn for_keyed_records() -> Tagged {
+        Tagged {
+            by_key: true,
+            ..Tagged::for_records()
         }
     }
 
@@ -205,6 +220,7 @@ impl Shard {
                 completed: 0,
                 tagging,
                 step: 0,
+                by_key: false,
             },
             late: Vec::new(),
             late_steps: Vec::new(),

@@ -125,7 +125,7 @@ pub(crate) enum Tag {
 impl From<CallOrder<'_>> for Tag {
     fn from(o: CallOrder<'_>) -> Tag {
         match o {
-            CallOrder::Data(rank) => Tag::Data(rank),
+            CallOrder::Data(rank, _) => Tag::Data(rank),
             CallOrder::Due(kind, at, key, what) => Tag::Due(kind, at, key.to_vec(), what),
         }
     }

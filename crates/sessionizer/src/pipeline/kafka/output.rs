@@ -79,7 +79,11 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                     let record = record.strip_suffix(b"\n").unwrap_or(record);
                     let partition = partition_for(key, *partitions);
                     key_buf.clear();
-                    write_hex(session_id(key, tag.place.start), key_buf);
+                    if out.by_key {
+                        key_buf.extend_from_slice(key);
+                    } else {
+                        write_hex(session_id(key, tag.place.start), key_buf);
+                    }
                     let value = (!tag.retract).then_some(record);
                     p.send(name, Some(partition), Some(key_buf), value, tag.retract)
                         .map_err(commit_error)?;
