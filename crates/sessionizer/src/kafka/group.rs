@@ -361,10 +361,7 @@ where
         Ok(WindowOp {
             job,
             out: Tagged::for_records(),
-            late: Vec::new(),
-            late_steps: Vec::new(),
-            dead: Vec::new(),
-            dead_lines: Vec::new(),
+            outputs: Outputs::default(),
             lines: Vec::new(),
             error: None,
         })
@@ -383,10 +380,7 @@ where
 struct WindowOp<E, K, T, W, A: Aggregator<E>, G, C> {
     job: SessionWindowJob<E, K, T, W, A, G, C>,
     out: Tagged,
-    late: Vec<u8>,
-    late_steps: Vec<(u64, usize, usize)>,
-    dead: Vec<u8>,
-    dead_lines: Vec<usize>,
+    outputs: Outputs,
     /// The batch line of each decoded event of the last batch.
     lines: Vec<usize>,
     /// The first error (an output or a state its serde implementation refused).
@@ -461,37 +455,20 @@ where
                 }
                 Err(e) => {
                     p.invalid += 1;
-                    let span = batch.lines[i];
-                    let pos = names[span.input as usize].pos(span.line_no);
-                    encode_dead_letter(&mut self.dead, &e.to_string(), pos, raw);
-                    self.dead_lines.push(i);
+                    self.outputs.undecodable(batch, names, i, &e.to_string());
                 }
             }
         }
         let WindowOp {
             job,
             out,
-            late,
-            late_steps,
-            dead,
-            dead_lines,
+            outputs,
             lines,
             ..
         } = self;
         let pushed = job.push_task_batch(events, first_seq, &mut Records(out), |j, l| {
             let i = lines[j];
-            let span = batch.lines[i];
-            let pos = names[span.input as usize].pos(span.line_no);
-            let raw = batch.line(i);
-            if l.reason == TIME_OUT_OF_RANGE {
-                let reason = format!("event time {} is outside the valid time range", l.time);
-                encode_dead_letter(dead, &reason, pos, raw);
-                dead_lines.push(i);
-            } else {
-                let from = late.len();
-                encode_late(late, l.reason, pos, l.watermark, l.time, raw);
-                late_steps.push((first_seq + i as u64, from, late.len() - from));
-            }
+            outputs.handed_back(batch, names, i, first_seq + i as u64, &l);
             Ok(())
         });
         if let Err(e) = pushed {
@@ -502,10 +479,7 @@ where
 
     fn clear_outputs(&mut self) {
         self.out.clear();
-        self.late.clear();
-        self.late_steps.clear();
-        self.dead.clear();
-        self.dead_lines.clear();
+        self.outputs.clear();
     }
 
     fn advance_idle(&mut self, w: Watermark, _step: u64) {
@@ -528,11 +502,11 @@ where
     }
 
     fn late(&self) -> (&[u8], &[(u64, usize, usize)]) {
-        (&self.late, &self.late_steps)
+        (&self.outputs.late, &self.outputs.late_steps)
     }
 
     fn dead_letters(&self) -> (&[u8], Vec<usize>) {
-        (&self.dead, self.dead_lines.clone())
+        (&self.outputs.dead, self.outputs.dead_lines.clone())
     }
 
     fn watermark(&self) -> Watermark {
