@@ -957,13 +957,34 @@ where
             )
         } else if self.spill_root.is_some() {
             Some(
-                "a job in a Kafka group keeps its state in memory and in its changelog: do not call set_state_backend() on it",
+                "a job in a Kafka group gets its state store from the group: do not call set_state_backend() on it (call KafkaGroup::state_backend)",
             )
         } else if self.counts.events > 0 || self.checkpointed {
             Some("a job in a Kafka group must be new: no events pushed, nothing restored")
         } else {
             None
         }
+    }
+
+    /// Puts a state store of the group's backend below the job's operator, for task
+    /// `task` (before it is restored).
+    pub(crate) fn attach_task_store(
+        &mut self,
+        stores: &crate::pipeline::backend::TaskStores,
+        task: &str,
+    ) -> Result<(), crate::pipeline::RunError>
+    where
+        S: Send + 'static,
+    {
+        use sessionizer_window::stateful::KeyRecordCodec;
+        let (store, hot) = stores.store_for(task, Box::new(KeyRecordCodec::<S>::default()))?;
+        self.op.spill_to(store, hot);
+        Ok(())
+    }
+
+    /// What the job's state store did (`None`: in memory).
+    pub(crate) fn task_spill_counts(&self) -> Option<sessionizer_window::spill::SpillCounts> {
+        self.op.spill_counts()
     }
 
     /// The number of events a micro-batch holds at most ([`Batching`]).

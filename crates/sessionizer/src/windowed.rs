@@ -983,6 +983,22 @@ where
     G: GapFn<E>,
     C: Clock,
 {
+    /// Puts a state store of the group's backend below the job's operator, for task
+    /// `task` (before it is restored).
+    pub(crate) fn attach_task_store(
+        &mut self,
+        stores: &crate::pipeline::backend::TaskStores,
+        task: &str,
+    ) -> Result<(), crate::pipeline::RunError>
+    where
+        A::Acc: 'static,
+    {
+        let codec = Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData));
+        let (store, hot) = stores.store_for(task, codec)?;
+        self.op.spill_to(store, hot);
+        Ok(())
+    }
+
     /// Why the job cannot be a task of a group, if it cannot.
     pub(crate) fn task_refusal(&self) -> Option<&'static str> {
         if !self.workers.is_empty() {
@@ -991,7 +1007,7 @@ where
             )
         } else if self.spill_root.is_some() {
             Some(
-                "a job in a Kafka group keeps its state in memory and in its changelog: do not call set_state_backend() on it",
+                "a job in a Kafka group gets its state store from the group: do not call set_state_backend() on it (call KafkaGroup::state_backend)",
             )
         } else if self.counts.events > 0 || self.checkpointed {
             Some("a job in a Kafka group must be new: no events pushed, nothing restored")

@@ -20,7 +20,9 @@ mod visits;
 use serde::{Deserialize, Serialize};
 use sessionizer::kafka::KafkaGroup;
 use sessionizer::prelude::*;
+use sessionizer::stats::RunStats;
 use sessionizer_connectors::kafka::partitioner::partition_for;
+use std::io::Write;
 use std::time::Duration;
 use visits::{FAR, Visit, job, produce};
 
@@ -85,6 +87,13 @@ fn messages(topic: &str) -> Vec<Vec<Message>> {
 
 #[test]
 fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_continues() {
+    let stats = window_case(StateBackend::Memory, 40);
+    assert_eq!(stats.state_store, None);
+}
+
+/// The session-window case on `backend`, over `visits` visits: returns the second
+/// run's accounting.
+fn window_case(backend: StateBackend, visits: u64) -> RunStats {
     let _one = kafka::exclusive();
     let input = kafka::unique("grp-visits");
     let (output, dead, late) = (
@@ -95,7 +104,7 @@ fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_con
     kafka::create_topics(&[&input, &output], PARTITIONS as i32);
     kafka::create_topics(&[&dead, &late], 1);
     let group = kafka::unique("grp");
-    let first = visits::lines(0, 3_000, Some(700));
+    let first = visits::lines_over(visits, 0, 3_000, Some(700));
     produce(&input, &first);
     let run = |keep_open: bool| {
         KafkaGroup::new(kafka::broker(), &group, &input, &output)
@@ -105,6 +114,7 @@ fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_con
             .stop_at_end(true)
             .keep_open(keep_open)
             .workers(2)
+            .state_backend(backend.clone())
             .run_windows(job)
             .expect("the group job runs")
     };
@@ -117,7 +127,7 @@ fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_con
         "every record accounted for: {stats:?}"
     );
     // ... and the second, over more records, continues them and ends them.
-    let second = visits::lines(3_000, 1_500, Some(700));
+    let second = visits::lines_over(visits, 3_000, 1_500, Some(700));
     produce(&input, &second);
     let stats = run(false);
     assert_eq!(stats.records_read, second.len() as u64);
@@ -162,6 +172,7 @@ fn each_partition_of_a_group_job_emits_the_sessions_of_its_records_alone_and_con
     let late_records = kafka::read_committed(&late).iter().flatten().count();
     assert!(expected_late > 10, "{expected_late} late events");
     assert_eq!(late_records, expected_late);
+    stats
 }
 
 #[test]
@@ -244,6 +255,35 @@ fn stateful_job() -> StatefulVisits {
 
 #[test]
 fn a_stateful_group_job_gives_each_partition_the_outputs_of_one_job_over_its_records() {
+    let stats = stateful_case(StateBackend::Memory, 40);
+    assert_eq!(stats.state_store, None);
+}
+
+/// The jobs of a group on the RocksDB backend, with a budget so small that keys are
+/// evicted all the time: the memory backend's outputs.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn group_jobs_on_the_rocksdb_backend_give_the_same_outputs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let backend = StateBackend::RocksDb {
+        memory_bytes: 8 << 10,
+        dir: Some(dir.path().to_path_buf()),
+    };
+    for stats in [
+        window_case(backend.clone(), 2_000),
+        stateful_case(backend, 2_000),
+    ] {
+        let store = stats.state_store.expect("the tasks had stores");
+        assert!(
+            store.evicted > 50 && store.unspilled > 50,
+            "keys went to the stores and came back: {store:?}"
+        );
+    }
+}
+
+/// The stateful case on `backend`, over `visits` visits: returns the second run's
+/// accounting.
+fn stateful_case(backend: StateBackend, visits: u64) -> RunStats {
     let _one = kafka::exclusive();
     let input = kafka::unique("grp-st-visits");
     let (output, dead, late) = (
@@ -254,7 +294,7 @@ fn a_stateful_group_job_gives_each_partition_the_outputs_of_one_job_over_its_rec
     kafka::create_topics(&[&input, &output], PARTITIONS as i32);
     kafka::create_topics(&[&dead, &late], 1);
     let group = kafka::unique("grp-st");
-    let first = visits::lines(0, 3_000, Some(700));
+    let first = visits::lines_over(visits, 0, 3_000, Some(700));
     produce(&input, &first);
     let run = |keep_open: bool| {
         KafkaGroup::new(kafka::broker(), &group, &input, &output)
@@ -264,6 +304,7 @@ fn a_stateful_group_job_gives_each_partition_the_outputs_of_one_job_over_its_rec
             .stop_at_end(true)
             .keep_open(keep_open)
             .workers(2)
+            .state_backend(backend.clone())
             .run_stateful(stateful_job)
             .expect("the group job runs")
     };
@@ -271,7 +312,7 @@ fn a_stateful_group_job_gives_each_partition_the_outputs_of_one_job_over_its_rec
     // more records, restores them, goes on and ends.
     let stats = run(true);
     assert_eq!(stats.records_read, first.len() as u64);
-    let second = visits::lines(3_000, 1_500, Some(700));
+    let second = visits::lines_over(visits, 3_000, 1_500, Some(700));
     produce(&input, &second);
     let stats = run(false);
     assert_eq!(stats.records_read, second.len() as u64);
@@ -321,6 +362,84 @@ fn a_stateful_group_job_gives_each_partition_the_outputs_of_one_job_over_its_rec
     let late_records = kafka::read_committed(&late).iter().flatten().count();
     assert!(expected_late > 10, "{expected_late} late events");
     assert_eq!(late_records, expected_late);
+    stats
+}
+
+#[test]
+fn a_group_job_re_keys_an_input_partitioned_otherwise_with_repartition_by() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("grp-rk-visits");
+    let (output, dead) = (kafka::unique("grp-rk-out"), kafka::unique("grp-rk-dead"));
+    kafka::create_topics(&[&input, &output], PARTITIONS as i32);
+    kafka::create_topics(&[&dead], 1);
+    // Keyed by their time, not their visit: a visit's events are spread over every
+    // input partition.
+    let lines = visits::lines(0, 3_000, None);
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    for l in &lines {
+        writeln!(file, "{l}").expect("write");
+    }
+    file.flush().expect("flush");
+    kafka::produce_lines(&input, file.path(), "event_time");
+    // A watermark a day behind: no event is late, whatever order the re-keyed records
+    // of different input partitions meet in, so the sessions are those of the records.
+    let job = || {
+        Stream::<Visit>::new()
+            .key_by(|v: &Visit| v.visit_id.clone())
+            .event_time(|v: &Visit| v.event_time)
+            .watermark(BoundedOutOfOrderness::new(hours(24)))
+            .session_windows(minutes(5))
+            .aggregate(Count)
+            .build()
+    };
+    let stats = KafkaGroup::new(kafka::broker(), &kafka::unique("grp-rk"), &input, &output)
+        .dead_letter_topic(&dead)
+        .repartition_by("visit_id")
+        .commit_interval(Duration::from_millis(300))
+        .stop_at_end(true)
+        .run_windows(job)
+        .expect("the group job runs");
+    assert_eq!(stats.records_read, lines.len() as u64);
+
+    // What a session says of its records (not when it was emitted).
+    let facts = |v: serde_json::Value| {
+        (
+            v["key"].as_str().expect("key").to_string(),
+            v["start"].to_string(),
+            v["end"].to_string(),
+            v["event_count"].as_u64().expect("count"),
+        )
+    };
+    let mut want = Vec::new();
+    let mut j = job();
+    let events = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
+    j.run(events, &mut want, &mut Vec::new()).expect("vectors");
+    let mut want: Vec<_> = want
+        .iter()
+        .map(|r: &WindowOutput<u64>| facts(serde_json::to_value(r).expect("json")))
+        .collect();
+    let mut got: Vec<_> = kafka::read_committed(&output)
+        .iter()
+        .enumerate()
+        .flat_map(|(p, part)| {
+            part.iter().map(move |r| {
+                let v: serde_json::Value = serde_json::from_str(&kafka::text(r)).expect("json");
+                let key = v["key"].as_str().expect("key");
+                assert_eq!(partition_for(key.as_bytes(), PARTITIONS), p as i32, "{v}");
+                facts(v)
+            })
+        })
+        .collect();
+    want.sort();
+    got.sort();
+    assert!(want.len() > 100, "{} sessions", want.len());
+    assert_eq!(got, want);
+    let not_visits = lines.iter().filter(|l| l.contains("not a time")).count();
+    let dead_letters = kafka::read_committed(&dead).iter().flatten().count();
+    assert!(not_visits > 3);
+    assert_eq!(dead_letters, not_visits);
 }
 
 /// The end of a process's stderr (its late events come before its error).

@@ -39,6 +39,7 @@ use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter, encode_late};
 use sessionizer_connectors::{Batch, OutputTarget};
+use sessionizer_core::json::FieldPath;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::aggregate::Aggregator;
@@ -77,6 +78,9 @@ pub struct KafkaGroup {
     kafka: KafkaConfig,
     idle_timeout: Option<DurationMs>,
     workers: usize,
+    state_backend: StateBackend,
+    /// `repartition_by`: the field, as given.
+    rekey_field: Option<String>,
     telemetry: Option<Telemetry>,
 }
 
@@ -111,6 +115,8 @@ impl KafkaGroup {
             },
             idle_timeout: None,
             workers: 1,
+            state_backend: StateBackend::Memory,
+            rekey_field: None,
             telemetry: None,
         }
     }
@@ -202,6 +208,30 @@ impl KafkaGroup {
         self
     }
 
+    /// Where each task keeps its keys (`--state-backend`, SPEC §4):
+    /// [`StateBackend::Memory`] (the default) or [`StateBackend::RocksDb`] (cargo
+    /// feature `rocksdb`): each task's job gets a RocksDB store of its own below it in
+    /// `dir` (else the state directory's `spill/`, else a temporary directory), the
+    /// budget shared among the tasks, with the memory backend's outputs. The changelogs
+    /// hold every key either way; a task's store is scratch space, emptied when the
+    /// task starts and restored from the changelog.
+    pub fn state_backend(mut self, backend: StateBackend) -> Self {
+        self.state_backend = backend;
+        self
+    }
+
+    /// Re-keys the input through the internal topic `<group>-repartition`
+    /// (`--repartition`, SPEC §5), for an input that is not partitioned by the job's
+    /// key: each record goes, exactly once, to the partition its JSON field `field`
+    /// gives (a dotted path, e.g. `"user.id"`), and the internal topic's partitions
+    /// are the tasks. The field must hold the job's key (what `key_by` returns), so
+    /// that each key's events meet in one task.
+    pub fn repartition_by(mut self, field: &str) -> Self {
+        self.kafka.repartition = true;
+        self.rekey_field = Some(field.to_string());
+        self
+    }
+
     /// A librdkafka property for every client (`--kafka-config KEY=VALUE`).
     pub fn kafka_property(mut self, key: &str, value: &str) -> Self {
         self.kafka
@@ -234,7 +264,7 @@ impl KafkaGroup {
         T: TimeFn<E>,
         W: WatermarkStrategy,
         A: Aggregator<E>,
-        A::Acc: Serialize + DeserializeOwned,
+        A::Acc: Serialize + DeserializeOwned + 'static,
         A::Output: Serialize,
         G: GapFn<E>,
         C: Clock,
@@ -254,7 +284,7 @@ impl KafkaGroup {
             }
         };
         run_tasks(
-            self.settings(),
+            self.settings()?,
             &self.kafka,
             WindowTasks { new_job, options },
             telemetry,
@@ -284,7 +314,7 @@ impl KafkaGroup {
         K: KeyFn<E>,
         T: TimeFn<E>,
         W: WatermarkStrategy,
-        S: Serialize + DeserializeOwned,
+        S: Serialize + DeserializeOwned + Send + 'static,
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
         R: IntoIterator,
         R::Item: Serialize + 'static,
@@ -305,7 +335,7 @@ impl KafkaGroup {
             }
         };
         run_tasks(
-            self.settings(),
+            self.settings()?,
             &self.kafka,
             StatefulTasks { new_job, options },
             telemetry,
@@ -313,16 +343,23 @@ impl KafkaGroup {
     }
 
     /// The driver's settings: outputs that are not topics go to stderr.
-    fn settings(&self) -> DriverSettings {
-        DriverSettings {
+    fn settings(&self) -> Result<DriverSettings, RunError> {
+        let rekey_field =
+            match &self.rekey_field {
+                Some(field) => Some(FieldPath::parse(field).map_err(|e| {
+                    RunError::Unsupported(format!("repartition_by({field:?}): {e}"))
+                })?),
+                None => None,
+            };
+        Ok(DriverSettings {
             output: OutputTarget::Stdout,
             dead_letter: OutputTarget::Stderr,
             late_output: OutputTarget::Stderr,
-            rekey_field: None,
+            rekey_field,
             workers: self.workers,
-            state_backend: StateBackend::Memory,
+            state_backend: self.state_backend.clone(),
             idle_timeout: self.idle_timeout,
-        }
+        })
     }
 }
 
@@ -341,22 +378,20 @@ where
     T: TimeFn<E>,
     W: WatermarkStrategy,
     A: Aggregator<E>,
-    A::Acc: Serialize + DeserializeOwned,
+    A::Acc: Serialize + DeserializeOwned + 'static,
     A::Output: Serialize,
     G: GapFn<E>,
     C: Clock,
 {
     type Op = WindowOp<E, K, T, W, A, G, C>;
 
-    fn new_op(&self, _task: &str, stores: Option<&TaskStores>) -> Result<Self::Op, RunError> {
-        if stores.is_some() {
-            return Err(RunError::Unsupported(
-                "a library job in a Kafka group keeps its state in memory".into(),
-            ));
-        }
-        let job = (self.new_job)();
+    fn new_op(&self, task: &str, stores: Option<&TaskStores>) -> Result<Self::Op, RunError> {
+        let mut job = (self.new_job)();
         if let Some(refusal) = job.task_refusal() {
             return Err(RunError::Unsupported(refusal.into()));
+        }
+        if let Some(stores) = stores {
+            job.attach_task_store(stores, task)?;
         }
         Ok(WindowOp {
             job,
@@ -413,7 +448,7 @@ where
     T: TimeFn<E>,
     W: WatermarkStrategy,
     A: Aggregator<E>,
-    A::Acc: Serialize + DeserializeOwned,
+    A::Acc: Serialize + DeserializeOwned + 'static,
     A::Output: Serialize,
     G: GapFn<E>,
     C: Clock,
@@ -431,7 +466,7 @@ where
     T: TimeFn<E>,
     W: WatermarkStrategy,
     A: Aggregator<E>,
-    A::Acc: Serialize + DeserializeOwned,
+    A::Acc: Serialize + DeserializeOwned + 'static,
     A::Output: Serialize,
     G: GapFn<E>,
     C: Clock,
@@ -552,7 +587,7 @@ where
     }
 
     fn spill_counts(&self) -> Option<SpillCounts> {
-        None
+        self.job.operator().spill_counts()
     }
 
     fn add_counts(&self, stats: &mut RunStats) {
@@ -587,7 +622,7 @@ where
     K: KeyFn<E>,
     T: TimeFn<E>,
     W: WatermarkStrategy,
-    S: Serialize + DeserializeOwned,
+    S: Serialize + DeserializeOwned + Send + 'static,
     F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
     R: IntoIterator,
     R::Item: Serialize + 'static,
@@ -595,15 +630,13 @@ where
 {
     type Op = StatefulOp<E, K, T, W, S, F, C>;
 
-    fn new_op(&self, _task: &str, stores: Option<&TaskStores>) -> Result<Self::Op, RunError> {
-        if stores.is_some() {
-            return Err(RunError::Unsupported(
-                "a library job in a Kafka group keeps its state in memory".into(),
-            ));
-        }
-        let job = (self.new_job)();
+    fn new_op(&self, task: &str, stores: Option<&TaskStores>) -> Result<Self::Op, RunError> {
+        let mut job = (self.new_job)();
         if let Some(refusal) = job.task_refusal() {
             return Err(RunError::Unsupported(refusal.into()));
+        }
+        if let Some(stores) = stores {
+            job.attach_task_store(stores, task)?;
         }
         Ok(StatefulOp {
             job,
@@ -692,7 +725,7 @@ where
     K: KeyFn<E>,
     T: TimeFn<E>,
     W: WatermarkStrategy,
-    S: Serialize + DeserializeOwned,
+    S: Serialize + DeserializeOwned + Send + 'static,
     F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
     R: IntoIterator,
     R::Item: Serialize + 'static,
@@ -735,7 +768,7 @@ where
     K: KeyFn<E>,
     T: TimeFn<E>,
     W: WatermarkStrategy,
-    S: Serialize + DeserializeOwned,
+    S: Serialize + DeserializeOwned + Send + 'static,
     F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
     R: IntoIterator,
     R::Item: Serialize + 'static,
@@ -850,7 +883,7 @@ where
     }
 
     fn spill_counts(&self) -> Option<SpillCounts> {
-        None
+        self.job.task_spill_counts()
     }
 
     fn add_counts(&self, stats: &mut RunStats) {

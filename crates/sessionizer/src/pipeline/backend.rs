@@ -253,6 +253,26 @@ impl TaskStores {
         }
     }
 
+    /// A store of its own for a library task's operator, which writes its keys with
+    /// `codec`, and the bytes of keys the operator keeps in memory.
+    pub(crate) fn store_for<S: 'static>(
+        &self,
+        task: &str,
+        codec: Box<dyn sessionizer_window::spill::StateCodec<S>>,
+    ) -> Result<(Box<dyn sessionizer_window::spill::SpillStore<S>>, usize), RunError> {
+        #[cfg(feature = "rocksdb")]
+        {
+            use sessionizer_window::spill::RocksSpill;
+            let store = RocksSpill::open_with(&self.root.path.join(task), codec, &self.memory)?;
+            Ok((Box::new(store), self.hot))
+        }
+        #[cfg(not(feature = "rocksdb"))]
+        {
+            let _ = (task, codec, &self.root);
+            Err(RunError::Unsupported(NO_ROCKSDB.into()))
+        }
+    }
+
     /// Puts a store of its own below a new task's operator (before it is restored).
     pub(crate) fn attach(
         &self,

@@ -21,10 +21,15 @@ pub struct Visit {
 /// some 20 minutes late; every 500th line is not a visit, and with `far_every` every
 /// such line is dated [`FAR`].
 pub fn lines(from: i64, n: i64, far_every: Option<i64>) -> Vec<String> {
+    lines_over(40, from, n, far_every)
+}
+
+/// [`lines`] over `visits` visits.
+pub fn lines_over(visits: u64, from: i64, n: i64, far_every: Option<i64>) -> Vec<String> {
     let mut next = super::support::xorshift(0x9e37_79b9_7f4a_7c15 ^ from as u64);
     (from..from + n)
         .map(|i| {
-            let visit_id = format!("v{}", next() % 40);
+            let visit_id = format!("v{}", next() % visits);
             if i % 500 == 499 {
                 return format!("{{\"visit_id\": \"{visit_id}\", \"event_time\": \"not a time\"}}");
             }
