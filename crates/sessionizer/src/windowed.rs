@@ -999,6 +999,13 @@ where
         Ok(())
     }
 
+    /// The first failure of the job's state store since the last call (a key it could
+    /// not read back, so a changelog drain may have missed it): the step is not
+    /// committed.
+    pub(crate) fn take_task_store_error(&mut self) -> Option<SpillError> {
+        self.store_error().err()
+    }
+
     /// Why the job cannot be a task of a group, if it cannot.
     pub(crate) fn task_refusal(&self) -> Option<&'static str> {
         if !self.workers.is_empty() {

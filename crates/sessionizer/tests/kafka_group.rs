@@ -312,6 +312,11 @@ fn stateful_case(backend: StateBackend, visits: u64) -> RunStats {
     // more records, restores them, goes on and ends.
     let stats = run(true);
     assert_eq!(stats.records_read, first.len() as u64);
+    assert_eq!(
+        stats.in_sessions + stats.late + stats.invalid,
+        stats.records_read,
+        "every record accounted for: {stats:?}"
+    );
     let second = visits::lines_over(visits, 3_000, 1_500, Some(700));
     produce(&input, &second);
     let stats = run(false);

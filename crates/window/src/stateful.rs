@@ -1201,8 +1201,10 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             report = self.end_batch_ordered(f, emit);
         }
         if w > self.watermark {
-            // The batch end keeps the larger of this and what the strategy says.
+            // The batch end keeps the larger of this and what the strategy says; the
+            // strategy goes on from it, as after a restore at this watermark.
             self.watermark = w;
+            self.strategy.resume_at(w);
         }
         let rest = self.end_batch_ordered(f, emit);
         report.data_calls += rest.data_calls;

@@ -212,7 +212,8 @@ impl KafkaGroup {
     /// [`StateBackend::Memory`] (the default) or [`StateBackend::RocksDb`] (cargo
     /// feature `rocksdb`): each task's job gets a RocksDB store of its own below it in
     /// `dir` (else the state directory's `spill/`, else a temporary directory), the
-    /// budget shared among the tasks, with the memory backend's outputs. The changelogs
+    /// budget split evenly over the input's partitions (a share per task), with the
+    /// memory backend's outputs. The changelogs
     /// hold every key either way; a task's store is scratch space, emptied when the
     /// task starts and restored from the changelog.
     pub fn state_backend(mut self, backend: StateBackend) -> Self {
@@ -292,8 +293,8 @@ impl KafkaGroup {
     }
 
     /// Runs a stateful job per partition (`flat_map_groups_with_state`): `new_job`
-    /// builds one (on one worker, in memory), called for every task this process takes
-    /// on. Each output is a message keyed by the key of the call that returned it,
+    /// builds one (on one worker, its store given by [`state_backend`](Self::state_backend)),
+    /// called for every task this process takes on. Each output is a message keyed by the key of the call that returned it,
     /// partitioned by that key, its value the output as JSON. The state of each key
     /// (its state value, timeouts, timers, expiry) is in the changelog as in the job's
     /// checkpoints.
@@ -304,7 +305,7 @@ impl KafkaGroup {
     /// elsewhere. With `Batching::PerEvent` (Flink's way) nothing depends on the cut:
     /// a function of event time gives the outputs of one uninterrupted job over the
     /// partition, whoever processed which records. Processing time moves at each batch
-    /// end, which happens when the partition has records (and, with an
+    /// end, which happens when a poll brings the partition an event (and, with an
     /// [`idle_timeout`](Self::idle_timeout), when its watermark moves while quiet).
     pub fn run_stateful<N, E, K, T, W, S, F, C, R>(&self, new_job: N) -> Result<RunStats, RunError>
     where
@@ -351,6 +352,12 @@ impl KafkaGroup {
                 })?),
                 None => None,
             };
+        #[cfg(not(feature = "rocksdb"))]
+        if let StateBackend::RocksDb { .. } = self.state_backend {
+            return Err(RunError::Unsupported(
+                crate::pipeline::backend::NO_ROCKSDB_LIBRARY.into(),
+            ));
+        }
         Ok(DriverSettings {
             output: OutputTarget::Stdout,
             dead_letter: OutputTarget::Stderr,
@@ -583,7 +590,9 @@ where
     }
 
     fn take_error(&mut self) -> Option<RunError> {
-        self.error.take()
+        self.error
+            .take()
+            .or_else(|| self.job.take_task_store_error().map(RunError::from))
     }
 
     fn spill_counts(&self) -> Option<SpillCounts> {
@@ -869,7 +878,7 @@ where
     fn drain_changes(&mut self, f: &mut PutChange<'_>) {
         if let Err(reason) = self.job.drain_task_changes(f) {
             self.failed(RunError::Unsupported(format!(
-                "a state cannot be written as JSON: {reason}"
+                "a task's state could not be encoded for its changelog: {reason}"
             )));
         }
     }
