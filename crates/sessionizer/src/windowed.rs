@@ -1008,19 +1008,11 @@ where
 
     /// Why the job cannot be a task of a group, if it cannot.
     pub(crate) fn task_refusal(&self) -> Option<&'static str> {
-        if !self.workers.is_empty() {
-            Some(
-                "a job in a Kafka group runs on one worker per partition: do not call set_workers() on it (the group's workers() runs partitions in parallel)",
-            )
-        } else if self.spill_root.is_some() {
-            Some(
-                "a job in a Kafka group gets its state store from the group: do not call set_state_backend() on it (call KafkaGroup::state_backend)",
-            )
-        } else if self.counts.events > 0 || self.checkpointed {
-            Some("a job in a Kafka group must be new: no events pushed, nothing restored")
-        } else {
-            None
-        }
+        crate::kafka::task_refusal(
+            !self.workers.is_empty(),
+            self.spill_root.is_some(),
+            self.counts.events > 0 || self.checkpointed,
+        )
     }
 
     /// Pushes the decoded events of a batch whose first record has sequence number

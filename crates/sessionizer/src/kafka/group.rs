@@ -276,20 +276,7 @@ impl KafkaGroup {
         }
         let options = probe.task_state_options();
         drop(probe);
-        let quiet;
-        let telemetry = match &self.telemetry {
-            Some(t) => t,
-            None => {
-                quiet = Telemetry::new(Quiet);
-                &quiet
-            }
-        };
-        run_tasks(
-            self.settings()?,
-            &self.kafka,
-            WindowTasks { new_job, options },
-            telemetry,
-        )
+        self.run_tasks(WindowTasks { new_job, options })
     }
 
     /// Runs a stateful job per partition (`flat_map_groups_with_state`): `new_job`
@@ -327,6 +314,11 @@ impl KafkaGroup {
         }
         let options = probe.task_state_options();
         drop(probe);
+        self.run_tasks(StatefulTasks { new_job, options })
+    }
+
+    /// Runs the driver with `tasks`, reporting to the telemetry if there is one.
+    fn run_tasks<Tasks: TaskFactory>(&self, tasks: Tasks) -> Result<RunStats, RunError> {
         let quiet;
         let telemetry = match &self.telemetry {
             Some(t) => t,
@@ -335,12 +327,7 @@ impl KafkaGroup {
                 &quiet
             }
         };
-        run_tasks(
-            self.settings()?,
-            &self.kafka,
-            StatefulTasks { new_job, options },
-            telemetry,
-        )
+        run_tasks(self.settings()?, &self.kafka, tasks, telemetry)
     }
 
     /// The driver's settings: outputs that are not topics go to stderr.

@@ -69,6 +69,24 @@ pub use sessionizer_connectors::kafka::KafkaError;
 
 mod group;
 
+/// Why a library job cannot be a task of a [`KafkaGroup`], if it cannot: it has
+/// `workers`, a state `store` of its own, or was `used` (events pushed, or restored).
+pub(crate) fn task_refusal(workers: bool, store: bool, used: bool) -> Option<&'static str> {
+    if workers {
+        Some(
+            "a job in a Kafka group runs on one worker per partition: do not call set_workers() on it (the group's workers() runs partitions in parallel)",
+        )
+    } else if store {
+        Some(
+            "a job in a Kafka group gets its state store from the group: do not call set_state_backend() on it (call KafkaGroup::state_backend)",
+        )
+    } else if used {
+        Some("a job in a Kafka group must be new: no events pushed, nothing restored")
+    } else {
+        None
+    }
+}
+
 fn settings(brokers: &str) -> KafkaSettings {
     KafkaSettings::new(brokers)
 }
