@@ -438,6 +438,17 @@ pub struct BatchReport {
     pub watermark: Option<Watermark>,
 }
 
+impl BatchReport {
+    /// Adds the calls and outputs of `rest`, a step that followed this one without
+    /// events of its own, and takes its watermark.
+    fn then(&mut self, rest: BatchReport) {
+        self.data_calls += rest.data_calls;
+        self.timeout_calls += rest.timeout_calls;
+        self.outputs += rest.outputs;
+        self.watermark = rest.watermark;
+    }
+}
+
 /// Why a snapshot could not be taken or restored.
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -1175,10 +1186,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             BatchReport::default()
         };
         let now = self.clock.now();
-        let rest = self.finish_at(now, f, &mut emit);
-        report.timeout_calls += rest.timeout_calls;
-        report.outputs += rest.outputs;
-        report.watermark = rest.watermark;
+        report.then(self.finish_at(now, f, &mut emit));
         report
     }
 
@@ -1206,11 +1214,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             self.watermark = w;
             self.strategy.resume_at(w);
         }
-        let rest = self.end_batch_ordered(f, emit);
-        report.data_calls += rest.data_calls;
-        report.timeout_calls += rest.timeout_calls;
-        report.outputs += rest.outputs;
-        report.watermark = rest.watermark;
+        report.then(self.end_batch_ordered(f, emit));
         report
     }
 
@@ -1562,6 +1566,13 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         if self.open.is_some() {
             return Err(SnapshotError::BatchOpen);
         }
+        if base {
+            self.store.forget_changes();
+            if let Some(s) = self.spill.as_mut() {
+                s.tier.forget_changes();
+            }
+            return self.for_each_key_record(|key, record| put(key, Some(record)));
+        }
         let mut buf = Vec::new();
         let mut failed = None;
         let mut one = |key: &[u8], ks: Option<&KeyState<S>>| {
@@ -1579,28 +1590,14 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
                 }
             }
         };
-        if base {
-            self.store.forget_changes();
-            for (_, key, ks) in self.store.iter() {
-                one(key, Some(ks));
-            }
-            if let Some(s) = self.spill.as_mut() {
-                s.tier.forget_changes();
-            }
-            self.for_each_spilled(|key, ks| {
-                one(key, Some(ks));
-                Ok(())
-            })?;
-        } else {
-            match self.spill.as_mut() {
-                Some(s) => s
-                    .tier
-                    .drain_changes(&mut self.store, |key, ks| one(key, ks)),
-                None => self.store.drain_changes(|key, ks| one(key, ks)),
-            }
-            if let Some(e) = self.take_spill_error() {
-                return Err(e.into());
-            }
+        match self.spill.as_mut() {
+            Some(s) => s
+                .tier
+                .drain_changes(&mut self.store, |key, ks| one(key, ks)),
+            None => self.store.drain_changes(|key, ks| one(key, ks)),
+        }
+        if let Some(e) = self.take_spill_error() {
+            return Err(e.into());
         }
         failed.map_or(Ok(()), Err)
     }
