@@ -40,11 +40,18 @@
 //! assert_eq!(counts, [1, 2, 1]); // v2 [0], v1 [0, 1 min], v1 [1 h]
 //! ```
 
+use crate::sink::SharedWriter;
 use sessionizer_checkpoint::{
-    CheckpointError, CheckpointWriter, Damage, EncodedState, KafkaPosition, KafkaSource,
-    LoadedState, Manifest, StateDir, StateEntries,
+    CheckpointError, CheckpointWriter, Damage, EncodedState, InputPosition, KafkaPosition,
+    KafkaSource, LoadedState, Manifest, OutputCommit, StateDir, StateEntries,
 };
+use sessionizer_connectors::OutputTarget;
+use sessionizer_connectors::encode::RecordWriter;
 use std::path::{Path, PathBuf};
+
+/// The role of a library job's exactly-once file in a manifest's outputs (the command
+/// line's are `sessions`, `dead-letter` and `late`).
+const FILE_ROLE: &str = "file";
 
 /// What one checkpoint wrote, and whether its state file is a base or a delta.
 pub use sessionizer_checkpoint::{Committed, FileKind};
@@ -70,6 +77,18 @@ pub struct Checkpoints {
     /// An exactly-once Kafka output (`KafkaJsonSink::exactly_once`): its open
     /// transaction commits with each checkpoint, in two phases.
     pub(crate) transaction: Option<SharedTopicSink>,
+    /// How far the job's file source had read each input at the checkpoint found, then
+    /// as recorded by the source ([`JsonLines::record_position`]): written into every
+    /// checkpoint, as `sessionizer run --state-dir` writes its inputs' positions.
+    ///
+    /// [`JsonLines::record_position`]: crate::source::JsonLines::record_position
+    pub(crate) inputs: Vec<InputPosition>,
+    /// The exactly-once file outputs ([`JsonLinesSink::exactly_once`]), by path as
+    /// written in the manifest: each is synced and its length committed with every
+    /// checkpoint.
+    ///
+    /// [`JsonLinesSink::exactly_once`]: crate::sink::JsonLinesSink::exactly_once
+    files: Vec<(String, SharedWriter)>,
     /// Why these checkpoints take no more writes or restores: the exactly-once output
     /// failed in a checkpoint or while joining (what Kafka committed is then not known
     /// here; only a reopened state directory resolves it).
@@ -132,6 +151,9 @@ impl Checkpoints {
         let recovery = dir.recover()?;
         let found = recovery.found.map(|r| (r.manifest, r.state));
         let kafka = SourceProgress::of(found.as_ref());
+        let inputs = found
+            .as_ref()
+            .map_or_else(Vec::new, |(m, _)| m.inputs.clone());
         let writer = CheckpointWriter::new(dir, found.as_ref().map(|(m, s)| (m, s)))?;
         Ok(Checkpoints {
             path,
@@ -142,6 +164,8 @@ impl Checkpoints {
             skipped: recovery.skipped,
             kafka,
             transaction: None,
+            inputs,
+            files: Vec::new(),
             failed: None,
         })
     }
@@ -218,6 +242,9 @@ impl Checkpoints {
         };
         manifest.kafka_positions = self.kafka.positions.clone();
         manifest.kafka_source = self.kafka.source.clone();
+        manifest.inputs = self.inputs.clone();
+        // The file outputs are synced before the checkpoint names their lengths.
+        manifest.outputs = self.commit_files()?;
         let Some(transaction) = self.transaction.clone() else {
             let committed = self.writer.commit(&state, manifest)?;
             self.restored = true;
@@ -298,7 +325,85 @@ impl Checkpoints {
                 differences,
             });
         }
+        let unopened = manifest
+            .outputs
+            .iter()
+            .find(|o| !self.files.iter().any(|(path, _)| *path == o.path));
+        if let Some(o) = unopened {
+            let error = StateError::Output(format!(
+                "checkpoint {} in {} committed the file {} exactly once: open JsonLinesSink::exactly_once({:?}) on these checkpoints before restore(), so that what was written after the checkpoint is cut off, or use another state directory",
+                manifest.epoch,
+                self.path.display(),
+                o.path,
+                o.path
+            ));
+            self.found = Some((manifest, state));
+            return Err(error);
+        }
         Ok(Some((manifest, state)))
+    }
+
+    /// Joins the exactly-once file output at `path` to these checkpoints, before the
+    /// job restores: it is continued from the length the checkpoint found committed
+    /// (what follows is cut off), or emptied when there is no checkpoint.
+    pub(crate) fn join_file(&mut self, path: PathBuf) -> Result<SharedWriter, StateError> {
+        self.refuse_if_failed()?;
+        let name = path.display().to_string();
+        if self.restored {
+            return Err(StateError::Output(format!(
+                "the exactly-once file {name} joins the checkpoints in {} before restore() and the first checkpoint",
+                self.path.display()
+            )));
+        }
+        if self.files.iter().any(|(n, _)| *n == name) {
+            return Err(StateError::Output(format!(
+                "the file {name} is already an exactly-once output of these checkpoints"
+            )));
+        }
+        let committed = match &self.found {
+            None => 0,
+            Some((m, _)) => match m.outputs.iter().find(|o| o.path == name) {
+                Some(o) => o.committed_bytes,
+                None => {
+                    let listed: Vec<&str> = m.outputs.iter().map(|o| o.path.as_str()).collect();
+                    return Err(StateError::Output(format!(
+                        "checkpoint {} in {} did not commit the file {name}, so it cannot be continued exactly once (the checkpoint's files: {}); open the files of the job's first run, or use another state directory",
+                        m.epoch,
+                        self.path.display(),
+                        if listed.is_empty() {
+                            "none".to_string()
+                        } else {
+                            listed.join(", ")
+                        }
+                    )));
+                }
+            },
+        };
+        let mut writer = RecordWriter::new(OutputTarget::File(path));
+        writer
+            .open_at(committed)
+            .map_err(|e| StateError::Output(e.to_string()))?;
+        let shared = SharedWriter::new(writer);
+        self.files.push((name, shared.clone()));
+        Ok(shared)
+    }
+
+    /// Writes out and syncs every exactly-once file output; their committed lengths.
+    fn commit_files(&self) -> Result<Vec<OutputCommit>, StateError> {
+        self.files
+            .iter()
+            .map(|(path, w)| {
+                let committed = w
+                    .lock()
+                    .commit()
+                    .map_err(|e| StateError::Output(e.to_string()))?;
+                Ok(OutputCommit {
+                    role: FILE_ROLE.to_string(),
+                    path: path.clone(),
+                    committed_bytes: committed.unwrap_or(0),
+                })
+            })
+            .collect()
     }
 
     /// Puts back a checkpoint whose restore failed (nothing of it was applied) and
@@ -336,6 +441,12 @@ impl Checkpoints {
                 "an exactly-once Kafka output joins the checkpoints before restore() and the first checkpoint, once".into(),
             ));
         }
+        if !self.files.is_empty() {
+            // Joining may fall back to an older checkpoint, whose file lengths differ.
+            return Err(StateError::Output(
+                "open the exactly-once Kafka output before the exactly-once files".into(),
+            ));
+        }
         self.refuse_if_failed()?;
         sink.claim(Some(&self.path)).map_err(StateError::output)?;
         let found = self
@@ -367,6 +478,9 @@ impl Checkpoints {
                 return Err(e.into());
             }
             self.kafka = SourceProgress::of(found.as_ref());
+            self.inputs = found
+                .as_ref()
+                .map_or_else(Vec::new, |(m, _)| m.inputs.clone());
         }
         self.found_epoch = found.as_ref().map(|(m, _)| m.epoch);
         self.found = found;

@@ -4,10 +4,11 @@
 //! [`JsonLinesSink`] writes any serde type as JSON lines through the command line's
 //! output writer (files or stdout, buffered in blocks).
 
+use crate::checkpoints::{Checkpoints, StateError};
 use serde::Serialize;
 use sessionizer_connectors::encode::{OutputError, RecordWriter};
 use std::path::PathBuf;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 
 /// Where a [`JsonLinesSink`] writes: a file, stdout or stderr (also in the prelude).
 pub use sessionizer_connectors::OutputTarget;
@@ -112,19 +113,79 @@ impl<T> Sink<T> for mpsc::SyncSender<T> {
 /// sink.flush().expect("written");
 /// assert_eq!(std::fs::read_to_string(path).expect("read"), "{\"key\":\"v1\",\"pages\":3}\n");
 /// ```
+///
+/// [`exactly_once`](Self::exactly_once) opens a file whose committed length is kept by
+/// the job's [`Checkpoints`]: a restarted job cuts off what was written after its last
+/// checkpoint and writes it again, so the file holds every record once.
 #[derive(Debug)]
 pub struct JsonLinesSink {
-    writer: RecordWriter,
+    writer: Writer,
     line: Vec<u8>,
+}
+
+/// The writer of a sink: its own, or one it shares with the checkpoints that commit it.
+#[derive(Debug)]
+enum Writer {
+    Own(RecordWriter),
+    Committed(SharedWriter),
+}
+
+impl Writer {
+    fn with<R>(&mut self, f: impl FnOnce(&mut RecordWriter) -> R) -> R {
+        match self {
+            Writer::Own(w) => f(w),
+            Writer::Committed(shared) => f(&mut shared.lock()),
+        }
+    }
+}
+
+/// A file output shared by a sink (which appends) and the checkpoints (which commit its
+/// length with each checkpoint).
+#[derive(Debug, Clone)]
+pub(crate) struct SharedWriter(Arc<Mutex<RecordWriter>>);
+
+impl SharedWriter {
+    pub(crate) fn new(writer: RecordWriter) -> SharedWriter {
+        SharedWriter(Arc::new(Mutex::new(writer)))
+    }
+
+    /// The writer, for one call (a panic elsewhere while it was held leaves at worst
+    /// records after the committed length, which a restore cuts off).
+    pub(crate) fn lock(&self) -> MutexGuard<'_, RecordWriter> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl JsonLinesSink {
     /// A sink writing to `target` (created or truncated on the first write).
     pub fn new(target: OutputTarget) -> Self {
         JsonLinesSink {
-            writer: RecordWriter::new(target),
+            writer: Writer::Own(RecordWriter::new(target)),
             line: Vec::new(),
         }
+    }
+
+    /// A file written exactly once across restarts: its length is committed with each
+    /// of the job's checkpoints (the file synced to disk first), and a job restored from
+    /// `checkpoints` continues the file from the length its checkpoint committed,
+    /// cutting off anything written after it (by a process that then died). Without a
+    /// checkpoint the file is emptied.
+    ///
+    /// Open it before [`restore`](crate::windowed::SessionWindowJob::restore), as the
+    /// state directory's other outputs: a checkpoint names the files it committed, and
+    /// a restore is refused while one of them is not open. Read the input with
+    /// [`JsonLines::resume`](crate::source::JsonLines::resume) (or skip
+    /// [`Resumed::events`](crate::checkpoints::Resumed::events) of a replayable source)
+    /// so that the records are produced again from where the checkpoint stood.
+    pub fn exactly_once(
+        path: impl Into<PathBuf>,
+        checkpoints: &mut Checkpoints,
+    ) -> Result<Self, StateError> {
+        let shared = checkpoints.join_file(path.into())?;
+        Ok(JsonLinesSink {
+            writer: Writer::Committed(shared),
+            line: Vec::new(),
+        })
     }
 
     /// A sink writing to the file at `path` (created or truncated on the first write).
@@ -138,13 +199,13 @@ impl JsonLinesSink {
     }
 
     /// Records written so far.
-    pub fn records(&self) -> u64 {
-        self.writer.records()
+    pub fn records(&mut self) -> u64 {
+        self.writer.with(|w| w.records())
     }
 
     /// Writes out everything buffered and flushes the target.
     pub fn flush(&mut self) -> Result<(), SinkError> {
-        self.writer.finish()?;
+        self.writer.with(RecordWriter::finish)?;
         Ok(())
     }
 }
@@ -154,8 +215,20 @@ impl<T: Serialize> Sink<T> for JsonLinesSink {
         self.line.clear();
         serde_json::to_writer(&mut self.line, &item)?;
         self.line.push(b'\n');
-        self.writer.append(&self.line, 1)?;
+        let line = &self.line;
+        self.writer.with(|w| w.append(line, 1))?;
         Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        JsonLinesSink::flush(self)
+    }
+}
+
+/// Lets a source or a job write into a sink the caller keeps using.
+impl<T: Serialize> Sink<T> for &mut JsonLinesSink {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
+        Sink::<T>::send(&mut **self, item)
     }
 
     fn flush(&mut self) -> Result<(), SinkError> {

@@ -3,10 +3,12 @@
 //! inputs (files in order, or stdin) into the user's own serde type, sending the lines
 //! that do not parse to a dead-letter sink with their reason and position.
 
+use crate::checkpoints::Checkpoints;
 use crate::sink::{Sink, SinkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sessionizer_connectors::input::{Batch, InputError, Inputs};
+use sessionizer_checkpoint::InputPosition;
+use sessionizer_connectors::input::{Batch, InputError, Inputs, ReadPosition};
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -52,6 +54,10 @@ pub enum SourceError {
     /// The dead-letter sink refused a record.
     #[error("cannot write a dead letter: {0}")]
     DeadLetter(#[from] SinkError),
+    /// A source cannot continue where a checkpoint stood: the files changed, or the
+    /// checkpoint recorded no position of them.
+    #[error("{0}")]
+    Resume(String),
     /// Reading Kafka failed (a [`KafkaJson`](crate::kafka::KafkaJson) source).
     #[cfg(feature = "kafka")]
     #[error(transparent)]
@@ -101,7 +107,77 @@ pub struct JsonLines<E, D> {
     dead: D,
     error: Option<SourceError>,
     counts: SourceCounts,
+    /// Where reading stands, for a checkpoint (a source opened with
+    /// [`resume`](JsonLines::resume)).
+    tracked: Option<Tracked>,
+    /// How much input one read brings in ([`BATCH_BYTES`]; less in tests).
+    batch_bytes: usize,
     _events: PhantomData<fn() -> E>,
+}
+
+/// How far a resumable source has read its files: just after the last line handed out
+/// (as an event, a dead letter or a blank line).
+#[derive(Debug)]
+struct Tracked {
+    /// Each file as opened (path, size, head hash); its position is filled in when
+    /// recorded.
+    files: Vec<InputPosition>,
+    /// Lines of each file handed out (for the files read to their end).
+    lines: Vec<u64>,
+    /// Just after the last line handed out.
+    at: ReadPosition,
+}
+
+impl Tracked {
+    /// Line `i` of `batch` was handed out.
+    fn consumed(&mut self, batch: &Batch, i: usize) {
+        let line = batch.lines[i];
+        // A line of the input where the last one ended starts there; one of a later
+        // input starts at its beginning.
+        let start = if line.input == self.at.input {
+            self.at.offset
+        } else {
+            0
+        };
+        self.lines[line.input as usize] = line.line_no;
+        self.at = match batch.lines.get(i + 1) {
+            // The next line follows this one and its terminator.
+            Some(next) if next.input == line.input => ReadPosition {
+                input: line.input,
+                offset: start + u64::from(next.start - line.start),
+                line_no: line.line_no,
+            },
+            // The batch's last line of the input it ends in.
+            _ if line.input == batch.end.input => batch.end,
+            // The last line of an input read to its end: the next input, from its start.
+            _ => ReadPosition {
+                input: line.input + 1,
+                offset: 0,
+                line_no: 0,
+            },
+        };
+    }
+
+    /// Every file's position.
+    fn positions(&self) -> Vec<InputPosition> {
+        let at = self.at.input as usize;
+        self.files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let (offset, line) = match i.cmp(&at) {
+                    std::cmp::Ordering::Less => (f.size, self.lines[i]),
+                    std::cmp::Ordering::Equal => (self.at.offset, self.at.line_no),
+                    std::cmp::Ordering::Greater => (0, 0),
+                };
+                InputPosition {
+                    offset,
+                    line,
+                    ..f.clone()
+                }
+            })
+            .collect()
+    }
 }
 
 impl<E, D> fmt::Debug for JsonLines<E, D> {
@@ -146,8 +222,125 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             dead: dead_letters,
             error: None,
             counts: SourceCounts::default(),
+            tracked: None,
+            batch_bytes: BATCH_BYTES,
             _events: PhantomData,
         })
+    }
+
+    /// Reads the files `paths` in order from where `checkpoints` last recorded this
+    /// source's position ([`record_position`](Self::record_position)), or from their
+    /// start when the state directory has no checkpoint yet. The files must be the ones
+    /// the checkpoint read (same paths, sizes and first 4 KiB, as `sessionizer run
+    /// --state-dir` checks its inputs); a checkpoint that recorded no position is
+    /// refused, since where to continue is then unknown.
+    ///
+    /// With this source no event is skipped by hand: the lines after the checkpoint's
+    /// position are the ones its job has not seen.
+    pub fn resume<P: Into<PathBuf>>(
+        paths: impl IntoIterator<Item = P>,
+        checkpoints: &Checkpoints,
+        dead_letters: D,
+    ) -> Result<Self, SourceError> {
+        let paths: Vec<PathBuf> = paths.into_iter().map(Into::into).collect();
+        let sources: Vec<InputSource> = paths.iter().cloned().map(InputSource::File).collect();
+        Inputs::new(sources.clone()).check_readable()?;
+        let mut files = Vec::with_capacity(paths.len());
+        for p in &paths {
+            let (size, head_xxh3) =
+                sessionizer_checkpoint::input_identity(p).map_err(|source| InputError {
+                    name: p.display().to_string(),
+                    source,
+                })?;
+            files.push(InputPosition {
+                path: p.display().to_string(),
+                size,
+                head_xxh3,
+                offset: 0,
+                line: 0,
+            });
+        }
+        let saved = &checkpoints.inputs;
+        let dir = checkpoints.path().display();
+        if saved.is_empty() {
+            if let Some(epoch) = checkpoints.latest() {
+                return Err(SourceError::Resume(format!(
+                    "checkpoint {epoch} in {dir} recorded no position of a file source (call record_position before each checkpoint), so where to continue reading is unknown; use another state directory"
+                )));
+            }
+        } else {
+            let names = |l: &[InputPosition]| {
+                l.iter()
+                    .map(|f| f.path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            if saved.len() != files.len() || saved.iter().zip(&files).any(|(a, b)| a.path != b.path)
+            {
+                return Err(SourceError::Resume(format!(
+                    "the checkpoint in {dir} read {}; this source reads {}: resume with the same files in the same order, or use another state directory",
+                    names(saved),
+                    names(&files)
+                )));
+            }
+            for (then, now) in saved.iter().zip(&files) {
+                if then.size != now.size || then.head_xxh3 != now.head_xxh3 {
+                    let what = if then.size != now.size {
+                        format!("{} bytes then, {} bytes now", then.size, now.size)
+                    } else {
+                        "its first 4 KiB differ".to_string()
+                    };
+                    return Err(SourceError::Resume(format!(
+                        "cannot resume from {dir}: the input {} changed since the checkpoint ({what}); each file is read once, so put new events in a new file and start over in another state directory",
+                        now.path
+                    )));
+                }
+            }
+        }
+        let at = saved
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, p)| p.offset > 0 || p.line > 0)
+            .map_or(ReadPosition::default(), |(i, p)| ReadPosition {
+                input: i as u32,
+                offset: p.offset,
+                line_no: p.line,
+            });
+        let lines = (0..files.len())
+            .map(|i| saved.get(i).map_or(0, |p| p.line))
+            .collect();
+        Ok(JsonLines {
+            inputs: Inputs::starting_at(sources, at),
+            batch: Batch::default(),
+            next_line: 0,
+            dead: dead_letters,
+            error: None,
+            counts: SourceCounts::default(),
+            tracked: Some(Tracked { files, lines, at }),
+            batch_bytes: BATCH_BYTES,
+            _events: PhantomData,
+        })
+    }
+
+    /// Records in `checkpoints` how far this source has read — just after the last
+    /// line it handed out — for the job's next checkpoint (call it right before
+    /// `job.checkpoint(..)`, with every event read pushed to the job). Only a source
+    /// opened with [`resume`](Self::resume) knows its position.
+    pub fn record_position(&self, checkpoints: &mut Checkpoints) -> Result<(), SourceError> {
+        let Some(tracked) = &self.tracked else {
+            return Err(SourceError::Resume(
+                "only a source opened with JsonLines::resume records its position".into(),
+            ));
+        };
+        if let Some(e) = &self.error {
+            // The iteration ended on it, not at the end of the files.
+            return Err(SourceError::Resume(format!(
+                "the source stopped on an error ({e}); its position is not recorded"
+            )));
+        }
+        checkpoints.inputs = tracked.positions();
+        Ok(())
     }
 
     /// What was read so far.
@@ -175,7 +368,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
         }
         loop {
             if self.next_line >= self.batch.lines.len() {
-                match self.inputs.next_batch(&mut self.batch, BATCH_BYTES) {
+                match self.inputs.next_batch(&mut self.batch, self.batch_bytes) {
                     Ok(true) => self.next_line = 0,
                     Ok(false) => return None,
                     Err(e) => {
@@ -187,6 +380,9 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
             }
             let i = self.next_line;
             self.next_line += 1;
+            if let Some(t) = &mut self.tracked {
+                t.consumed(&self.batch, i);
+            }
             let line = self.batch.line(i);
             if line.trim_ascii().is_empty() {
                 self.counts.blank_lines += 1;
@@ -214,6 +410,105 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+    struct Id {
+        id: u32,
+    }
+
+    /// One line of a test file: an event, a line that does not parse, or a blank one.
+    fn line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            6 => (0u32..1000).prop_map(|i| format!("{{\"id\":{i}}}")),
+            1 => Just("{\"id\":".to_string()),
+            1 => Just("  ".to_string()),
+            1 => Just(String::new()),
+        ]
+    }
+
+    /// Files of lines ended by `\n` or `\r\n`, the last one with or without an end.
+    fn file() -> impl Strategy<Value = Vec<u8>> {
+        (
+            proptest::collection::vec((line(), any::<bool>()), 0..12),
+            any::<bool>(),
+        )
+            .prop_map(|(lines, last_ended)| {
+                let mut bytes = Vec::new();
+                let n = lines.len();
+                for (i, (l, crlf)) in lines.into_iter().enumerate() {
+                    bytes.extend_from_slice(l.as_bytes());
+                    if i + 1 < n || last_ended {
+                        bytes.extend_from_slice(if crlf { b"\r\n" } else { b"\n" });
+                    }
+                }
+                bytes
+            })
+    }
+
+    /// Everything a source hands out from here on: events and dead letters' positions.
+    fn drain(mut source: JsonLines<Id, Vec<DeadLetter>>) -> (Vec<Id>, Vec<String>) {
+        let events: Vec<Id> = source.by_ref().collect();
+        assert!(source.error.is_none(), "{:?}", source.error);
+        let dead = source.dead.iter().map(|d| d.source.clone()).collect();
+        (events, dead)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// After any number of events, in batches of any size, a source resumed from the
+        /// position it recorded hands out exactly the events and dead letters that the
+        /// first one had not handed out yet, whatever the line ends, blank lines and
+        /// files read to their end.
+        #[test]
+        fn a_resumed_source_continues_exactly_after_the_last_line_handed_out(
+            files in proptest::collection::vec(file(), 1..4),
+            batch in 1usize..48,
+            stop_every in 1usize..5,
+        ) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let paths: Vec<PathBuf> = files
+                .iter()
+                .enumerate()
+                .map(|(i, bytes)| {
+                    let p = dir.path().join(format!("in{i}.jsonl"));
+                    std::fs::write(&p, bytes).expect("write");
+                    p
+                })
+                .collect();
+            let state = dir.path().join("state");
+            let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+            let open = |checkpoints: &Checkpoints| {
+                let mut s = JsonLines::<Id, _>::resume(&paths, checkpoints, Vec::new())
+                    .expect("resumable");
+                s.batch_bytes = batch;
+                s
+            };
+            let (all, all_dead) = drain(open(&checkpoints));
+            // Stop after every `stop_every` events, record, resume in a new source.
+            let mut source = open(&checkpoints);
+            let (mut seen, mut seen_dead) = (Vec::new(), Vec::new());
+            loop {
+                let got: Vec<Id> = source.by_ref().take(stop_every).collect();
+                prop_assert!(source.error.is_none());
+                source.record_position(&mut checkpoints).expect("tracked");
+                seen_dead.extend(source.dead.drain(..).map(|d| d.source));
+                let done = got.len() < stop_every;
+                seen.extend(got);
+                if done {
+                    break;
+                }
+                source = open(&checkpoints);
+            }
+            prop_assert_eq!(&seen, &all);
+            prop_assert_eq!(&seen_dead, &all_dead);
+            // At the end, every file is recorded as read to its end.
+            for (f, bytes) in checkpoints.inputs.iter().zip(&files) {
+                prop_assert_eq!(f.offset, bytes.len() as u64);
+            }
+        }
+    }
 
     #[derive(Debug, serde::Deserialize)]
     struct Visit {

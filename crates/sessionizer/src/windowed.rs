@@ -766,8 +766,9 @@ where
     /// A job that stops after a checkpoint and is [`restore`](Self::restore)d from it
     /// continues exactly as if it had not stopped, given the events after the ones the
     /// checkpoint covers. What the job emitted after the checkpoint is emitted again:
-    /// commit your outputs with the checkpoint (write them, then checkpoint) for exactly
-    /// once.
+    /// commit your outputs with the checkpoint for exactly once — a
+    /// [`JsonLinesSink::exactly_once`](crate::sink::JsonLinesSink::exactly_once) file or
+    /// an exactly-once Kafka sink is committed by this call.
     pub fn checkpoint(
         &mut self,
         checkpoints: &mut Checkpoints,
