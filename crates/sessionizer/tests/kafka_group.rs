@@ -5,7 +5,8 @@
 //! record, what one job over that partition's records alone emits; dead letters (a
 //! record that is not an event, a far-future time) and late events go to their topics
 //! with their positions; the accounting adds up; and a second run of the group over
-//! more records continues the sessions from the changelog.
+//! more records continues the sessions from the changelog. The same for stateful jobs,
+//! and both with one of two processes killed with SIGKILL again and again.
 
 #![cfg(feature = "kafka")]
 
@@ -16,6 +17,10 @@ mod kafka;
 
 #[path = "support/kafka_visits.rs"]
 mod visits;
+
+/// The example `kafka_group`'s stateful job, for the reference of its kill test.
+#[path = "../examples/kafka_group.rs"]
+mod example;
 
 use serde::{Deserialize, Serialize};
 use sessionizer::kafka::KafkaGroup;
@@ -491,13 +496,51 @@ fn page_job() -> impl FnMut(&[&String]) -> Vec<Message> {
     }
 }
 
+/// The example's stateful job (`--stateful`): what one job over `records` emits, as
+/// output messages (keyed by the visit).
+fn stateful_page_job(records: &[&String]) -> Vec<Message> {
+    let mut j = Stream::<example::Visit>::new()
+        .key_by(|v| v.visit_id.clone())
+        .event_time(|v| v.event_time)
+        .watermark(BoundedOutOfOrderness::new(seconds(30)))
+        .flat_map_groups_with_state(example::visit_pages)
+        .batching(Batching::PerEvent)
+        .build();
+    let events = records
+        .iter()
+        .filter_map(|l| serde_json::from_str::<example::Visit>(l).ok());
+    let mut out = Vec::new();
+    j.run(events, &mut out, &mut Vec::new()).expect("vectors");
+    out.iter()
+        .map(|o| {
+            (
+                o.visit_id.clone(),
+                Some(serde_json::to_string(o).expect("json")),
+            )
+        })
+        .collect()
+}
+
 /// Two processes of the example `kafka_group` in one group over a three-partition
-/// topic; the second is killed with SIGKILL four times at random instants and started
+/// topic; the second is killed with SIGKILL three times at random instants and started
 /// again, restoring its partitions from their changelogs each time. The committed output of each partition is, record for record, what one job
 /// over that partition's records emits — nothing lost, nothing twice — and every record
 /// that is not a visit is one dead letter.
 #[test]
 fn two_processes_one_killed_again_and_again_give_each_partitions_sessions_once() {
+    kill_one_of_two(false, 600_000);
+}
+
+/// The same with the example's stateful job: each partition's committed outputs are
+/// one stateful job's over its records, the states restored from the changelogs.
+#[test]
+fn a_stateful_group_job_killed_again_and_again_gives_each_partitions_outputs_once() {
+    kill_one_of_two(true, 300_000);
+}
+
+/// Runs the example (`stateful`: its stateful job) in two processes over `visits`
+/// visits, kills one of them three times, and checks the outputs.
+fn kill_one_of_two(stateful: bool, visits: i64) {
     use rand::{Rng, SeedableRng};
     use std::process::{Command, Stdio};
     let _one = kafka::exclusive();
@@ -508,7 +551,7 @@ fn two_processes_one_killed_again_and_again_give_each_partitions_sessions_once()
     );
     kafka::create_topics(&[&input, &output], PARTITIONS as i32);
     kafka::create_topics(&[&dead], 1);
-    let lines: Vec<String> = support::visits(600_000, 400, 300, 23)
+    let lines: Vec<String> = support::visits(visits, 400, 300, 23)
         .iter()
         .enumerate()
         .map(|(i, v)| {
@@ -542,6 +585,7 @@ fn two_processes_one_killed_again_and_again_give_each_partitions_sessions_once()
         Command::new(&service)
             .args([kafka::broker(), &group, &input, &output, &dead, instance])
             .arg("--stop-at-end")
+            .args(stateful.then_some("--stateful"))
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(err)
@@ -612,9 +656,23 @@ fn two_processes_one_killed_again_and_again_give_each_partitions_sessions_once()
     let mut reference = page_job();
     let mut records = 0;
     for (p, got) in got.iter().enumerate() {
-        let want = reference(&of(&lines, p));
+        let records_of_p = of(&lines, p);
+        let want = if stateful {
+            stateful_page_job(&records_of_p)
+        } else {
+            reference(&records_of_p)
+        };
         records += want.len();
-        assert_eq!(*got, want, "output partition {p} after {kills} kills of b");
+        if *got != want {
+            let at = got.iter().zip(&want).take_while(|(g, w)| g == w).count();
+            panic!(
+                "output partition {p} after {kills} kills of b: {} records, one job's {}; the first difference at {at}: {:?} against {:?}",
+                got.len(),
+                want.len(),
+                got.get(at),
+                want.get(at)
+            );
+        }
     }
     assert!(records > 1_000, "{records} records");
     let dead_letters = kafka::read_committed(&dead).iter().flatten().count();
