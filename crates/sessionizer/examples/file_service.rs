@@ -3,7 +3,7 @@
 //! byte for byte as those of a run that was never interrupted.
 //!
 //! ```text
-//! cargo run -p sessionizer --example file_service -- INPUT STATE_DIR OUT_DIR
+//! cargo run -p sessionizer --example file_service -- INPUT STATE_DIR OUT_DIR [EVERY]
 //! ```
 //!
 //! - `INPUT`: visits as JSON lines (`{"visit_id":..,"event_time":..,"page":..}`, as
@@ -13,7 +13,7 @@
 //! - `OUT_DIR`: `sessions.jsonl`, `late.jsonl` and `dead-letters.jsonl`.
 //!
 //! Every 200 events the sinks are flushed, so that readers of the files see the records
-//! soon; every 2,000 events the job checkpoints: the three files are synced and their
+//! soon; every EVERY events (default 2,000) the job checkpoints: the three files are synced and their
 //! lengths, the input's position and the keyed state are written together. A restart
 //! cuts the files back to those lengths (what a killed run wrote after its last
 //! checkpoint goes) and reads on from that position. Each run prints one line
@@ -32,14 +32,16 @@ pub struct Visit {
     pub page: String,
 }
 
-/// Events between checkpoints.
+/// Events between checkpoints, by default.
 pub const EVERY: usize = 2_000;
 
-/// Runs (or resumes) the job; returns the epoch of the checkpoint it resumed from.
+/// Runs (or resumes) the job, with a checkpoint every `every` events; returns the epoch
+/// of the checkpoint it resumed from.
 pub fn run(
     input: &Path,
     state: &Path,
     out: &Path,
+    every: usize,
 ) -> Result<Option<u64>, Box<dyn std::error::Error>> {
     std::fs::create_dir_all(out)?;
     let mut checkpoints = Checkpoints::open(state)?;
@@ -68,7 +70,7 @@ pub fn run(
 
     loop {
         let mut pushed = 0;
-        for visit in visits.by_ref().take(EVERY) {
+        for visit in visits.by_ref().take(every) {
             job.push(visit, &mut sessions, &mut late)?;
             pushed += 1;
             if pushed % 200 == 0 {
@@ -78,7 +80,7 @@ pub fn run(
                 late.flush()?;
             }
         }
-        if pushed < EVERY {
+        if pushed < every {
             break;
         }
         visits.record_position(&mut checkpoints)?;
@@ -96,9 +98,14 @@ pub fn run(
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [input, state, out] = args.as_slice() else {
-        return Err("usage: file_service INPUT STATE_DIR OUT_DIR".into());
+    let (input, state, out, every) = match args.as_slice() {
+        [input, state, out] => (input, state, out, EVERY),
+        [input, state, out, every] => (input, state, out, every.parse()?),
+        _ => return Err("usage: file_service INPUT STATE_DIR OUT_DIR [EVERY]".into()),
     };
-    run(Path::new(input), Path::new(state), Path::new(out))?;
+    if every == 0 {
+        return Err("EVERY is at least 1".into());
+    }
+    run(Path::new(input), Path::new(state), Path::new(out), every)?;
     Ok(())
 }
