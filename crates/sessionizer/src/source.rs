@@ -297,16 +297,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
                 }
             }
         }
-        let at = saved
-            .iter()
-            .enumerate()
-            .rev()
-            .find(|(_, p)| p.offset > 0 || p.line > 0)
-            .map_or(ReadPosition::default(), |(i, p)| ReadPosition {
-                input: i as u32,
-                offset: p.offset,
-                line_no: p.line,
-            });
+        let at = crate::pipeline::durable::resume_position(saved);
         let lines = (0..files.len())
             .map(|i| saved.get(i).map_or(0, |p| p.line))
             .collect();

@@ -791,7 +791,7 @@ fn plan_resume(
 }
 
 /// The reading position of a checkpoint: in the last input that was started.
-fn resume_position(inputs: &[InputPosition]) -> ReadPosition {
+pub(crate) fn resume_position(inputs: &[InputPosition]) -> ReadPosition {
     inputs
         .iter()
         .enumerate()
