@@ -48,6 +48,9 @@ pub struct RecordWriter {
     records: u64,
     /// Bytes in the target: its length when opened plus everything written since.
     written: u64,
+    /// A write, flush or sync failed: how much of the buffer reached the target is not
+    /// known, so nothing more is written (a checkpoint's recovery cuts back instead).
+    failed: bool,
 }
 
 impl std::fmt::Debug for RecordWriter {
@@ -69,6 +72,7 @@ impl RecordWriter {
             buf: Vec::with_capacity(FLUSH_AT * 2),
             records: 0,
             written: 0,
+            failed: false,
         }
     }
 
@@ -120,7 +124,7 @@ impl RecordWriter {
         let len = f.metadata().map_err(|e| self.error(e))?.len();
         if len < committed {
             return Err(self.error(io::Error::other(format!(
-                "the file is {len} bytes, shorter than the {committed} bytes committed by the checkpoint: it was changed outside sessionizer, so the run cannot continue it exactly; restore the file, or start over with an empty --state-dir"
+                "the file is {len} bytes, shorter than the {committed} bytes committed by the checkpoint: it was changed outside sessionizer, so the run cannot continue it exactly; restore the file, or start over with an empty state directory"
             ))));
         }
         let mut f = f;
@@ -135,10 +139,14 @@ impl RecordWriter {
     /// committed length returned (what a checkpoint records); stdout and stderr are only
     /// flushed (at least once: a recovery cannot take back what they printed), `None`.
     pub fn commit(&mut self) -> Result<Option<u64>, OutputError> {
-        match self.prepare_commit()? {
+        let synced = match self.prepare_commit()? {
             Some(pending) => pending.sync().map(Some),
             None => Ok(None),
-        }
+        };
+        // After a failed sync the kernel may have dropped the pages: a later sync that
+        // succeeds would not make them durable.
+        self.failed |= synced.is_err();
+        synced
     }
 
     /// The first half of [`commit`](Self::commit): writes everything buffered and notes
@@ -188,20 +196,29 @@ impl RecordWriter {
     pub fn finish(&mut self) -> Result<(), OutputError> {
         self.write_buffer()?;
         if let Some(out) = &mut self.out {
-            out.writer().flush().map_err(|e| error(&self.target, e))?;
+            let flushed = out.writer().flush();
+            self.failed |= flushed.is_err();
+            flushed.map_err(|e| error(&self.target, e))?;
         }
         Ok(())
     }
 
     fn write_buffer(&mut self) -> Result<(), OutputError> {
+        if self.failed {
+            // Part of a block may have been written: writing it again would put it in
+            // twice, and the length kept here would not be the file's.
+            return Err(self.error(io::Error::other(
+                "an earlier write to it failed, so what it holds is not known; nothing more is written",
+            )));
+        }
         if self.buf.is_empty() {
             return Ok(());
         }
         self.open()?;
         if let Some(out) = &mut self.out {
-            out.writer()
-                .write_all(&self.buf)
-                .map_err(|e| error(&self.target, e))?;
+            let wrote = out.writer().write_all(&self.buf);
+            self.failed |= wrote.is_err();
+            wrote.map_err(|e| error(&self.target, e))?;
             self.written += self.buf.len() as u64;
         }
         self.buf.clear();
@@ -512,6 +529,53 @@ mod tests {
         assert_eq!(rec["raw"], "é\"");
         assert!(rec.get("raw_base64").is_none(), "{rec}");
         assert_eq!(raw_base64("é".as_bytes()), None);
+    }
+
+    /// Writes part of its first block, then fails; later writes succeed.
+    struct FailsOnce {
+        out: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+        failed: bool,
+    }
+
+    impl Write for FailsOnce {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let mut out = self.out.lock().expect("lock");
+            if !self.failed {
+                self.failed = true;
+                out.extend_from_slice(&buf[..buf.len() / 2]);
+                return Err(io::Error::other("no space left"));
+            }
+            out.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A block that failed half-way is never written again after its first half (which
+    /// would leave a broken line and a length that is not the target's): the writer
+    /// refuses everything after a failure.
+    #[test]
+    fn after_a_failed_write_nothing_more_is_written() {
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut w = RecordWriter::new(OutputTarget::Stdout);
+        w.out = Some(Sink::Stream(Box::new(FailsOnce {
+            out: out.clone(),
+            failed: false,
+        })));
+        w.append(b"{\"a\":1}\n", 1).expect("buffered");
+        assert!(w.finish().is_err(), "the first write fails");
+        let again = w.finish().expect_err("refused after a failure");
+        assert!(again.to_string().contains("an earlier write"), "{again}");
+        w.append(b"{\"b\":2}\n", 1).expect("buffered");
+        assert!(w.commit().is_err());
+        assert_eq!(
+            *out.lock().expect("lock"),
+            b"{\"a\"".to_vec(),
+            "only the half written"
+        );
     }
 
     #[test]

@@ -9,11 +9,12 @@
 //! - `INPUT`: visits as JSON lines (`{"visit_id":..,"event_time":..,"page":..}`, as
 //!   `sessionizer generate` writes them);
 //! - `STATE_DIR`: the checkpoints (the command line's format: `sessionizer inspect
-//!   STATE_DIR` lists them, with the input position and the files' committed lengths);
+//!   --state-dir STATE_DIR` lists them, with the input position and the files'
+//!   committed lengths);
 //! - `OUT_DIR`: `sessions.jsonl`, `late.jsonl` and `dead-letters.jsonl`.
 //!
-//! Every 200 events the sinks are flushed, so that readers of the files see the records
-//! soon; every EVERY events (default 2,000) the job checkpoints: the three files are synced and their
+//! Every 200 events the sessions and late events are flushed, so that readers of the
+//! files see them soon; every EVERY events (default 2,000) the job checkpoints: the three files are synced and their
 //! lengths, the input's position and the keyed state are written together. A restart
 //! cuts the files back to those lengths (what a killed run wrote after its last
 //! checkpoint goes) and reads on from that position. Each run prints one line
@@ -61,8 +62,9 @@ pub fn run(
         .aggregate(Collect(|v: &Visit| Some(v.page.clone())).named("visited_pages"))
         .build();
     let resumed = job.restore(&mut checkpoints)?;
-    // Reads on from the checkpoint's position (the files must be the same).
-    let mut visits = JsonLines::<Visit, _>::resume([input], &checkpoints, dead_letters)?;
+    // Reads on from the checkpoint's position (the files must be the same); every
+    // checkpoint records how far it has read.
+    let mut visits = JsonLines::<Visit, _>::resume([input], &mut checkpoints, dead_letters)?;
     match resumed {
         Some(r) => eprintln!("resumed from checkpoint {} ({} events)", r.epoch, r.events),
         None => eprintln!("started from the beginning"),
@@ -83,15 +85,15 @@ pub fn run(
         if pushed < every {
             break;
         }
-        visits.record_position(&mut checkpoints)?;
         job.checkpoint(&mut checkpoints)?;
     }
-    // The end of the input (or an input error, which record_position reports): every
-    // session is emitted, and a last checkpoint commits them.
-    visits.record_position(&mut checkpoints)?;
+    // An input error ends the iteration early: it is reported here, before the job is
+    // ended as if the input were complete.
+    visits.finish()?;
+    // The end of the input: every session is emitted, and a last checkpoint commits them
+    // (with the source's position at the end of the file).
     job.finish(&mut sessions, &mut late)?;
     job.checkpoint(&mut checkpoints)?;
-    visits.finish()?;
     Ok(resumed.map(|r| r.epoch))
 }
 

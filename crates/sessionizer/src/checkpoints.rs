@@ -41,6 +41,7 @@
 //! ```
 
 use crate::sink::SharedWriter;
+use crate::source::{SharedPosition, SourceError};
 use sessionizer_checkpoint::{
     CheckpointError, CheckpointWriter, Damage, EncodedState, InputPosition, KafkaPosition,
     KafkaSource, LoadedState, Manifest, OutputCommit, StateDir, StateEntries,
@@ -77,12 +78,14 @@ pub struct Checkpoints {
     /// An exactly-once Kafka output (`KafkaJsonSink::exactly_once`): its open
     /// transaction commits with each checkpoint, in two phases.
     pub(crate) transaction: Option<SharedTopicSink>,
-    /// How far the job's file source had read each input at the checkpoint found, then
-    /// as recorded by the source ([`JsonLines::record_position`]): written into every
-    /// checkpoint, as `sessionizer run --state-dir` writes its inputs' positions.
+    /// How far the job's file source had read each input at the checkpoint found;
+    /// every checkpoint writes the position of the source that joined
+    /// ([`JsonLines::resume`]), as `sessionizer run --state-dir` writes its inputs'.
     ///
-    /// [`JsonLines::record_position`]: crate::source::JsonLines::record_position
+    /// [`JsonLines::resume`]: crate::source::JsonLines::resume
     pub(crate) inputs: Vec<InputPosition>,
+    /// The file source reading for the job, whose position each checkpoint records.
+    pub(crate) source: Option<SharedPosition>,
     /// The exactly-once file outputs ([`JsonLinesSink::exactly_once`]), by path as
     /// written in the manifest: each is synced and its length committed with every
     /// checkpoint.
@@ -165,6 +168,7 @@ impl Checkpoints {
             kafka,
             transaction: None,
             inputs,
+            source: None,
             files: Vec::new(),
             failed: None,
         })
@@ -242,9 +246,20 @@ impl Checkpoints {
         };
         manifest.kafka_positions = self.kafka.positions.clone();
         manifest.kafka_source = self.kafka.source.clone();
+        if let Some(source) = &self.source {
+            self.inputs = source.positions();
+        }
         manifest.inputs = self.inputs.clone();
-        // The file outputs are synced before the checkpoint names their lengths.
-        manifest.outputs = self.commit_files()?;
+        // The file outputs are synced before the checkpoint names their lengths. One that
+        // failed holds bytes of unknown extent after its committed length: only a
+        // restart, which cuts it back, continues it.
+        manifest.outputs = match self.commit_files() {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                self.failed = Some(format!("an exactly-once file failed: {e}"));
+                return Err(e);
+            }
+        };
         let Some(transaction) = self.transaction.clone() else {
             let committed = self.writer.commit(&state, manifest)?;
             self.restored = true;
@@ -285,7 +300,7 @@ impl Checkpoints {
         match &self.failed {
             None => Ok(()),
             Some(why) => Err(StateError::Output(format!(
-                "the checkpoints in {} take no more writes or restores with the exactly-once Kafka output ({why}): stop the job and start it again on the same state directory, which resumes from the last checkpoint whose records Kafka committed",
+                "the checkpoints in {} take no more writes or restores after their exactly-once output failed ({why}): stop the job and start it again on the same state directory, which resumes from the last checkpoint whose records were committed",
                 self.path.display()
             ))),
         }
@@ -343,6 +358,31 @@ impl Checkpoints {
         Ok(Some((manifest, state)))
     }
 
+    /// Whether a file source may join: after the job restored the checkpoint found (a
+    /// Kafka output joining before the restore may fall back to an older one), and
+    /// once.
+    pub(crate) fn can_join_source(&self) -> Result<(), SourceError> {
+        if let Some((m, _)) = &self.found {
+            return Err(SourceError::Resume(format!(
+                "open the source after the job's restore() of checkpoint {} in {}: until then which checkpoint the job continues is not settled",
+                m.epoch,
+                self.path.display()
+            )));
+        }
+        if self.source.is_some() {
+            return Err(SourceError::Resume(format!(
+                "the checkpoints in {} already have a file source; a job reads its files through one",
+                self.path.display()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The file source `position` reads for the job: every checkpoint records it.
+    pub(crate) fn join_source(&mut self, position: SharedPosition) {
+        self.source = Some(position);
+    }
+
     /// Joins the exactly-once file output at `path` to these checkpoints, before the
     /// job restores: it is continued from the length the checkpoint found committed
     /// (what follows is cut off), or emptied when there is no checkpoint.
@@ -353,6 +393,11 @@ impl Checkpoints {
             return Err(StateError::Output(format!(
                 "the exactly-once file {name} joins the checkpoints in {} before restore() and the first checkpoint",
                 self.path.display()
+            )));
+        }
+        if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+            return Err(StateError::Output(format!(
+                "{name} is not a regular file: its committed length cannot be kept, so it cannot be written exactly once"
             )));
         }
         if self.files.iter().any(|(n, _)| *n == name) {

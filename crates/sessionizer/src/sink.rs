@@ -175,8 +175,10 @@ impl JsonLinesSink {
     /// state directory's other outputs: a checkpoint names the files it committed, and
     /// a restore is refused while one of them is not open. Read the input with
     /// [`JsonLines::resume`](crate::source::JsonLines::resume) (or skip
-    /// [`Resumed::events`](crate::checkpoints::Resumed::events) of a replayable source)
-    /// so that the records are produced again from where the checkpoint stood.
+    /// [`Resumed::events`](crate::checkpoints::Resumed::events) of a replayable source
+    /// whose dead letters go elsewhere: those of the skipped lines would come again) so
+    /// that the records are produced again from where the checkpoint stood. A write or
+    /// sync that fails stops the checkpoints: a restart continues from the last one.
     pub fn exactly_once(
         path: impl Into<PathBuf>,
         checkpoints: &mut Checkpoints,
@@ -199,8 +201,11 @@ impl JsonLinesSink {
     }
 
     /// Records written so far.
-    pub fn records(&mut self) -> u64 {
-        self.writer.with(|w| w.records())
+    pub fn records(&self) -> u64 {
+        match &self.writer {
+            Writer::Own(w) => w.records(),
+            Writer::Committed(shared) => shared.lock().records(),
+        }
     }
 
     /// Writes out everything buffered and flushes the target.

@@ -12,6 +12,7 @@ use sessionizer_connectors::input::{Batch, InputError, Inputs, ReadPosition};
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Where [`JsonLines`] reads: a file or stdin (also in the prelude).
 pub use sessionizer_connectors::InputSource;
@@ -107,12 +108,28 @@ pub struct JsonLines<E, D> {
     dead: D,
     error: Option<SourceError>,
     counts: SourceCounts,
-    /// Where reading stands, for a checkpoint (a source opened with
-    /// [`resume`](JsonLines::resume)).
-    tracked: Option<Tracked>,
+    /// Where reading stands, shared with the checkpoints that record it (a source
+    /// opened with [`resume`](JsonLines::resume)).
+    tracked: Option<SharedPosition>,
     /// How much input one read brings in ([`BATCH_BYTES`]; less in tests).
     batch_bytes: usize,
     _events: PhantomData<fn() -> E>,
+}
+
+/// How far a resumable source has read, shared by the source (which moves it) and the
+/// checkpoints (which record it in every checkpoint).
+#[derive(Debug, Clone)]
+pub(crate) struct SharedPosition(Arc<Mutex<Tracked>>);
+
+impl SharedPosition {
+    fn lock(&self) -> MutexGuard<'_, Tracked> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every file's position, as a checkpoint records it.
+    pub(crate) fn positions(&self) -> Vec<InputPosition> {
+        self.lock().positions()
+    }
 }
 
 /// How far a resumable source has read its files: just after the last line handed out
@@ -228,20 +245,23 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         })
     }
 
-    /// Reads the files `paths` in order from where `checkpoints` last recorded this
-    /// source's position ([`record_position`](Self::record_position)), or from their
-    /// start when the state directory has no checkpoint yet. The files must be the ones
-    /// the checkpoint read (same paths, sizes and first 4 KiB, as `sessionizer run
-    /// --state-dir` checks its inputs); a checkpoint that recorded no position is
-    /// refused, since where to continue is then unknown.
+    /// Reads the files `paths` in order from the position the job's checkpoint
+    /// recorded, or from their start when the state directory has no checkpoint yet.
+    /// Open it after the job's `restore`. The files must be the ones the checkpoint read
+    /// (same paths, sizes and first 4 KiB, as `sessionizer run --state-dir` checks its
+    /// inputs); a checkpoint without a position of them is refused, since where to
+    /// continue is then unknown.
     ///
-    /// With this source no event is skipped by hand: the lines after the checkpoint's
-    /// position are the ones its job has not seen.
+    /// The source joins `checkpoints`: every later checkpoint records how far it has
+    /// read — just after the last line it handed out — so push every event you take
+    /// from it before the job's next `checkpoint`. No event is skipped by hand: the
+    /// lines after the checkpoint's position are the ones its job has not seen.
     pub fn resume<P: Into<PathBuf>>(
         paths: impl IntoIterator<Item = P>,
-        checkpoints: &Checkpoints,
+        checkpoints: &mut Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
+        checkpoints.can_join_source()?;
         let paths: Vec<PathBuf> = paths.into_iter().map(Into::into).collect();
         let sources: Vec<InputSource> = paths.iter().cloned().map(InputSource::File).collect();
         Inputs::new(sources.clone()).check_readable()?;
@@ -265,7 +285,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         if saved.is_empty() {
             if let Some(epoch) = checkpoints.latest() {
                 return Err(SourceError::Resume(format!(
-                    "checkpoint {epoch} in {dir} recorded no position of a file source (call record_position before each checkpoint), so where to continue reading is unknown; use another state directory"
+                    "checkpoint {epoch} in {dir} recorded no position of a file source (its job read no JsonLines::resume source), so where to continue reading is unknown; use another state directory"
                 )));
             }
         } else {
@@ -301,6 +321,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         let lines = (0..files.len())
             .map(|i| saved.get(i).map_or(0, |p| p.line))
             .collect();
+        let position = SharedPosition(Arc::new(Mutex::new(Tracked { files, lines, at })));
+        checkpoints.join_source(position.clone());
         Ok(JsonLines {
             inputs: Inputs::starting_at(sources, at),
             batch: Batch::default(),
@@ -308,30 +330,10 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             dead: dead_letters,
             error: None,
             counts: SourceCounts::default(),
-            tracked: Some(Tracked { files, lines, at }),
+            tracked: Some(position),
             batch_bytes: BATCH_BYTES,
             _events: PhantomData,
         })
-    }
-
-    /// Records in `checkpoints` how far this source has read — just after the last
-    /// line it handed out — for the job's next checkpoint (call it right before
-    /// `job.checkpoint(..)`, with every event read pushed to the job). Only a source
-    /// opened with [`resume`](Self::resume) knows its position.
-    pub fn record_position(&self, checkpoints: &mut Checkpoints) -> Result<(), SourceError> {
-        let Some(tracked) = &self.tracked else {
-            return Err(SourceError::Resume(
-                "only a source opened with JsonLines::resume records its position".into(),
-            ));
-        };
-        if let Some(e) = &self.error {
-            // The iteration ended on it, not at the end of the files.
-            return Err(SourceError::Resume(format!(
-                "the source stopped on an error ({e}); its position is not recorded"
-            )));
-        }
-        checkpoints.inputs = tracked.positions();
-        Ok(())
     }
 
     /// What was read so far.
@@ -371,8 +373,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
             }
             let i = self.next_line;
             self.next_line += 1;
-            if let Some(t) = &mut self.tracked {
-                t.consumed(&self.batch, i);
+            if let Some(t) = &self.tracked {
+                t.lock().consumed(&self.batch, i);
             }
             let line = self.batch.line(i);
             if line.trim_ascii().is_empty() {
@@ -470,27 +472,30 @@ mod tests {
                 .collect();
             let state = dir.path().join("state");
             let mut checkpoints = Checkpoints::open(&state).expect("state dir");
-            let open = |checkpoints: &Checkpoints| {
+            // A new source, as after a restart (the last one leaves the checkpoints).
+            let open = |checkpoints: &mut Checkpoints| {
+                checkpoints.source = None;
                 let mut s = JsonLines::<Id, _>::resume(&paths, checkpoints, Vec::new())
                     .expect("resumable");
                 s.batch_bytes = batch;
                 s
             };
-            let (all, all_dead) = drain(open(&checkpoints));
-            // Stop after every `stop_every` events, record, resume in a new source.
-            let mut source = open(&checkpoints);
+            let (all, all_dead) = drain(open(&mut checkpoints));
+            // Stop after every `stop_every` events, record the position as a checkpoint
+            // does, resume in a new source.
+            let mut source = open(&mut checkpoints);
             let (mut seen, mut seen_dead) = (Vec::new(), Vec::new());
             loop {
                 let got: Vec<Id> = source.by_ref().take(stop_every).collect();
                 prop_assert!(source.error.is_none());
-                source.record_position(&mut checkpoints).expect("tracked");
+                checkpoints.inputs = source.tracked.as_ref().expect("tracked").positions();
                 seen_dead.extend(source.dead.drain(..).map(|d| d.source));
                 let done = got.len() < stop_every;
                 seen.extend(got);
                 if done {
                     break;
                 }
-                source = open(&checkpoints);
+                source = open(&mut checkpoints);
             }
             prop_assert_eq!(&seen, &all);
             prop_assert_eq!(&seen_dead, &all_dead);

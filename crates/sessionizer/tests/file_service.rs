@@ -243,15 +243,57 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
     std::fs::write(&files[0], &whole).expect("put back");
     drop(checkpoints);
 
+    // The same file twice; a source before the restore (which checkpoint the job
+    // continues is not settled yet); a file after it (too late to cut it back).
+    let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+    let _outputs: Vec<JsonLinesSink> = files
+        .iter()
+        .map(|f| JsonLinesSink::exactly_once(f, &mut checkpoints).expect("joined"))
+        .collect();
+    let text = JsonLinesSink::exactly_once(&files[0], &mut checkpoints)
+        .expect_err("joined twice")
+        .to_string();
+    assert!(text.contains("already"), "{text}");
+    let err = JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new())
+        .expect_err("before the restore")
+        .to_string();
+    assert!(err.contains("after the job's restore()"), "{err}");
+    job()(&mut checkpoints).expect("restored");
+    let text = JsonLinesSink::exactly_once(out.join("new.jsonl"), &mut checkpoints)
+        .expect_err("after the restore")
+        .to_string();
+    assert!(text.contains("before restore()"), "{text}");
+    let _source =
+        JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new()).expect("resumed");
+    let err = JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new())
+        .expect_err("a second source")
+        .to_string();
+    assert!(err.contains("already have a file source"), "{err}");
+    drop(checkpoints);
+
     // A changed input.
-    let mut text = std::fs::read_to_string(&input).expect("input");
-    text.push_str("{\"visit_id\":\"v9\",\"event_time\":\"2024-01-02T00:00:00Z\",\"page\":\"/\"}\n");
-    std::fs::write(&input, &text).expect("append");
-    let checkpoints = Checkpoints::open(&state).expect("state dir");
-    let err = JsonLines::<Visit, _>::resume([&input], &checkpoints, Vec::new())
+    let mut grown = std::fs::read_to_string(&input).expect("input");
+    grown
+        .push_str("{\"visit_id\":\"v9\",\"event_time\":\"2024-01-02T00:00:00Z\",\"page\":\"/\"}\n");
+    std::fs::write(&input, &grown).expect("append");
+    let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+    let _outputs: Vec<JsonLinesSink> = files
+        .iter()
+        .map(|f| JsonLinesSink::exactly_once(f, &mut checkpoints).expect("joined"))
+        .collect();
+    job()(&mut checkpoints).expect("restored");
+    let err = JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new())
         .expect_err("changed")
         .to_string();
     assert!(err.contains("changed since the checkpoint"), "{err}");
+    drop(checkpoints);
+
+    // Not a regular file (its length cannot be kept).
+    let mut checkpoints = Checkpoints::open(dir.path().join("fresh")).expect("state dir");
+    let text = JsonLinesSink::exactly_once("/dev/null", &mut checkpoints)
+        .expect_err("a device")
+        .to_string();
+    assert!(text.contains("not a regular file"), "{text}");
     drop(checkpoints);
 
     // A state directory whose checkpoints recorded no position.
@@ -264,15 +306,16 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
         .aggregate(Count)
         .build();
     first.checkpoint(&mut checkpoints).expect("written");
-    let err = JsonLines::<Visit, _>::resume([&input], &checkpoints, Vec::new())
+    let err = JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new())
         .expect_err("no position")
         .to_string();
     assert!(err.contains("recorded no position"), "{err}");
+    drop(checkpoints);
 
     // A cut-off tail is cut: bytes after the committed length go on a restart.
     std::fs::write(
         &input,
-        &text[..text.len() - text.lines().last().expect("a line").len() - 1],
+        &grown[..grown.len() - grown.lines().last().expect("a line").len() - 1],
     )
     .expect("the input as it was");
     let mut tail = std::fs::OpenOptions::new()
@@ -321,7 +364,7 @@ fn a_stateful_jobs_file_is_written_once_across_a_crash() {
         let mut job = job();
         job.restore_checkpoint(&mut checkpoints).expect("restored");
         let mut visits =
-            JsonLines::<Visit, _>::resume([&input], &checkpoints, Vec::new()).expect("input");
+            JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new()).expect("input");
         for batch in 1.. {
             let events: Vec<Visit> = visits.by_ref().take(500).collect();
             if events.is_empty() {
@@ -334,11 +377,9 @@ fn a_stateful_jobs_file_is_written_once_across_a_crash() {
                 return;
             }
             if batch % 2 == 0 {
-                visits.record_position(&mut checkpoints).expect("position");
                 job.checkpoint(&mut checkpoints).expect("checkpoint");
             }
         }
-        visits.record_position(&mut checkpoints).expect("position");
         job.finish(&mut counts, &mut Vec::new()).expect("finished");
         job.checkpoint(&mut checkpoints).expect("checkpoint");
     };
