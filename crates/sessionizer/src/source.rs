@@ -447,6 +447,48 @@ mod tests {
         (events, dead)
     }
 
+    /// Files larger than a read (64 KiB), so that lines are carried from the middle of a
+    /// file to the next batch: a source resumed every 997 events hands out each line
+    /// once, and ends with every file recorded as read to its end.
+    #[test]
+    fn a_source_resumed_across_carried_lines_hands_out_each_line_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut paths = Vec::new();
+        let mut ids = Vec::new();
+        for f in 0..3u32 {
+            let mut text = String::new();
+            for i in 0..12_000u32 {
+                let id = f * 100_000 + i;
+                ids.push(Id { id });
+                let pad = "x".repeat((i % 37) as usize);
+                let end = if i % 5 == 0 { "\r\n" } else { "\n" };
+                text.push_str(&format!("{{\"id\":{id},\"pad\":\"{pad}\"}}{end}"));
+            }
+            let p = dir.path().join(format!("big{f}.jsonl"));
+            std::fs::write(&p, &text).expect("write");
+            paths.push(p);
+        }
+        let mut checkpoints = Checkpoints::open(dir.path().join("state")).expect("state dir");
+        let mut seen = Vec::new();
+        loop {
+            checkpoints.source = None;
+            let mut source =
+                JsonLines::<Id, _>::resume(&paths, &mut checkpoints, Vec::new()).expect("open");
+            let got: Vec<Id> = source.by_ref().take(997).collect();
+            assert!(source.error.is_none() && source.dead.is_empty());
+            checkpoints.inputs = source.tracked.as_ref().expect("tracked").positions();
+            let done = got.len() < 997;
+            seen.extend(got);
+            if done {
+                break;
+            }
+        }
+        assert!(seen == ids, "{} handed out, {} lines", seen.len(), ids.len());
+        for (f, p) in checkpoints.inputs.iter().zip(&paths) {
+            assert_eq!(f.offset, std::fs::metadata(p).expect("size").len());
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
