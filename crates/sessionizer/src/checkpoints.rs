@@ -86,6 +86,9 @@ pub struct Checkpoints {
     pub(crate) inputs: Vec<InputPosition>,
     /// The file source reading for the job, whose position each checkpoint records.
     pub(crate) source: Option<SharedPosition>,
+    /// The checkpoint restored had its watermark at +infinity: its job was finished
+    /// (every session emitted), so new files are not a continuation of it.
+    pub(crate) restored_ended: bool,
     /// The exactly-once file outputs ([`JsonLinesSink::exactly_once`]), by path as
     /// written in the manifest: each is synced and its length committed with every
     /// checkpoint.
@@ -169,6 +172,7 @@ impl Checkpoints {
             transaction: None,
             inputs,
             source: None,
+            restored_ended: false,
             files: Vec::new(),
             failed: None,
         })
@@ -355,6 +359,7 @@ impl Checkpoints {
             self.found = Some((manifest, state));
             return Err(error);
         }
+        self.restored_ended = manifest.watermark.watermark_ms == i64::MAX;
         Ok(Some((manifest, state)))
     }
 

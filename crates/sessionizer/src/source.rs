@@ -252,6 +252,11 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
     /// inputs); a checkpoint without a position of them is refused, since where to
     /// continue is then unknown.
     ///
+    /// A checkpoint that had read every one of its files to the end, of a job not
+    /// finished (no `finish`: the command line's `--keep-open`), also continues with
+    /// *new* files, read from their start — the next day's files, say; a file it read
+    /// already, or one that grew after it was read to its end, is refused.
+    ///
     /// The source joins `checkpoints`: every later checkpoint records how far it has
     /// read — just after the last line it handed out — so push every event you take
     /// from it before the job's next `checkpoint`. No event is skipped by hand: the
@@ -282,12 +287,59 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         }
         let saved = &checkpoints.inputs;
         let dir = checkpoints.path().display();
-        if saved.is_empty() {
+        let identical = |a: &InputPosition, b: &InputPosition| {
+            a.path == b.path && a.size == b.size && a.head_xxh3 == b.head_xxh3
+        };
+        let same_files =
+            saved.len() == files.len() && saved.iter().zip(&files).all(|(a, b)| identical(a, b));
+        let read_to_end = !saved.is_empty() && saved.iter().all(|p| p.offset == p.size);
+        let mut new_files = false;
+        if !same_files && read_to_end && !checkpoints.restored_ended {
+            // The next files of a job kept open: each must be new.
+            for now in &files {
+                if saved.iter().any(|then| identical(then, now)) {
+                    return Err(SourceError::Resume(format!(
+                        "the input {} was already read to its end by the job of {dir}; give only new files",
+                        now.path
+                    )));
+                }
+                let grown = saved.iter().find(|then| {
+                    then.path == now.path
+                        && now.size > then.size
+                        && sessionizer_checkpoint::starts_like(
+                            std::path::Path::new(&now.path),
+                            then.size,
+                            &then.head_xxh3,
+                        )
+                        .unwrap_or(false)
+                });
+                if let Some(then) = grown {
+                    return Err(SourceError::Resume(format!(
+                        "the input {} grew from {} to {} bytes after the job of {dir} read it to its end; each file is read once, so put new events in a new file",
+                        now.path, then.size, now.size
+                    )));
+                }
+            }
+            new_files = true;
+        }
+        if new_files {
+            // Read from their start; the files of the checkpoint are done.
+        } else if saved.is_empty() {
             if let Some(epoch) = checkpoints.latest() {
                 return Err(SourceError::Resume(format!(
                     "checkpoint {epoch} in {dir} recorded no position of a file source (its job read no JsonLines::resume source), so where to continue reading is unknown; use another state directory"
                 )));
             }
+        } else if !same_files && read_to_end {
+            // (restored_ended: new files were taken above otherwise)
+            return Err(SourceError::Resume(format!(
+                "the job of {dir} has ended: finish() emitted every session, so the files {} cannot continue it; use another state directory (or do not finish a job you mean to continue)",
+                files
+                    .iter()
+                    .map(|f| f.path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
         } else {
             let names = |l: &[InputPosition]| {
                 l.iter()
@@ -317,10 +369,14 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
                 }
             }
         }
-        let at = crate::pipeline::durable::resume_position(saved);
-        let lines = (0..files.len())
-            .map(|i| saved.get(i).map_or(0, |p| p.line))
-            .collect();
+        let (at, lines) = if new_files {
+            (ReadPosition::default(), vec![0; files.len()])
+        } else {
+            let lines = (0..files.len())
+                .map(|i| saved.get(i).map_or(0, |p| p.line))
+                .collect();
+            (crate::pipeline::durable::resume_position(saved), lines)
+        };
         let position = SharedPosition(Arc::new(Mutex::new(Tracked { files, lines, at })));
         checkpoints.join_source(position.clone());
         Ok(JsonLines {
@@ -483,7 +539,12 @@ mod tests {
                 break;
             }
         }
-        assert!(seen == ids, "{} handed out, {} lines", seen.len(), ids.len());
+        assert!(
+            seen == ids,
+            "{} handed out, {} lines",
+            seen.len(),
+            ids.len()
+        );
         for (f, p) in checkpoints.inputs.iter().zip(&paths) {
             assert_eq!(f.offset, std::fs::metadata(p).expect("size").len());
         }

@@ -22,9 +22,15 @@ const OUTPUTS: [&str; 3] = ["sessions.jsonl", "late.jsonl", "dead-letters.jsonl"
 /// minutes, 1% half an hour late; every 700th line no visit, one far-future time (year
 /// 2500, outside the valid range) and some blank lines, CRLF ends now and then.
 fn write_input(path: &Path, n: u64) {
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
+    write_lines(path, 0..n);
+}
+
+/// Lines `range` of the input of [`write_input`] (a later range: later times).
+fn write_lines(path: &Path, range: std::ops::Range<u64>) {
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(7 + range.start);
     let mut text = String::new();
-    for i in 0..n {
+    let n = range.end;
+    for i in range {
         let visit = i / 100 + rng.random_range(0..60);
         let mut ms = 1_704_067_200_000 + i as i64 * 500 - rng.random_range(0..180_000);
         if rng.random_range(0..100) == 0 {
@@ -401,5 +407,81 @@ fn a_stateful_jobs_file_is_written_once_across_a_crash() {
     assert!(
         std::fs::read(&crashed).expect("output") == expected,
         "the output differs from an uninterrupted run's"
+    );
+}
+
+/// A job kept open (no `finish`) continues with new files — the next day's — from their
+/// start, and gives the sessions of one job over all the files; a file read already is
+/// refused, and so are new files for a job that was finished.
+#[test]
+fn a_job_kept_open_continues_with_the_next_files() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let days: Vec<PathBuf> = (0..3)
+        .map(|d| dir.path().join(format!("day{d}.jsonl")))
+        .collect();
+    for (d, path) in days.iter().enumerate() {
+        let d = d as u64;
+        write_lines(path, d * 4_000..(d + 1) * 4_000);
+    }
+    let (state, out) = (dir.path().join("state"), dir.path().join("out"));
+    std::fs::create_dir_all(&out).expect("out dir");
+    let build = || {
+        Stream::<Visit>::new()
+            .key_by(|v| v.visit_id.clone())
+            .event_time(|v| v.event_time)
+            .watermark(BoundedOutOfOrderness::new(minutes(1)))
+            .session_windows(minutes(10))
+            .allowed_lateness(minutes(15))
+            .aggregate(Collect(|v: &Visit| Some(v.page.clone())).named("visited_pages"))
+            .build()
+    };
+    // One run of the service over `files`; `finish`: the end of its input.
+    let run = |files: &[&PathBuf], finish: bool| -> Result<(), String> {
+        let mut checkpoints = Checkpoints::open(&state).map_err(|e| e.to_string())?;
+        let mut sessions =
+            JsonLinesSink::exactly_once(out.join("sessions.jsonl"), &mut checkpoints)
+                .map_err(|e| e.to_string())?;
+        let mut late = JsonLinesSink::exactly_once(out.join("late.jsonl"), &mut checkpoints)
+            .map_err(|e| e.to_string())?;
+        let mut job = build();
+        job.restore(&mut checkpoints).map_err(|e| e.to_string())?;
+        let mut visits =
+            JsonLines::<Visit, _>::resume(files.iter().copied(), &mut checkpoints, Vec::new())
+                .map_err(|e| e.to_string())?;
+        job.push_batch(visits.by_ref(), &mut sessions, &mut late)
+            .map_err(|e| e.to_string())?;
+        visits.finish().map_err(|e| e.to_string())?;
+        if finish {
+            job.finish(&mut sessions, &mut late)
+                .map_err(|e| e.to_string())?;
+        }
+        job.checkpoint(&mut checkpoints)
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    };
+    run(&[&days[0]], false).expect("day 0, kept open");
+    let err = run(&[&days[0], &days[1]], false).expect_err("day 0 again");
+    assert!(err.contains("already read to its end"), "{err}");
+    run(&[&days[1]], false).expect("day 1, its next file");
+    run(&[&days[1]], false).expect("day 1 again: at its end, nothing more");
+    run(&[&days[2]], true).expect("day 2, then the end");
+    let err = run(&[&dir.path().join("day0.jsonl")], false).expect_err("after the end");
+    assert!(err.contains("has ended"), "{err}");
+
+    // One job over the three files in one go.
+    let mut job = build();
+    let mut visits = JsonLines::<Visit, _>::files(&days, Vec::new()).expect("readable");
+    let (whole_s, whole_l) = (dir.path().join("s.jsonl"), dir.path().join("l.jsonl"));
+    let (mut s, mut l) = (JsonLinesSink::file(&whole_s), JsonLinesSink::file(&whole_l));
+    job.run(visits.by_ref(), &mut s, &mut l).expect("files");
+    let expected = std::fs::read(&whole_s).expect("sessions");
+    assert!(expected.len() > 10_000);
+    assert!(
+        std::fs::read(out.join("sessions.jsonl")).expect("sessions") == expected,
+        "the sessions differ from one job's over the three files"
+    );
+    assert_eq!(
+        std::fs::read(out.join("late.jsonl")).unwrap_or_default(),
+        std::fs::read(&whole_l).unwrap_or_default()
     );
 }
