@@ -330,8 +330,11 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
                     "checkpoint {epoch} in {dir} recorded no position of a file source (its job read no JsonLines::resume source), so where to continue reading is unknown; use another state directory"
                 )));
             }
-        } else if !same_files && read_to_end {
-            // (restored_ended: new files were taken above otherwise)
+        } else if read_to_end
+            && (saved.len() != files.len()
+                || saved.iter().zip(&files).any(|(a, b)| a.path != b.path))
+        {
+            // Other files for a finished job (a job kept open took them above).
             return Err(SourceError::Resume(format!(
                 "the job of {dir} has ended: finish() emitted every session, so the files {} cannot continue it; use another state directory (or do not finish a job you mean to continue)",
                 files
