@@ -698,6 +698,16 @@ fn an_input_appended_to_after_a_keep_open_run_is_refused_not_read_twice() {
         message.contains("events.jsonl") && message.contains("grew"),
         "{message}"
     );
+    // Also when it comes with a new file (other paths than the checkpoint's).
+    let next = tmp.path().join("next.jsonl");
+    std::fs::write(&next, format!("{more}\n")).expect("write");
+    let out = run_durable(&[&log, &next], tmp.path(), &["--keep-open"], &[]);
+    assert!(!out.status.success(), "an appended input among new ones");
+    let message = stderr(&out);
+    assert!(
+        message.contains("events.jsonl") && message.contains("grew"),
+        "{message}"
+    );
     assert_eq!(
         std::fs::read(tmp.path().join("out.jsonl")).expect("output"),
         before

@@ -4,6 +4,7 @@
 //! that do not parse to a dead-letter sink with their reason and position.
 
 use crate::checkpoints::Checkpoints;
+use crate::pipeline::durable::{Continuation, Refusal, continuation};
 use crate::sink::{Sink, SinkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -287,62 +288,16 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         }
         let saved = &checkpoints.inputs;
         let dir = checkpoints.path().display();
-        let identical = |a: &InputPosition, b: &InputPosition| {
-            a.path == b.path && a.size == b.size && a.head_xxh3 == b.head_xxh3
-        };
-        let same_files =
-            saved.len() == files.len() && saved.iter().zip(&files).all(|(a, b)| identical(a, b));
-        let read_to_end = !saved.is_empty() && saved.iter().all(|p| p.offset == p.size);
-        let mut new_files = false;
-        if !same_files && read_to_end && !checkpoints.restored_ended {
-            // The next files of a job kept open: each must be new.
-            for now in &files {
-                if saved.iter().any(|then| identical(then, now)) {
-                    return Err(SourceError::Resume(format!(
-                        "the input {} was already read to its end by the job of {dir}; give only new files",
-                        now.path
-                    )));
-                }
-                let grown = saved.iter().find(|then| {
-                    then.path == now.path
-                        && now.size > then.size
-                        && sessionizer_checkpoint::starts_like(
-                            std::path::Path::new(&now.path),
-                            then.size,
-                            &then.head_xxh3,
-                        )
-                        .unwrap_or(false)
-                });
-                if let Some(then) = grown {
-                    return Err(SourceError::Resume(format!(
-                        "the input {} grew from {} to {} bytes after the job of {dir} read it to its end; each file is read once, so put new events in a new file",
-                        now.path, then.size, now.size
-                    )));
-                }
-            }
-            new_files = true;
-        }
-        if new_files {
-            // Read from their start; the files of the checkpoint are done.
-        } else if saved.is_empty() {
+        // The command line's rule, with "read to the end" and "ended" as the job left
+        // them: a library checkpoint's inputs are those of its source.
+        let finished = !saved.is_empty() && saved.iter().all(|p| p.offset == p.size);
+        let new_files = if saved.is_empty() {
             if let Some(epoch) = checkpoints.latest() {
                 return Err(SourceError::Resume(format!(
                     "checkpoint {epoch} in {dir} recorded no position of a file source (its job read no JsonLines::resume source), so where to continue reading is unknown; use another state directory"
                 )));
             }
-        } else if read_to_end
-            && (saved.len() != files.len()
-                || saved.iter().zip(&files).any(|(a, b)| a.path != b.path))
-        {
-            // Other files for a finished job (a job kept open took them above).
-            return Err(SourceError::Resume(format!(
-                "the job of {dir} has ended: finish() emitted every session, so the files {} cannot continue it; use another state directory (or do not finish a job you mean to continue)",
-                files
-                    .iter()
-                    .map(|f| f.path.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
+            false
         } else {
             let names = |l: &[InputPosition]| {
                 l.iter()
@@ -350,28 +305,29 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            if saved.len() != files.len() || saved.iter().zip(&files).any(|(a, b)| a.path != b.path)
-            {
-                return Err(SourceError::Resume(format!(
+            continuation(saved, &files, finished, checkpoints.restored_ended)
+                .map(|c| c == Continuation::NewFiles)
+                .map_err(|refusal| SourceError::Resume(match refusal {
+                Refusal::Changed { path, what } => format!(
+                    "cannot resume from {dir}: the input {path} changed since the checkpoint ({what}); each file is read once, so put new events in a new file and start over in another state directory"
+                ),
+                Refusal::Grown { path, then, now } => format!(
+                    "the input {path} grew from {then} to {now} bytes after the job of {dir} read it to its end; each file is read once, so put new events in a new file"
+                ),
+                Refusal::Midway => format!(
                     "the checkpoint in {dir} read {}; this source reads {}: resume with the same files in the same order, or use another state directory",
                     names(saved),
                     names(&files)
-                )));
-            }
-            for (then, now) in saved.iter().zip(&files) {
-                if then.size != now.size || then.head_xxh3 != now.head_xxh3 {
-                    let what = if then.size != now.size {
-                        format!("{} bytes then, {} bytes now", then.size, now.size)
-                    } else {
-                        "its first 4 KiB differ".to_string()
-                    };
-                    return Err(SourceError::Resume(format!(
-                        "cannot resume from {dir}: the input {} changed since the checkpoint ({what}); each file is read once, so put new events in a new file and start over in another state directory",
-                        now.path
-                    )));
-                }
-            }
-        }
+                ),
+                Refusal::Ended => format!(
+                    "the job of {dir} has ended: finish() emitted every session, so the files {} cannot continue it; use another state directory (or do not finish a job you mean to continue)",
+                    names(&files)
+                ),
+                Refusal::AlreadyRead { path } => format!(
+                    "the input {path} was already read to its end by the job of {dir}; give only new files"
+                ),
+            }))?
+        };
         let (at, lines) = if new_files {
             (ReadPosition::default(), vec![0; files.len()])
         } else {

@@ -672,66 +672,27 @@ fn plan_resume(
             differences,
         });
     }
-    let same_paths = manifest.inputs.len() == inputs.len()
-        && manifest
-            .inputs
-            .iter()
-            .zip(inputs.iter())
-            .all(|(a, b)| a.path == b.path);
-    let identical = |a: &InputPosition, b: &InputPosition| {
-        a.path == b.path && a.size == b.size && a.head_xxh3 == b.head_xxh3
-    };
-    let new_segment = if same_paths {
-        let changed: Vec<usize> = (0..inputs.len())
-            .filter(|&i| !identical(&manifest.inputs[i], &inputs[i]))
-            .collect();
-        if changed.is_empty() {
-            false
-        } else if manifest.finished && !manifest.flushed && changed.len() == inputs.len() {
-            // Every file at these paths is new (a daily file rotated in place): the
-            // finished checkpoint accepts them as the next input — unless one is the
-            // same file grown by appending, whose head would be read a second time.
-            for &i in &changed {
-                let (then, now) = (&manifest.inputs[i], &inputs[i]);
-                let grown = now.size > then.size
-                    && sessionizer_checkpoint::starts_like(
-                        std::path::Path::new(&now.path),
-                        then.size,
-                        &then.head_xxh3,
-                    )
-                    .unwrap_or(false);
-                if grown {
-                    return Err(RunError::InputChanged {
-                        dir: dir.to_string(),
-                        path: now.path.clone(),
-                        what: format!(
-                            "it grew from {} to {} bytes after it was read to its end; each file is read once, so put new events in a new file",
-                            then.size, now.size
-                        ),
-                    });
-                }
-            }
-            true
-        } else {
-            let i = changed[0];
-            let (then, now) = (&manifest.inputs[i], &inputs[i]);
-            let what = if then.size != now.size {
-                format!("{} bytes then, {} bytes now", then.size, now.size)
-            } else {
-                "its first 4 KiB differ".to_string()
-            };
+    let then = &manifest.inputs;
+    let new_segment = match continuation(then, inputs, manifest.finished, manifest.flushed) {
+        Ok(c) => c == Continuation::NewFiles,
+        Err(Refusal::Changed { path, what }) => {
             return Err(RunError::InputChanged {
                 dir: dir.to_string(),
-                path: now.path.clone(),
+                path,
                 what,
             });
         }
-    } else {
-        true
-    };
-    let (position, outputs) = if new_segment {
-        if !manifest.finished {
-            let listed: Vec<&str> = manifest.inputs.iter().map(|i| i.path.as_str()).collect();
+        Err(Refusal::Grown { path, then, now }) => {
+            return Err(RunError::InputChanged {
+                dir: dir.to_string(),
+                path,
+                what: format!(
+                    "it grew from {then} to {now} bytes after it was read to its end; each file is read once, so put new events in a new file"
+                ),
+            });
+        }
+        Err(Refusal::Midway) => {
+            let listed: Vec<&str> = then.iter().map(|i| i.path.as_str()).collect();
             return Err(RunError::Resume {
                 dir: dir.to_string(),
                 message: format!(
@@ -740,24 +701,22 @@ fn plan_resume(
                 ),
             });
         }
-        if manifest.flushed {
+        Err(Refusal::Ended) => {
             return Err(RunError::Resume {
                 dir: dir.to_string(),
                 message: "the job it holds has ended: at the end of its input every session was emitted (the run had no --keep-open). Use a new --state-dir for new input, or --keep-open to let a later run continue the sessions".into(),
             });
         }
-        if let Some(again) = inputs
-            .iter()
-            .find(|now| manifest.inputs.iter().any(|then| identical(then, now)))
-        {
+        Err(Refusal::AlreadyRead { path }) => {
             return Err(RunError::Resume {
                 dir: dir.to_string(),
                 message: format!(
-                    "input {} was already read to its end by the run that wrote the checkpoint; give only new inputs",
-                    again.path
+                    "input {path} was already read to its end by the run that wrote the checkpoint; give only new inputs"
                 ),
             });
         }
+    };
+    let (position, outputs) = if new_segment {
         // New inputs, same outputs continued: an output named as before is appended to.
         (ReadPosition::default(), manifest.outputs.clone())
     } else {
@@ -788,6 +747,101 @@ fn plan_resume(
         outputs,
         restore: Some((manifest, state)),
     })
+}
+
+/// How a run's inputs continue a checkpoint's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Continuation {
+    /// The same files (paths, sizes, first 4 KiB): read on from the checkpoint's position.
+    Same,
+    /// New files after a checkpoint that read all of its own to the end and kept its
+    /// sessions open: read from their start.
+    NewFiles,
+}
+
+/// Why a run's inputs cannot continue a checkpoint's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A file at the same place in the same list is another file now.
+    Changed { path: String, what: String },
+    /// A file read to its end was appended to since (its start is the same).
+    Grown { path: String, then: u64, now: u64 },
+    /// Other files, but the checkpoint had not read its own to the end.
+    Midway,
+    /// Other files, but the checkpoint's job had ended (every session emitted).
+    Ended,
+    /// Among the new files, one the checkpoint read already.
+    AlreadyRead { path: String },
+}
+
+/// How the inputs `now` continue a checkpoint whose inputs were `then`, `finished`
+/// (every one read to its end) and `flushed` (its job ended): the rule of every file
+/// job, the command line's `--state-dir` runs and the library's `JsonLines::resume`.
+pub(crate) fn continuation(
+    then: &[InputPosition],
+    now: &[InputPosition],
+    finished: bool,
+    flushed: bool,
+) -> Result<Continuation, Refusal> {
+    let identical = |a: &InputPosition, b: &InputPosition| {
+        a.path == b.path && a.size == b.size && a.head_xxh3 == b.head_xxh3
+    };
+    let same_paths = then.len() == now.len() && then.iter().zip(now).all(|(a, b)| a.path == b.path);
+    if same_paths {
+        let changed: Vec<usize> = (0..now.len())
+            .filter(|&i| !identical(&then[i], &now[i]))
+            .collect();
+        let Some(&first) = changed.first() else {
+            return Ok(Continuation::Same);
+        };
+        if !(finished && !flushed && changed.len() == now.len()) {
+            let (then, now) = (&then[first], &now[first]);
+            let what = if then.size != now.size {
+                format!("{} bytes then, {} bytes now", then.size, now.size)
+            } else {
+                "its first 4 KiB differ".to_string()
+            };
+            return Err(Refusal::Changed {
+                path: now.path.clone(),
+                what,
+            });
+        }
+        // Every file at these paths is new (a daily file rotated in place), unless one
+        // grew (below).
+    }
+    if !finished {
+        return Err(Refusal::Midway);
+    }
+    if flushed {
+        return Err(Refusal::Ended);
+    }
+    // A file at a path read before that is the same file grown by appending: its head
+    // would be read a second time.
+    for now in now {
+        let grown = then.iter().find(|then| {
+            then.path == now.path
+                && now.size > then.size
+                && sessionizer_checkpoint::starts_like(
+                    std::path::Path::new(&now.path),
+                    then.size,
+                    &then.head_xxh3,
+                )
+                .unwrap_or(false)
+        });
+        if let Some(then) = grown {
+            return Err(Refusal::Grown {
+                path: now.path.clone(),
+                then: then.size,
+                now: now.size,
+            });
+        }
+    }
+    if let Some(again) = now.iter().find(|n| then.iter().any(|t| identical(t, n))) {
+        return Err(Refusal::AlreadyRead {
+            path: again.path.clone(),
+        });
+    }
+    Ok(Continuation::NewFiles)
 }
 
 /// The reading position of a checkpoint: in the last input that was started.
