@@ -36,6 +36,32 @@ pub struct Visit {
 /// Events between checkpoints, by default.
 pub const EVERY: usize = 2_000;
 
+/// The job's type: the functions as plain `fn`s so that it can be named.
+pub type VisitJob = SessionWindowJob<
+    Visit,
+    fn(&Visit) -> String,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    Named<Collect<fn(&Visit) -> Option<String>>>,
+    sessionizer::windowed::FixedGap,
+>;
+
+/// The book's Flink job: sessions of each visit, 10 minutes of gap, 15 minutes of
+/// allowed lateness, the pages visited.
+pub fn job() -> VisitJob {
+    Stream::<Visit>::new()
+        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .session_windows(minutes(10))
+        .allowed_lateness(minutes(15))
+        .aggregate(
+            Collect((|v: &Visit| Some(v.page.clone())) as fn(&Visit) -> Option<String>)
+                .named("visited_pages"),
+        )
+        .build()
+}
+
 /// Runs (or resumes) the job, with a checkpoint every `every` events; returns the epoch
 /// of the checkpoint it resumed from.
 pub fn run(
@@ -53,14 +79,7 @@ pub fn run(
     let dead_letters =
         JsonLinesSink::exactly_once(out.join("dead-letters.jsonl"), &mut checkpoints)?;
 
-    let mut job = Stream::<Visit>::new()
-        .key_by(|v| v.visit_id.clone())
-        .event_time(|v| v.event_time)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(minutes(10))
-        .allowed_lateness(minutes(15))
-        .aggregate(Collect(|v: &Visit| Some(v.page.clone())).named("visited_pages"))
-        .build();
+    let mut job = job();
     let resumed = job.restore(&mut checkpoints)?;
     // Reads on from the checkpoint's position (the files must be the same); every
     // checkpoint records how far it has read.

@@ -83,14 +83,7 @@ fn run_to_end(input: &Path, state: &Path, out: &Path) -> String {
 fn in_one_go(input: &Path, out: &Path) -> (Vec<u8>, Vec<u8>, u64) {
     let mut dead = Vec::new();
     let mut visits = JsonLines::<Visit, _>::files([input], &mut dead).expect("readable");
-    let mut job = Stream::<Visit>::new()
-        .key_by(|v| v.visit_id.clone())
-        .event_time(|v| v.event_time)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(minutes(10))
-        .allowed_lateness(minutes(15))
-        .aggregate(Collect(|v: &Visit| Some(v.page.clone())).named("visited_pages"))
-        .build();
+    let mut job = file_service::job();
     let (s, l) = (out.join("s.jsonl"), out.join("l.jsonl"));
     let (mut sessions, mut late) = (JsonLinesSink::file(&s), JsonLinesSink::file(&l));
     job.run(visits.by_ref(), &mut sessions, &mut late)
@@ -195,20 +188,6 @@ fn checkpointed(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (input, state, out)
 }
 
-fn job() -> impl FnMut(&mut Checkpoints) -> Result<Option<Resumed>, StateError> {
-    |checkpoints| {
-        Stream::<Visit>::new()
-            .key_by(|v| v.visit_id.clone())
-            .event_time(|v| v.event_time)
-            .watermark(BoundedOutOfOrderness::new(minutes(1)))
-            .session_windows(minutes(10))
-            .allowed_lateness(minutes(15))
-            .aggregate(Collect(|v: &Visit| Some(v.page.clone())).named("visited_pages"))
-            .build()
-            .restore(checkpoints)
-    }
-}
-
 #[test]
 fn a_restart_that_cannot_continue_exactly_is_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -218,7 +197,8 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
     // A restore without the files the checkpoint committed.
     let mut checkpoints = Checkpoints::open(&state).expect("state dir");
     let _sessions = JsonLinesSink::exactly_once(&files[0], &mut checkpoints).expect("joined");
-    let text = job()(&mut checkpoints)
+    let text = file_service::job()
+        .restore(&mut checkpoints)
         .expect_err("late.jsonl left out")
         .to_string();
     assert!(
@@ -264,7 +244,9 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
         .expect_err("before the restore")
         .to_string();
     assert!(err.contains("after the job's restore()"), "{err}");
-    job()(&mut checkpoints).expect("restored");
+    file_service::job()
+        .restore(&mut checkpoints)
+        .expect("restored");
     let text = JsonLinesSink::exactly_once(out.join("new.jsonl"), &mut checkpoints)
         .expect_err("after the restore")
         .to_string();
@@ -287,7 +269,9 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
         .iter()
         .map(|f| JsonLinesSink::exactly_once(f, &mut checkpoints).expect("joined"))
         .collect();
-    job()(&mut checkpoints).expect("restored");
+    file_service::job()
+        .restore(&mut checkpoints)
+        .expect("restored");
     let err = JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new())
         .expect_err("changed")
         .to_string();
@@ -425,16 +409,6 @@ fn a_job_kept_open_continues_with_the_next_files() {
     }
     let (state, out) = (dir.path().join("state"), dir.path().join("out"));
     std::fs::create_dir_all(&out).expect("out dir");
-    let build = || {
-        Stream::<Visit>::new()
-            .key_by(|v| v.visit_id.clone())
-            .event_time(|v| v.event_time)
-            .watermark(BoundedOutOfOrderness::new(minutes(1)))
-            .session_windows(minutes(10))
-            .allowed_lateness(minutes(15))
-            .aggregate(Collect(|v: &Visit| Some(v.page.clone())).named("visited_pages"))
-            .build()
-    };
     // One run of the service over `files`; `finish`: the end of its input.
     let run = |files: &[&PathBuf], finish: bool| -> Result<(), String> {
         let mut checkpoints = Checkpoints::open(&state).map_err(|e| e.to_string())?;
@@ -443,7 +417,7 @@ fn a_job_kept_open_continues_with_the_next_files() {
                 .map_err(|e| e.to_string())?;
         let mut late = JsonLinesSink::exactly_once(out.join("late.jsonl"), &mut checkpoints)
             .map_err(|e| e.to_string())?;
-        let mut job = build();
+        let mut job = file_service::job();
         job.restore(&mut checkpoints).map_err(|e| e.to_string())?;
         let mut visits =
             JsonLines::<Visit, _>::resume(files.iter().copied(), &mut checkpoints, Vec::new())
@@ -469,7 +443,7 @@ fn a_job_kept_open_continues_with_the_next_files() {
     assert!(err.contains("has ended"), "{err}");
 
     // One job over the three files in one go.
-    let mut job = build();
+    let mut job = file_service::job();
     let mut visits = JsonLines::<Visit, _>::files(&days, Vec::new()).expect("readable");
     let (whole_s, whole_l) = (dir.path().join("s.jsonl"), dir.path().join("l.jsonl"));
     let (mut s, mut l) = (JsonLinesSink::file(&whole_s), JsonLinesSink::file(&whole_l));
