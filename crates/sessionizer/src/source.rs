@@ -4,7 +4,7 @@
 //! that do not parse to a dead-letter sink with their reason and position.
 
 use crate::checkpoints::Checkpoints;
-use crate::pipeline::durable::{Continuation, Refusal, continuation};
+use crate::pipeline::durable::{Continuation, Refusal, continuation, unread_input};
 use crate::sink::{Sink, SinkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -271,21 +271,10 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         let paths: Vec<PathBuf> = paths.into_iter().map(Into::into).collect();
         let sources: Vec<InputSource> = paths.iter().cloned().map(InputSource::File).collect();
         Inputs::new(sources.clone()).check_readable()?;
-        let mut files = Vec::with_capacity(paths.len());
-        for p in &paths {
-            let (size, head_xxh3) =
-                sessionizer_checkpoint::input_identity(p).map_err(|source| InputError {
-                    name: p.display().to_string(),
-                    source,
-                })?;
-            files.push(InputPosition {
-                path: p.display().to_string(),
-                size,
-                head_xxh3,
-                offset: 0,
-                line: 0,
-            });
-        }
+        let files = paths
+            .iter()
+            .map(|p| unread_input(p))
+            .collect::<Result<Vec<_>, _>>()?;
         let saved = &checkpoints.inputs;
         let dir = checkpoints.path().display();
         // The command line's rule, with "read to the end" and "ended" as the job left

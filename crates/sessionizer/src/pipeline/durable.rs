@@ -114,20 +114,7 @@ impl Durable {
                             .into(),
                 });
             };
-            let (size, head_xxh3) =
-                sessionizer_checkpoint::input_identity(path).map_err(|source| {
-                    RunError::Input(sessionizer_connectors::input::InputError {
-                        name: path.display().to_string(),
-                        source,
-                    })
-                })?;
-            inputs.push(InputPosition {
-                path: path.display().to_string(),
-                size,
-                head_xxh3,
-                offset: 0,
-                line: 0,
-            });
+            inputs.push(unread_input(path)?);
         }
         let mut dir = StateDir::open(&cfg.state_dir)?;
         dir.fail_write_at(cfg.fail_write_at);
@@ -842,6 +829,26 @@ pub(crate) fn continuation(
         });
     }
     Ok(Continuation::NewFiles)
+}
+
+/// The input file at `path` as a checkpoint records it, not read yet: its identity (size,
+/// hash of its first 4 KiB) and position 0.
+pub(crate) fn unread_input(
+    path: &Path,
+) -> Result<InputPosition, sessionizer_connectors::input::InputError> {
+    let (size, head_xxh3) = sessionizer_checkpoint::input_identity(path).map_err(|source| {
+        sessionizer_connectors::input::InputError {
+            name: path.display().to_string(),
+            source,
+        }
+    })?;
+    Ok(InputPosition {
+        path: path.display().to_string(),
+        size,
+        head_xxh3,
+        offset: 0,
+        line: 0,
+    })
 }
 
 /// The reading position of a checkpoint: in the last input that was started.
