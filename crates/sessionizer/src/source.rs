@@ -56,8 +56,9 @@ pub enum SourceError {
     /// The dead-letter sink refused a record.
     #[error("cannot write a dead letter: {0}")]
     DeadLetter(#[from] SinkError),
-    /// A source cannot continue where a checkpoint stood: the files changed, or the
-    /// checkpoint recorded no position of them.
+    /// A source cannot continue where a checkpoint stood: the files changed, the
+    /// checkpoint recorded no position of them, or the source was opened before the
+    /// job's restore (or as a second source).
     #[error("{0}")]
     Resume(String),
     /// Reading Kafka failed (a [`KafkaJson`](crate::kafka::KafkaJson) source).
@@ -270,7 +271,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         checkpoints.can_join_source()?;
         let paths: Vec<PathBuf> = paths.into_iter().map(Into::into).collect();
         let sources: Vec<InputSource> = paths.iter().cloned().map(InputSource::File).collect();
-        Inputs::new(sources.clone()).check_readable()?;
+        // Reading each file's identity also checks that it can be read.
         let files = paths
             .iter()
             .map(|p| unread_input(p))
