@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let dead_letters = sessions.also_to(dead, "source")?; // the same transactions
-    let mut visits = KafkaJson::<Visit, _>::open(brokers, input, &checkpoints, dead_letters)?;
+    let mut visits = KafkaJson::<Visit, _>::open(brokers, input, &mut checkpoints, dead_letters)?;
 
     let (mut events, mut late) = (Vec::new(), Vec::new());
     let mut last_record = Instant::now();
@@ -68,7 +68,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         job.push_batch(events.drain(..), &mut sessions, &mut late)?;
         late.clear(); // a real service would send these somewhere too
-        visits.record_position(&mut checkpoints);
         job.checkpoint(&mut checkpoints)?; // and the sessions' transaction commits
         if idle.is_some_and(|d| last_record.elapsed() >= d) {
             let counts = visits.counts();

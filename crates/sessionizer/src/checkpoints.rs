@@ -84,8 +84,9 @@ pub struct Checkpoints {
     ///
     /// [`JsonLines::resume`]: crate::source::JsonLines::resume
     pub(crate) inputs: Vec<InputPosition>,
-    /// The file source reading for the job, whose position each checkpoint records.
-    pub(crate) source: Option<SharedPosition>,
+    /// The source reading for the job (files or a Kafka topic), whose position each
+    /// checkpoint records.
+    pub(crate) source: Option<JoinedSource>,
     /// The checkpoint restored had its watermark at +infinity: its job was finished
     /// (every session emitted), so new files are not a continuation of it.
     pub(crate) restored_ended: bool,
@@ -99,6 +100,17 @@ pub struct Checkpoints {
     /// failed in a checkpoint or while joining (what Kafka committed is then not known
     /// here; only a reopened state directory resolves it).
     failed: Option<String>,
+}
+
+/// The one source of a job's checkpoints: it moves its position as it hands out
+/// records, and every checkpoint records where it stands.
+#[derive(Debug)]
+pub(crate) enum JoinedSource {
+    /// A [`JsonLines::resume`](crate::source::JsonLines::resume) source.
+    Files(SharedPosition),
+    /// A [`KafkaJson`](crate::kafka::KafkaJson) source.
+    #[cfg(feature = "kafka")]
+    Kafka(crate::kafka::SharedOffsets),
 }
 
 /// What a library job's Kafka source reads and how far it has read each partition, as a
@@ -248,11 +260,15 @@ impl Checkpoints {
             puts: entries.puts(),
             tombstones: entries.tombstones(),
         };
+        // Where the source stands now: just after the last record it handed out.
+        match &self.source {
+            Some(JoinedSource::Files(files)) => self.inputs = files.positions(),
+            #[cfg(feature = "kafka")]
+            Some(JoinedSource::Kafka(offsets)) => self.kafka = offsets.progress(),
+            None => {}
+        }
         manifest.kafka_positions = self.kafka.positions.clone();
         manifest.kafka_source = self.kafka.source.clone();
-        if let Some(source) = &self.source {
-            self.inputs = source.positions();
-        }
         manifest.inputs = self.inputs.clone();
         // The file outputs are synced before the checkpoint names their lengths. One that
         // failed holds bytes of unknown extent after its committed length: only a
@@ -363,7 +379,7 @@ impl Checkpoints {
         Ok(Some((manifest, state)))
     }
 
-    /// Whether a file source may join: after the job restored the checkpoint found (a
+    /// Whether a source may join: after the job restored the checkpoint found (a
     /// Kafka output joining before the restore may fall back to an older one), and
     /// once.
     pub(crate) fn can_join_source(&self) -> Result<(), SourceError> {
@@ -376,15 +392,15 @@ impl Checkpoints {
         }
         if self.source.is_some() {
             return Err(SourceError::Resume(format!(
-                "the checkpoints in {} already have a file source; a job reads its files through one",
+                "the checkpoints in {} already have a source; a job reads its input through one",
                 self.path.display()
             )));
         }
         Ok(())
     }
 
-    /// The file source `position` reads for the job: every checkpoint records it.
-    pub(crate) fn join_source(&mut self, position: SharedPosition) {
+    /// The source reading for the job: every checkpoint records its position.
+    pub(crate) fn join_source(&mut self, position: JoinedSource) {
         self.source = Some(position);
     }
 

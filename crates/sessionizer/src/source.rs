@@ -327,7 +327,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             (crate::pipeline::durable::resume_position(saved), lines)
         };
         let position = SharedPosition(Arc::new(Mutex::new(Tracked { files, lines, at })));
-        checkpoints.join_source(position.clone());
+        checkpoints.join_source(crate::checkpoints::JoinedSource::Files(position.clone()));
         Ok(JsonLines {
             inputs: Inputs::starting_at(sources, at),
             batch: Batch::default(),

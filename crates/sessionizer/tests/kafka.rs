@@ -81,15 +81,14 @@ fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
         let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
         let mut job = job();
         assert!(job.restore(&mut checkpoints).expect("restore").is_none());
-        let mut source =
-            KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        let mut source = KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new())
+            .expect("source");
         let mut sink = KafkaJsonSink::open(broker, &output, "key").expect("sink");
         let mut events = Vec::new();
         read_until(&mut source, 1_700, &mut events);
         job.push_batch(events.drain(..), &mut sink, &mut Vec::new())
             .expect("push");
         sink.flush().expect("delivered");
-        source.record_position(&mut checkpoints);
         job.checkpoint(&mut checkpoints).expect("checkpoint");
         assert_eq!(source.positions(), [Some(1_700)]);
         read_until(&mut source, 2_300, &mut events);
@@ -115,7 +114,7 @@ fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
         .expect("a checkpoint");
     let mut dead = Vec::new();
     let mut source =
-        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, &mut dead).expect("source");
+        KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, &mut dead).expect("source");
     let mut sink = KafkaJsonSink::open(broker, &output, "key").expect("sink");
     let mut events = Vec::new();
     let began = Instant::now();
@@ -157,6 +156,88 @@ fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
     );
 }
 
+/// The source shares its position with the checkpoints it joined: each checkpoint
+/// records where the source stopped then, with nothing to call — a later checkpoint
+/// never carries an earlier position. Opened before the restore, on a checkpoint
+/// without a Kafka source, or on a file source's checkpoint, it is refused.
+#[test]
+fn every_checkpoint_records_where_the_source_stopped_and_a_source_joins_after_the_restore() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("lib-joined");
+    kafka::create_topics(&[&input], 1);
+    let lines = lines(0, 1_000, None);
+    produce(&input, &lines);
+    let broker = kafka::broker();
+    let dir = tempfile::tempdir().expect("temp dir");
+    {
+        let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+        let mut job = job();
+        job.restore(&mut checkpoints).expect("restore");
+        let mut source = KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new())
+            .expect("source");
+        let mut events = Vec::new();
+        for upto in [300, 800] {
+            read_until(&mut source, upto, &mut events);
+            job.push_batch(events.drain(..), &mut Vec::new(), &mut Vec::new())
+                .expect("push");
+            job.checkpoint(&mut checkpoints).expect("checkpoint");
+        }
+    }
+    // Before the restore the checkpoint to continue is not settled.
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let err =
+        KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &mut checkpoints, Vec::new())
+            .expect_err("a source before the restore");
+    assert!(
+        err.to_string().contains("after the job's restore()"),
+        "{err}"
+    );
+    let mut job = job();
+    let resumed = job
+        .restore(&mut checkpoints)
+        .expect("restore")
+        .expect("a checkpoint");
+    assert_eq!(resumed.epoch, 2);
+    // A file source cannot continue a Kafka source's checkpoint.
+    let file = dir.path().join("visits.jsonl");
+    std::fs::write(&file, "").expect("write");
+    let err = JsonLines::<Visit, Vec<DeadLetter>>::resume([&file], &mut checkpoints, Vec::new())
+        .map(|_| ())
+        .expect_err("a file source on a Kafka checkpoint");
+    assert!(
+        err.to_string().contains("no position of a file source"),
+        "{err}"
+    );
+    let mut source =
+        KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new()).expect("source");
+    assert_eq!(source.positions(), [Some(800)], "the second checkpoint's");
+    let mut events = Vec::new();
+    read_until(&mut source, 200, &mut events);
+    source
+        .poll(Duration::from_millis(500), 10_000, &mut events)
+        .expect("poll");
+    assert_eq!(source.counts().records, 200, "records 800.. only");
+    drop((job, source, checkpoints));
+
+    // A checkpoint of a job that read no Kafka source says nowhere to continue from.
+    let other = tempfile::tempdir().expect("temp dir");
+    let mut checkpoints = Checkpoints::open(other.path()).expect("state dir");
+    let mut job = crate::job();
+    job.restore(&mut checkpoints).expect("restore");
+    job.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop(checkpoints);
+    let mut checkpoints = Checkpoints::open(other.path()).expect("state dir");
+    crate::job().restore(&mut checkpoints).expect("restore");
+    let err =
+        KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &mut checkpoints, Vec::new())
+            .expect_err("no position recorded");
+    assert!(
+        err.to_string()
+            .contains("recorded no position of a Kafka source"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     let _one = kafka::exclusive();
@@ -170,7 +251,7 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
     first.restore(&mut checkpoints).expect("restore");
     let mut source =
-        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new()).expect("source");
     let mut events = Vec::new();
     read_until(&mut source, 900, &mut events);
     let mut keys: Vec<String> = events.iter().map(|v| v.visit_id.clone()).collect();
@@ -187,7 +268,6 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     first
         .push_batch(events.drain(..), &mut Vec::new(), &mut Vec::new())
         .expect("push");
-    source.record_position(&mut checkpoints);
     first.checkpoint(&mut checkpoints).expect("checkpoint");
     drop((first, source, checkpoints));
 
@@ -196,7 +276,7 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
     second.restore(&mut checkpoints).expect("restore");
     let mut source =
-        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new()).expect("source");
     source
         .poll(Duration::from_secs(2), 10_000, &mut events)
         .expect("poll");
@@ -208,9 +288,23 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
         .expect("poll");
     assert_eq!(events.len(), 10);
 
+    // A second source of the same checkpoints is refused.
+    let err =
+        KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &mut checkpoints, Vec::new())
+            .expect_err("a second source");
+    assert!(err.to_string().contains("already have a source"), "{err}");
+    second
+        .push_batch(events.drain(..), &mut Vec::new(), &mut Vec::new())
+        .expect("push");
+    second.checkpoint(&mut checkpoints).expect("checkpoint");
+    drop((second, source, checkpoints));
+
     // Another topic on this state directory is refused, naming both.
-    let err = KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &other, &checkpoints, Vec::new())
-        .expect_err("another topic");
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    job().restore(&mut checkpoints).expect("restore");
+    let err =
+        KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &other, &mut checkpoints, Vec::new())
+            .expect_err("another topic");
     let text = err.to_string();
     assert!(text.contains(&input) && text.contains(&other), "{text}");
     // So is one partition of this topic: the job's state holds every partition's keys.
@@ -218,7 +312,7 @@ fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
         broker,
         &input,
         1,
-        &checkpoints,
+        &mut checkpoints,
         Vec::new(),
     )
     .expect_err("one partition of a directory built from all");
@@ -271,7 +365,7 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
             broker,
             &input,
             p as i32,
-            &checkpoints,
+            &mut checkpoints,
             Vec::new(),
         )
         .expect("source");
@@ -288,7 +382,6 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
         );
         job.push_batch(events.drain(..), &mut got, &mut Vec::new())
             .expect("push");
-        source.record_position(&mut checkpoints);
         job.checkpoint(&mut checkpoints).expect("checkpoint");
         job.finish(&mut got, &mut Vec::new()).expect("finish");
         assert!(
@@ -306,13 +399,14 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
         drop((job, source, checkpoints));
 
         // Its state directory belongs to that partition.
-        let checkpoints = Checkpoints::open(&state).expect("state dir");
+        let mut checkpoints = Checkpoints::open(&state).expect("state dir");
+        crate::job().restore(&mut checkpoints).expect("restore");
         let other = (p + 1) % PARTITIONS;
         let err = KafkaJson::<Visit, Vec<DeadLetter>>::open_partition(
             broker,
             &input,
             other as i32,
-            &checkpoints,
+            &mut checkpoints,
             Vec::new(),
         )
         .expect_err("another partition");
@@ -324,7 +418,7 @@ fn one_job_per_partition_gives_each_partition_the_sessions_of_its_records_alone(
         // And to a source of every partition, which would read the others from their
         // start into this partition's job.
         let err =
-            KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &checkpoints, Vec::new())
+            KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &mut checkpoints, Vec::new())
                 .expect_err("every partition on a partition's directory");
         let text = err.to_string();
         assert!(
@@ -412,13 +506,12 @@ fn a_stateful_job_resumed_with_an_exactly_once_sink_commits_one_runs_records() {
                 .expect("restore")
                 .is_none()
         );
-        let mut source =
-            KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        let mut source = KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new())
+            .expect("source");
         let mut events = Vec::new();
         read_until(&mut source, 1_700, &mut events);
         job.process_batch(events.drain(..), &mut sink, &mut Vec::new())
             .expect("batch");
-        source.record_position(&mut checkpoints);
         job.checkpoint(&mut checkpoints).expect("checkpoint");
         read_until(&mut source, 2_300, &mut events);
         job.process_batch(events.drain(..), &mut sink, &mut Vec::new())
@@ -444,13 +537,12 @@ fn a_stateful_job_resumed_with_an_exactly_once_sink_commits_one_runs_records() {
         .expect("a checkpoint");
     assert_eq!(resumed.epoch, 1);
     let mut source =
-        KafkaJson::<Visit, _>::open(broker, &input, &checkpoints, Vec::new()).expect("source");
+        KafkaJson::<Visit, _>::open(broker, &input, &mut checkpoints, Vec::new()).expect("source");
     let mut events = Vec::new();
     read_until(&mut source, 1_300, &mut events);
     job.process_batch(events.drain(..), &mut sink, &mut Vec::new())
         .expect("batch");
     job.finish(&mut sink, &mut Vec::new()).expect("finish");
-    source.record_position(&mut checkpoints);
     job.checkpoint(&mut checkpoints).expect("checkpoint");
 
     let mut got = session_lines(&output);

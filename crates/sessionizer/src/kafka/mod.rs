@@ -9,10 +9,12 @@
 //! order they are fetched: with several partitions the output can depend on how their
 //! records interleave. [`KafkaJson::open_partition`] reads one partition: one job (and
 //! state directory) per partition gives the command line's per-partition tasks (SPEC
-//! §2), each partition's sessions those of its records alone. [`record_position`](KafkaJson::record_position) puts that into the
-//! job's [`Checkpoints`], so the next checkpoint carries it beside the job's state, and
-//! a source opened on that state directory continues from there: the state and the
-//! input position of a restart always belong together. The sink opened with
+//! §2), each partition's sessions those of its records alone. A source is opened on the
+//! job's [`Checkpoints`] after the job's restore and shares its position with them:
+//! every checkpoint records, beside the job's state, just where the source stopped
+//! handing out records, and a source opened on that state directory continues from
+//! there. The state and the input position of a restart always belong together — push
+//! every event a `poll` handed out before the next checkpoint. The sink opened with
 //! [`KafkaJsonSink::open`] is idempotent but not transactional: records emitted after
 //! the last checkpoint are written again after a restart (the same records, with the
 //! same session ids and revisions). One opened with [`KafkaJsonSink::exactly_once`]
@@ -38,19 +40,19 @@
 //!         .aggregate(Count)
 //!         .build();
 //!     job.restore(&mut checkpoints)?;
-//!     let mut visits = KafkaJson::<Visit, _>::open(brokers, "visits", &checkpoints, Vec::new())?;
+//!     // After the restore: every checkpoint then records how far it has read.
+//!     let mut visits = KafkaJson::<Visit, _>::open(brokers, "visits", &mut checkpoints, Vec::new())?;
 //!     let mut events = Vec::new();
 //!     loop {
 //!         visits.poll(Duration::from_millis(200), 50_000, &mut events)?;
 //!         job.push_batch(events.drain(..), &mut sessions, &mut Vec::new())?;
 //!         job.tick(&mut sessions)?;
-//!         visits.record_position(&mut checkpoints);
 //!         job.checkpoint(&mut checkpoints)?; // state, position and the commit together
 //!     }
 //! }
 //! ```
 
-use crate::checkpoints::{Checkpoints, SharedTopicSink, StateError};
+use crate::checkpoints::{Checkpoints, JoinedSource, SharedTopicSink, SourceProgress, StateError};
 use crate::sink::{Sink, SinkError};
 use crate::source::{DeadLetter, SourceCounts, SourceError};
 use serde::Serialize;
@@ -62,6 +64,7 @@ use sessionizer_connectors::kafka::producer::{KeyField, LineProducer};
 use sessionizer_connectors::kafka::{KafkaSettings, TopicPartition};
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use group::KafkaGroup;
@@ -97,20 +100,58 @@ fn settings(brokers: &str) -> KafkaSettings {
 pub struct KafkaJson<E, D> {
     consumer: GroupConsumer,
     topic: String,
-    /// The one partition read ([`open_partition`](Self::open_partition)); `None`: all.
-    only: Option<i32>,
-    /// The next offset to hand out, per partition (`None`: from the start).
-    next: Vec<Option<i64>>,
+    /// The next offset to hand out, per partition, shared with the checkpoints that
+    /// record it.
+    next: SharedOffsets,
     dead: D,
     counts: SourceCounts,
     _events: PhantomData<fn() -> E>,
+}
+
+/// How far a [`KafkaJson`] source has read (the next offset of each partition, `None`:
+/// nothing read from it yet) and what it reads, shared by the source (which moves it
+/// with every record it hands out) and the checkpoints (which record it in every
+/// checkpoint).
+#[derive(Debug, Clone)]
+pub(crate) struct SharedOffsets(Arc<Mutex<Offsets>>);
+
+#[derive(Debug)]
+struct Offsets {
+    source: KafkaSource,
+    next: Vec<Option<i64>>,
+}
+
+impl SharedOffsets {
+    fn lock(&self) -> MutexGuard<'_, Offsets> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What a checkpoint records of the source.
+    pub(crate) fn progress(&self) -> SourceProgress {
+        let o = self.lock();
+        SourceProgress {
+            source: Some(o.source.clone()),
+            positions: o
+                .next
+                .iter()
+                .enumerate()
+                .filter_map(|(p, at)| {
+                    at.map(|next_offset| KafkaPosition {
+                        topic: o.source.topic.clone(),
+                        partition: p as i32,
+                        next_offset,
+                    })
+                })
+                .collect(),
+        }
+    }
 }
 
 impl<E, D> fmt::Debug for KafkaJson<E, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaJson")
             .field("topic", &self.topic)
-            .field("next", &self.next)
+            .field("next", &self.next.lock().next)
             .field("counts", &self.counts)
             .finish()
     }
@@ -118,23 +159,27 @@ impl<E, D> fmt::Debug for KafkaJson<E, D> {
 
 impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// Reads every partition of `topic` at `brokers`, each from where the checkpoint
-    /// found in `checkpoints` had read it (the one the job restores), or from its first
-    /// record when there is none. A checkpoint that read another topic, or other
-    /// partitions than the topic has now, or that was written with a source of one
-    /// partition ([`open_partition`](Self::open_partition)), is refused. One job then sees all partitions
-    /// with one watermark (see the module's docs); [`open_partition`](Self::open_partition)
-    /// gives each partition a job of its own.
+    /// the job restored from `checkpoints` had read it, or from its first record when
+    /// there is none; every later checkpoint in `checkpoints` records how far it has
+    /// read. Open it after the job's restore (refused before, and as a second source
+    /// of the same checkpoints). A checkpoint that read another topic, or other
+    /// partitions than the topic has now, that was written with a source of one
+    /// partition ([`open_partition`](Self::open_partition)), or that recorded no Kafka
+    /// source, is refused. One job then sees all partitions with one watermark (see
+    /// the module's docs); [`open_partition`](Self::open_partition) gives each
+    /// partition a job of its own.
     pub fn open(
         brokers: &str,
         topic: &str,
-        checkpoints: &Checkpoints,
+        checkpoints: &mut Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
         Self::open_assigned(brokers, topic, None, checkpoints, dead_letters)
     }
 
-    /// Reads partition `partition` of `topic` only, from where the checkpoint found in
-    /// `checkpoints` had read it: one input partition is one task, as the command line
+    /// Reads partition `partition` of `topic` only, from where the checkpoint the job
+    /// restored from `checkpoints` had read it (as [`open`](Self::open) does, after the
+    /// restore): one input partition is one task, as the command line
     /// runs them (SPEC §2) — give each partition its own job, state directory (and so
     /// its own exactly-once sink, whose transactional id lives there), in one process
     /// or spread over several. A partition's sessions then depend on its records alone.
@@ -144,7 +189,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         brokers: &str,
         topic: &str,
         partition: i32,
-        checkpoints: &Checkpoints,
+        checkpoints: &mut Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
         Self::open_assigned(brokers, topic, Some(partition), checkpoints, dead_letters)
@@ -154,21 +199,19 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         brokers: &str,
         topic: &str,
         only: Option<i32>,
-        checkpoints: &Checkpoints,
+        checkpoints: &mut Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
-        if checkpoints.transaction.is_none()
-            && let Some((m, _)) = &checkpoints.found
-            && let Some(txn) = &m.kafka_txn
+        checkpoints.can_join_source()?;
+        // (A checkpoint written with an exactly-once sink was restored only if that
+        // sink joined first: it settled which checkpoint, and so which positions.)
+        if checkpoints.kafka.source.is_none()
+            && let Some(epoch) = checkpoints.latest()
         {
-            // Its positions may belong to a checkpoint whose records never committed.
-            return Err(KafkaError::Invalid(format!(
-                "checkpoint {} in {} was written with an exactly-once sink into {}: open KafkaJsonSink::exactly_once on these checkpoints before the source (it settles which checkpoint, and so which positions, the job resumes from)",
-                m.epoch,
-                checkpoints.path().display(),
-                txn.output_topic
-            ))
-            .into());
+            return Err(SourceError::Resume(format!(
+                "checkpoint {epoch} in {} recorded no position of a Kafka source (its job read no KafkaJson source), so where to continue reading is unknown; use another state directory",
+                checkpoints.path().display()
+            )));
         }
         let reads = |topic: &str, only: Option<i32>| match only {
             Some(p) => format!("{topic}/{p} alone (KafkaJson::open_partition)"),
@@ -230,10 +273,17 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             })
             .collect();
         consumer.assign(&assign)?;
+        let next = SharedOffsets(Arc::new(Mutex::new(Offsets {
+            source: KafkaSource {
+                topic: topic.to_string(),
+                partition: only,
+            },
+            next,
+        })));
+        checkpoints.join_source(JoinedSource::Kafka(next.clone()));
         Ok(KafkaJson {
             consumer,
             topic: topic.to_string(),
-            only,
             next,
             dead: dead_letters,
             counts: SourceCounts::default(),
@@ -252,6 +302,10 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     ) -> Result<usize, SourceError> {
         let mut read = 0;
         let mut wait = timeout;
+        // Moved with every record handed out (an event, or a dead letter sent), so
+        // that a checkpoint after this call records just where it stopped.
+        let next = self.next.clone();
+        let mut next = next.lock();
         while read < max {
             let record = match self.consumer.poll(wait)? {
                 Polled::Record(r) => r,
@@ -262,12 +316,6 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             read += 1;
             self.counts.records += 1;
             let (partition, offset) = (record.from.partition, record.offset());
-            if let Some(slot) = usize::try_from(partition)
-                .ok()
-                .and_then(|p| self.next.get_mut(p))
-            {
-                *slot = Some(offset + 1);
-            }
             let bytes = record.value().unwrap_or_default();
             let decoded = match record.value() {
                 None => Err("a record without a value (a tombstone)".to_string()),
@@ -281,37 +329,21 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
                     self.dead.send(DeadLetter::of(reason, source, bytes))?;
                 }
             }
+            if let Some(slot) = usize::try_from(partition)
+                .ok()
+                .and_then(|p| next.next.get_mut(p))
+            {
+                *slot = Some(offset + 1);
+            }
         }
         Ok(read)
     }
 
-    /// Records in `checkpoints` how far this source has read (every record handed out
-    /// by [`poll`](Self::poll) so far): the job's next checkpoint carries it. Call it
-    /// after pushing those events and before `job.checkpoint(..)`. It also records how
-    /// the source was opened (one partition or all), so that a source opened the other
-    /// way on those checkpoints is refused.
-    pub fn record_position(&self, checkpoints: &mut Checkpoints) {
-        checkpoints.kafka.source = Some(KafkaSource {
-            topic: self.topic.clone(),
-            partition: self.only,
-        });
-        checkpoints.kafka.positions = self
-            .next
-            .iter()
-            .enumerate()
-            .filter_map(|(p, at)| {
-                at.map(|next_offset| KafkaPosition {
-                    topic: self.topic.clone(),
-                    partition: p as i32,
-                    next_offset,
-                })
-            })
-            .collect();
-    }
-
-    /// The next offset of each partition (`None`: nothing read from it yet).
-    pub fn positions(&self) -> &[Option<i64>] {
-        &self.next
+    /// The next offset of each partition (`None`: nothing read from it yet): just
+    /// after the last record [`poll`](Self::poll) handed out. Every checkpoint of the
+    /// job records it.
+    pub fn positions(&self) -> Vec<Option<i64>> {
+        self.next.lock().next.clone()
     }
 
     /// Records read so far, and how many of them were dead letters.
