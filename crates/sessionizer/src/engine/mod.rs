@@ -8,7 +8,8 @@
 //! - every shard sees the events of its own keys and every event that raises the
 //!   batch's (or decode range's) largest time or gap ([`Walks`]) — no other event
 //!   changes its watermark or largest gap — and emits, for its own keys, exactly the records one
-//!   operator would, each at the step (input position) that caused it;
+//!   operator would, each at the step (input position) that caused it ([`walk`], the
+//!   one loop every job's shards run);
 //!   [`merge_order`] puts the shards' records back in one operator's order, so the
 //!   output is the same, record for record, for any number of workers.
 
@@ -17,5 +18,5 @@ mod walks;
 mod workers;
 
 pub(crate) use order::{Place, merge_order};
-pub(crate) use walks::Walks;
+pub(crate) use walks::{Walked, Walker, Walks, walk};
 pub(crate) use workers::{Workers, shard_of};

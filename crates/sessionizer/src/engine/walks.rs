@@ -5,6 +5,8 @@
 //! batch. Any other event of another shard's key cannot move its watermark or largest gap
 //! (a peak listed before it already did) and is skipped. One worker lists every event.
 
+use sessionizer_core::{DurationMs, Watermark};
+
 /// Per shard, the indexes of a batch's events it walks, in input order.
 #[derive(Debug, Default)]
 pub(crate) struct Walks {
@@ -47,5 +49,56 @@ impl Walks {
     /// The events shard `shard` walks.
     pub fn of(&self, shard: u32) -> &[u32] {
         &self.shards[shard as usize]
+    }
+}
+
+/// One event of a shard's walk, as [`walk`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Walked {
+    /// The shard that owns its key.
+    pub owner: u32,
+    /// Its gap.
+    pub gap: DurationMs,
+    /// The job's watermark after it.
+    pub watermark: Watermark,
+}
+
+/// A shard's operator and the batch it walks, seen by [`walk`].
+pub(crate) trait Walker {
+    /// Event `at` of the batch (a shard's copy of the job's watermark strategy
+    /// observes its time here).
+    fn event(&mut self, at: u32) -> Walked;
+    /// The operator's watermark.
+    fn watermark(&self) -> Watermark;
+    /// Judges and applies event `at`, of one of this shard's keys.
+    fn apply(&mut self, at: u32);
+    /// Hears the gap of another shard's event: final bounds are kept for the largest.
+    fn hear_gap(&mut self, gap: DurationMs);
+    /// Advances the operator to `to`, what it emits caused by event `at`.
+    fn advance(&mut self, at: u32, to: Watermark);
+    /// The events after the current one (to ask for their state ahead).
+    #[inline]
+    fn ahead(&mut self, _later: &[u32]) {}
+}
+
+/// Walks shard `me`'s events of a batch ([`Walks::of`]), the rule of every job: the
+/// shard judges and applies the events of its own keys, hears the gaps of the others,
+/// and advances its operator whenever the watermark moves past its own (or after an
+/// event of its own) — so its watermark sequence is that of one operator over every
+/// event, and it emits, for its keys, just what that operator would.
+#[inline]
+pub(crate) fn walk(me: u32, events: &[u32], shard: &mut impl Walker) {
+    for (j, &at) in events.iter().enumerate() {
+        shard.ahead(&events[j + 1..]);
+        let e = shard.event(at);
+        let mine = e.owner == me;
+        if mine {
+            shard.apply(at);
+        } else {
+            shard.hear_gap(e.gap);
+        }
+        if mine || e.watermark > shard.watermark() {
+            shard.advance(at, e.watermark);
+        }
     }
 }

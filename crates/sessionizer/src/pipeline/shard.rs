@@ -6,13 +6,14 @@
 //! it walks the records whose key it owns and every record that is a new largest time
 //! or gap of its range ([`Parsed::walks`]) — no other record changes its watermark or
 //! largest gap. So each shard computes the same watermark sequence as a single operator
-//! would. Only the shard that owns a record's key judges and applies it. What a shard
+//! would. Only the shard that owns a record's key judges and applies it (the loop is
+//! the engine's [`walk`], the library's session windows run the same). What a shard
 //! emits is tagged with the step (the record's position in the input) so that the
 //! outputs of all shards can be put back in exactly the order one operator would have
 //! produced them.
 
 use super::parse::{Kind, Parsed};
-use crate::engine::Place;
+use crate::engine::{Place, Walked, Walker, walk};
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
@@ -179,6 +180,114 @@ impl Emit for Tagged {
     }
 }
 
+/// A shard walking one decoded range of a batch.
+struct Range<'a> {
+    shard: &'a mut Shard,
+    batch: &'a Batch,
+    part: &'a Parsed,
+    first_step: u64,
+    names: &'a [SourceName],
+    aggregates: usize,
+}
+
+impl Walker for Range<'_> {
+    #[inline]
+    fn ahead(&mut self, later: &[u32]) {
+        // With many keys their state is not in cache: ask for it ahead, the index
+        // entry first, the slot it names later.
+        let recs = &self.part.recs;
+        let me = self.shard.index;
+        if let Some(&r) = later.get(INDEX_AHEAD - 1)
+            && recs[r as usize].shard == me
+        {
+            self.shard.op.prefetch_index(recs[r as usize].hash);
+        }
+        if let Some(&r) = later.get(STATE_AHEAD - 1)
+            && recs[r as usize].shard == me
+        {
+            self.shard.op.prefetch_state(recs[r as usize].hash);
+        }
+    }
+
+    #[inline]
+    fn event(&mut self, at: u32) -> Walked {
+        let rec = &self.part.recs[at as usize];
+        debug_assert_eq!(rec.kind, Kind::Valid);
+        Walked {
+            owner: rec.shard,
+            gap: rec.gap.map_or(self.shard.default_gap, DurationMs),
+            watermark: self.shard.watermark.observe(EventTime(rec.time)),
+        }
+    }
+
+    #[inline]
+    fn watermark(&self) -> Watermark {
+        self.shard.op.watermark()
+    }
+
+    #[inline]
+    fn apply(&mut self, at: u32) {
+        let (part, batch, shard) = (self.part, self.batch, &mut *self.shard);
+        let rec = &part.recs[at as usize];
+        let step = self.first_step + u64::from(rec.line);
+        shard.out.step = step;
+        let key = if rec.key_in_arena {
+            &part.key_arena[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
+        } else {
+            &batch.data[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
+        };
+        let at = rec.values_at as usize;
+        // Filled in place (collecting would move the whole array).
+        let mut values: Values<'_> = Values::new();
+        values.extend(
+            part.values[at..at + self.aggregates]
+                .iter()
+                .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize])),
+        );
+        let event = Event {
+            key,
+            time: EventTime(rec.time),
+            gap: rec.gap.map_or(shard.default_gap, DurationMs),
+            seq: step,
+            dedup: rec.dedup,
+            values: &values,
+        };
+        let before = shard.op.watermark();
+        match shard.op.on_event_hashed(&event, rec.hash, &mut shard.out) {
+            Verdict::Applied => shard.in_sessions += 1,
+            Verdict::Duplicate => shard.duplicates += 1,
+            Verdict::Late(reason) => {
+                shard.late_count += 1;
+                let span = batch.lines[rec.line as usize];
+                let pos = self.names[span.input as usize].pos(span.line_no);
+                let from = shard.late.len();
+                let line = batch.line(rec.line as usize);
+                encode_late(
+                    &mut shard.late,
+                    reason.as_str(),
+                    pos,
+                    before,
+                    event.time,
+                    line,
+                );
+                shard.late_steps.push((step, from, shard.late.len() - from));
+            }
+        }
+    }
+
+    #[inline]
+    fn hear_gap(&mut self, gap: DurationMs) {
+        self.shard.op.observe_gap(gap);
+    }
+
+    #[inline]
+    fn advance(&mut self, at: u32, to: Watermark) {
+        let rec = &self.part.recs[at as usize];
+        self.shard.out.step = self.first_step + u64::from(rec.line);
+        self.shard.op.advance_to(to, &mut self.shard.out);
+    }
+}
+
 /// One shard: an operator, its own copy of the watermark, its outputs for the batch.
 #[derive(Debug)]
 pub(crate) struct Shard {
@@ -242,79 +351,16 @@ impl Shard {
     ) {
         let aggregates = self.op.config().aggregates.len();
         for part in parsed {
-            let walk = part.walks.of(self.index);
-            for (j, &at) in walk.iter().enumerate() {
-                // With many keys their state is not in cache: ask for it ahead, the
-                // index entry first, the slot it names later.
-                if let Some(&r) = walk.get(j + INDEX_AHEAD)
-                    && part.recs[r as usize].shard == self.index
-                {
-                    self.op.prefetch_index(part.recs[r as usize].hash);
-                }
-                if let Some(&r) = walk.get(j + STATE_AHEAD)
-                    && part.recs[r as usize].shard == self.index
-                {
-                    self.op.prefetch_state(part.recs[r as usize].hash);
-                }
-                let rec = &part.recs[at as usize];
-                debug_assert_eq!(rec.kind, Kind::Valid);
-                let step = first_step + u64::from(rec.line);
-                let gap = rec.gap.map_or(self.default_gap, DurationMs);
-                let mine = rec.shard == self.index;
-                if mine {
-                    self.out.step = step;
-                    let key = if rec.key_in_arena {
-                        &part.key_arena[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
-                    } else {
-                        &batch.data[rec.key.0 as usize..(rec.key.0 + rec.key.1) as usize]
-                    };
-                    let at = rec.values_at as usize;
-                    // Filled in place (collecting would move the whole array).
-                    let mut values: Values<'_> = Values::new();
-                    values.extend(
-                        part.values[at..at + aggregates]
-                            .iter()
-                            .map(|v| v.map(|(o, l)| &batch.data[o as usize..(o + l) as usize])),
-                    );
-                    let event = Event {
-                        key,
-                        time: EventTime(rec.time),
-                        gap,
-                        seq: step,
-                        dedup: rec.dedup,
-                        values: &values,
-                    };
-                    let before = self.op.watermark();
-                    match self.op.on_event_hashed(&event, rec.hash, &mut self.out) {
-                        Verdict::Applied => self.in_sessions += 1,
-                        Verdict::Duplicate => self.duplicates += 1,
-                        Verdict::Late(reason) => {
-                            self.late_count += 1;
-                            let span = batch.lines[rec.line as usize];
-                            let pos = names[span.input as usize].pos(span.line_no);
-                            let from = self.late.len();
-                            let line = batch.line(rec.line as usize);
-                            encode_late(
-                                &mut self.late,
-                                reason.as_str(),
-                                pos,
-                                before,
-                                event.time,
-                                line,
-                            );
-                            self.late_steps.push((step, from, self.late.len() - from));
-                        }
-                    }
-                } else {
-                    self.op.observe_gap(gap);
-                }
-                let before = self.op.watermark();
-                let w = self.watermark.observe(EventTime(rec.time));
-                if mine || w > before {
-                    self.out.step = step;
-                    self.op.advance_to(w, &mut self.out);
-                }
-            }
+            let me = self.index;
+            let mut range = Range {
+                shard: self,
+                batch,
+                part,
+                first_step,
+                names,
+                aggregates,
+            };
+            walk(me, part.walks.of(me), &mut range);
         }
     }
 

@@ -10,7 +10,8 @@
 //!    that raises the batch's largest watermark or gap ([`Walks`]; no other event
 //!    changes its operator): it judges and applies the events of its keys, hears
 //!    the gaps, and advances its operator whenever the watermark moves, tagging what it
-//!    emits with the step and the record's place;
+//!    emits with the step and the record's place (the engine's [`walk`], the loop the
+//!    command line's shards run too);
 //! 3. the records are merged back in the order one operator emits them (by step, then
 //!    the step's own records, then its completions by (close, key, start)), and the
 //!    late events in input order.
@@ -21,7 +22,7 @@ use super::{
     Emission, GapFn, KeyFn, Late, Outcome, Retraction, SessionRecord, SessionWindowJob, Sink,
     SinkError, TimeFn, Trigger, WindowOutput,
 };
-use crate::engine::{Place, Walks, merge_order, shard_of};
+use crate::engine::{Place, Walked, Walker, Walks, merge_order, shard_of, walk};
 use crate::late::TIME_OUT_OF_RANGE;
 use crate::stream::time_is_valid;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
@@ -239,6 +240,64 @@ where
     }
 }
 
+/// A worker walking a batch of events.
+struct BatchWalk<'a, 'e, E, A: Aggregator<E>, C> {
+    op: &'a mut Op<A, E>,
+    emit: &'a mut EmitTo<'e, A::Output, C>,
+    events: &'a [E],
+    preps: &'a [Prep],
+    keys: &'a [u8],
+    late: &'a mut Vec<(usize, Watermark, Outcome)>,
+    in_sessions: &'a mut u64,
+}
+
+impl<E, A: Aggregator<E>, C: Clock> Walker for BatchWalk<'_, '_, E, A, C> {
+    fn event(&mut self, at: u32) -> Walked {
+        let p = &self.preps[at as usize];
+        Walked {
+            owner: p.worker,
+            gap: p.gap,
+            watermark: p.w,
+        }
+    }
+
+    fn watermark(&self) -> Watermark {
+        self.op.watermark()
+    }
+
+    fn apply(&mut self, at: u32) {
+        let j = at as usize;
+        let p = &self.preps[j];
+        let before = self.op.watermark();
+        self.emit.step = j as u64;
+        self.emit.watermark = before;
+        self.emit.trigger = Trigger::Update;
+        let event = TypedEvent {
+            key: &self.keys[p.key.0..p.key.0 + p.key.1],
+            time: p.time,
+            gap: p.gap,
+            seq: p.seq,
+            dedup: None,
+            input: &self.events[j],
+        };
+        match self.op.on_typed(&event, self.emit) {
+            Verdict::Applied | Verdict::Duplicate => *self.in_sessions += 1,
+            Verdict::Late(reason) => self.late.push((j, before, Outcome::Late(reason))),
+        }
+    }
+
+    fn hear_gap(&mut self, gap: DurationMs) {
+        self.op.observe_gap(gap);
+    }
+
+    fn advance(&mut self, at: u32, to: Watermark) {
+        self.emit.step = u64::from(at);
+        self.emit.watermark = to.max(self.op.watermark());
+        self.emit.trigger = Trigger::Watermark;
+        self.op.advance_to(to, self.emit);
+    }
+}
+
 /// One worker's part of a task.
 fn work<E, A: Aggregator<E>, C: Clock>(
     me: u32,
@@ -273,36 +332,16 @@ fn work<E, A: Aggregator<E>, C: Clock>(
                 Watermark::MIN,
                 Trigger::Update,
             );
-            for &j in walks.of(me) {
-                let j = j as usize;
-                let p = &preps[j];
-                let mine = p.worker == me;
-                let before = op.watermark();
-                emit.step = j as u64;
-                if mine {
-                    emit.watermark = before;
-                    emit.trigger = Trigger::Update;
-                    let event = TypedEvent {
-                        key: &keys[p.key.0..p.key.0 + p.key.1],
-                        time: p.time,
-                        gap: p.gap,
-                        seq: p.seq,
-                        dedup: None,
-                        input: &events[j],
-                    };
-                    match op.on_typed(&event, &mut emit) {
-                        Verdict::Applied | Verdict::Duplicate => *in_sessions += 1,
-                        Verdict::Late(reason) => late.push((j, before, Outcome::Late(reason))),
-                    }
-                } else {
-                    op.observe_gap(p.gap);
-                }
-                if mine || p.w > before {
-                    emit.watermark = p.w.max(before);
-                    emit.trigger = Trigger::Watermark;
-                    op.advance_to(p.w, &mut emit);
-                }
-            }
+            let mut batch = BatchWalk {
+                op,
+                emit: &mut emit,
+                events,
+                preps,
+                keys,
+                late,
+                in_sessions,
+            };
+            walk(me, walks.of(me), &mut batch);
             *sessions = emit.sessions;
             *retractions = emit.retractions;
         }
