@@ -32,7 +32,9 @@
 #
 #   kafka    1M visits preloaded in a 4-partition topic, sessionized into a 4-partition
 #            topic exactly once: --workers 1 and 2, commit every 1s and 100ms, and two
-#            processes in one group; then the restore of 1M open sessions from the
+#            processes in one group; the same job as the library's KafkaGroup (the
+#            example kafka_group, session windows and stateful) beside the command
+#            line with its options; then the restore of 1M open sessions from the
 #            changelog and from a --state-dir snapshot, and a failover to a standby
 #            (scripts/bench-failover.py). Prints events/s, peak RSS and the CPU
 #            seconds of the process (the broker runs on the same machine).
@@ -96,6 +98,32 @@ print(f"kafka {sys.argv[1]:34} {n:>8} events {n / float(wall) / 1e3:7.0f}K event
 PY
 }
 
+# The library's KafkaGroup (the example kafka_group) beside the command line running the
+# same job: INPUT OUTPUT GROUP_PREFIX.
+kafka_library_runs() {
+  local in=$1 out=$2 g=$3 dead=$3-dead
+  cargo build --release -q -p sessionizer --features kafka --example kafka_group
+  scripts/kafka-dev.sh topics --create --topic "$dead" --partitions 1 >/dev/null
+  kafka_run "CLI, the example's job" --kafka-topic "$in" --kafka-group "$g-cli" \
+    --kafka-output-topic "$out" --stop-at-end --collect page --gap 2m --allowed-lateness 2m \
+    --watermark-delay 30s --checkpoint-interval 500ms --workers 1
+  for mode in windows stateful; do
+    local flag=()
+    [ "$mode" = stateful ] && flag=(--stateful)
+    /usr/bin/time -f "%e %U %S %M" -o bench-data/time.txt target/release/examples/kafka_group \
+      "$KB" "$g-lib-$mode" "$in" "$out" "$dead" one --stop-at-end "${flag[@]}" \
+      > bench-data/kstats.json 2>/dev/null
+    python3 - "library KafkaGroup, run_$mode" <<'PY'
+import json, sys
+s = json.load(open("bench-data/kstats.json"))
+wall, user, sys_, rss = open("bench-data/time.txt").read().split()
+n = s["records_read"]
+print(f"kafka {sys.argv[1]:34} {n:>8} events {n / float(wall) / 1e3:7.0f}K events/s (wall {float(wall):5.2f} s)  "
+      f"CPU {float(user) + float(sys_):5.2f} s  peak RSS {int(rss) / 1024:4.0f} MiB")
+PY
+  done
+}
+
 kafka_bench() {
   KB=127.0.0.1:39092
   scripts/kafka-dev.sh start >/dev/null
@@ -122,6 +150,10 @@ kafka_bench() {
       --stop-at-end --collect page --checkpoint-interval 1s --kafka-instance-id b --progress never 2>/dev/null &
     wait"
   python3 -c "import sys; w=float(open('bench-data/two.txt').read()); print(f'kafka two processes, commit every 1s          $n events {$n/w/1e3:7.0f}K events/s (wall {w:5.2f} s, both processes from start to end)')"
+  # The same job written with the library: the example kafka_group (KafkaGroup, on this
+  # driver; gap 2m, lateness 2m, watermark 30s, pages collected, a commit every 500 ms,
+  # one worker), against the command line with those options, and its stateful version.
+  kafka_library_runs "$in" "$out" "bench-$tag"
   # 1M open sessions (one event per key, a gap nothing closes), kept open at the end;
   # then the same group again: a full restore from the changelog, and from a snapshot.
   local open=bench-open-$tag sd=bench-data/kafka-state-$tag

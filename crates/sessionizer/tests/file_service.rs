@@ -256,7 +256,7 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
     let err = JsonLines::<Visit, _>::resume([&input], &mut checkpoints, Vec::new())
         .expect_err("a second source")
         .to_string();
-    assert!(err.contains("already have a file source"), "{err}");
+    assert!(err.contains("already have a source"), "{err}");
     drop(checkpoints);
 
     // A changed input.
