@@ -55,6 +55,7 @@ pub struct StatefulBuilder<E, K, T, W, S, F, C> {
     late_policy: LatePolicy,
     batching: Batching,
     state_ttl: Option<sessionizer_core::DurationMs>,
+    idle_timeout: Option<sessionizer_core::DurationMs>,
     _state: std::marker::PhantomData<fn() -> S>,
 }
 
@@ -68,6 +69,7 @@ impl<E, K, T, W: fmt::Debug, S, F, C: fmt::Debug> fmt::Debug
             .field("late_policy", &self.late_policy)
             .field("batching", &self.batching)
             .field("state_ttl", &self.state_ttl)
+            .field("idle_timeout", &self.idle_timeout)
             .finish()
     }
 }
@@ -81,6 +83,7 @@ impl<E, K, T, W, S, F> StatefulBuilder<E, K, T, W, S, F, SystemClock> {
             late_policy: LatePolicy::Drop,
             batching: Batching::PerEvent,
             state_ttl: None,
+            idle_timeout: None,
             _state: std::marker::PhantomData,
         }
     }
@@ -97,6 +100,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             late_policy: self.late_policy,
             batching: self.batching,
             state_ttl: self.state_ttl,
+            idle_timeout: self.idle_timeout,
             _state: std::marker::PhantomData,
         }
     }
@@ -115,6 +119,21 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
     /// without a call. Off by default.
     pub fn state_ttl(mut self, ttl: sessionizer_core::DurationMs) -> Self {
         self.state_ttl = Some(ttl);
+        self
+    }
+
+    /// Lets the watermark move on with the clock while the input is quiet (the command
+    /// line's `--idle-timeout`, SPEC §2, as
+    /// [`SessionWindowBuilder::idle_timeout`](crate::windowed::SessionWindowBuilder::idle_timeout)
+    /// does for session windows): once no event has come for `timeout` of processing
+    /// time, [`StatefulJob::tick`] moves the watermark to the one of the last event plus
+    /// the processing time passed since, so a quiet key's event-time timeouts still
+    /// fire. Later events are judged against the watermark it reached. Off by default
+    /// (a bounded input ends with [`finish`](StatefulJob::finish) instead). A job run by
+    /// a [`KafkaGroup`](crate::kafka::KafkaGroup) moves each partition on by the
+    /// group's own `idle_timeout`.
+    pub fn idle_timeout(mut self, timeout: sessionizer_core::DurationMs) -> Self {
+        self.idle_timeout = Some(timeout);
         self
     }
 
@@ -147,6 +166,8 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             counts: StatefulCounts::default(),
             late_policy: self.late_policy,
             state_ttl: self.state_ttl,
+            idle_timeout: self.idle_timeout,
+            last_input: None,
             checkpointed: false,
             workers: Vec::new(),
             parallel: None,
@@ -215,6 +236,10 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     counts: StatefulCounts,
     late_policy: LatePolicy,
     state_ttl: Option<sessionizer_core::DurationMs>,
+    idle_timeout: Option<sessionizer_core::DurationMs>,
+    /// The processing time of the last event and the watermark it leads to (for the
+    /// idle timeout).
+    last_input: Option<(sessionizer_window::clock::ProcessingTime, Watermark)>,
     /// A checkpoint was written or restored: the next one may be a delta.
     checkpointed: bool,
     /// With [`set_workers`](StatefulJob::set_workers): the operators that own the other
@@ -366,6 +391,11 @@ where
                 }
             }
         };
+        if self.idle_timeout.is_some() {
+            // The time keeper (the first operator) has seen every event's time.
+            let watermark = self.op.next_watermark().max(self.op.watermark());
+            self.last_input = Some((self.op.now(), watermark));
+        }
         if let Some(l) = pushed {
             self.counts.late += 1;
             late.send(to_late(l))?;
@@ -448,10 +478,33 @@ where
         self.end_batch(out)
     }
 
-    /// An empty batch: processing-time timeouts that are due fire (call it on a timer
-    /// while no events come).
+    /// Call on a timer while no events may come (a service does, say, every second):
+    /// ends the open batch, or an empty one, so that processing-time timeouts that are
+    /// due fire. With an [`idle_timeout`](StatefulBuilder::idle_timeout), once no event
+    /// has come for that long the watermark also moves on with the clock — to the
+    /// watermark of the last event plus the processing time passed since it, as the
+    /// command line's `--idle-timeout` does — and the event-time timeouts due by then
+    /// fire. Without an idle timeout, or before the first event, only the first.
     pub fn tick<O: Sink<R::Item>>(&mut self, out: &mut O) -> Result<BatchReport, SinkError> {
-        self.end_batch(out)
+        let mut report = self.end_batch(out)?;
+        let (Some(limit), Some((at, w))) = (self.idle_timeout, self.last_input) else {
+            return Ok(report);
+        };
+        let quiet = self.op.now().0.saturating_sub(at.0);
+        if quiet < limit.millis() || !w.is_finite() {
+            return Ok(report);
+        }
+        let target = Watermark::at(sessionizer_core::EventTime(
+            w.millis().saturating_add(quiet),
+        ));
+        if target <= self.op.watermark() {
+            return Ok(report);
+        }
+        // No batch is open now: the time keeper moves, the batch end fires what is due
+        // (on every operator: the others follow its watermark).
+        self.op.raise_watermark(target);
+        report.then(self.end_batch(out)?);
+        Ok(report)
     }
 
     /// The end of a bounded input: ends the open batch, then every event-time timeout

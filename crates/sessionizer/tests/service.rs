@@ -125,6 +125,78 @@ fn a_checkpoint_of_other_options_is_refused_and_never_overwritten() {
     assert_eq!(resumed.map(|r| r.events), Some(50));
 }
 
+/// The stateful style too: with an idle timeout a quiet input lets the watermark move
+/// on with the clock and a quiet key's event-time timeout fires — on one worker and on
+/// two alike.
+#[test]
+fn idle_advance_fires_a_quiet_keys_event_time_timeout() {
+    type Ev = (&'static str, EventTime);
+    let at = |min: i64| EventTime(T0 + min * 60_000);
+    for workers in [1, 2] {
+        let clock = ManualClock::new(ProcessingTime(0));
+        let build = |idle: bool| {
+            let builder = Stream::<Ev>::new()
+                .key_by(|e| e.0)
+                .event_time(|e| e.1)
+                .flat_map_groups_with_state(
+                    |key: &str, events: Vec<Ev>, state: &mut GroupState<'_, EventTime>| {
+                        if state.has_timed_out() {
+                            state.remove();
+                            return Some(key.to_string());
+                        }
+                        let last = events.iter().map(|e| e.1).max().expect("events");
+                        state.update(last);
+                        state.set_timeout_timestamp(last.plus(minutes(10)));
+                        None
+                    },
+                )
+                .clock(clock.clone());
+            let mut job = if idle {
+                builder.idle_timeout(minutes(1)).build()
+            } else {
+                builder.build()
+            };
+            if workers > 1 {
+                job.set_workers(workers).expect("workers");
+            }
+            job
+        };
+        let mut job = build(true);
+        let (mut out, mut late) = (Vec::new(), Vec::new());
+        job.push(("k", at(0)), &mut late).expect("vectors");
+        job.push(("j", at(1)), &mut late).expect("vectors");
+        job.end_batch(&mut out).expect("vectors");
+        clock.advance(seconds(30));
+        job.tick(&mut out).expect("vectors");
+        assert_eq!(job.watermark(), Watermark::at(at(1)), "not idle yet");
+        clock.advance(seconds(30));
+        job.tick(&mut out).expect("vectors");
+        assert_eq!(
+            job.watermark(),
+            Watermark::at(at(2)),
+            "W of the last event + 1 min"
+        );
+        assert!(out.is_empty());
+        // 12 minutes of quiet: W = 13 min, past k's timeout (10) and j's (11).
+        clock.advance(minutes(11));
+        job.tick(&mut out).expect("vectors");
+        assert_eq!(job.watermark(), Watermark::at(at(13)));
+        assert_eq!(out, ["k", "j"], "{workers} workers");
+        // Later events are judged against the watermark the idle advance reached.
+        job.push(("k", at(5)), &mut late).expect("vectors");
+        assert_eq!(late.len(), 1, "behind the idle watermark: {late:?}");
+        // Without an idle timeout, tick moves no watermark.
+        let mut plain = build(false);
+        let mut out = Vec::new();
+        plain.push(("k", at(0)), &mut late).expect("vectors");
+        plain.end_batch(&mut out).expect("vectors");
+        clock.advance(hours(1));
+        plain.tick(&mut out).expect("vectors");
+        assert!(out.is_empty());
+        assert_eq!(plain.watermark(), Watermark::at(at(0)));
+    }
+}
+
 /// With an idle timeout, a quiet input lets the watermark move on with the clock and
 /// close a quiet key's session, as the command line's `--idle-timeout` does.
 #[test]

@@ -441,7 +441,7 @@ pub struct BatchReport {
 impl BatchReport {
     /// Adds the calls and outputs of `rest`, a step that followed this one without
     /// events of its own, and takes its watermark.
-    fn then(&mut self, rest: BatchReport) {
+    pub fn then(&mut self, rest: BatchReport) {
         self.data_calls += rest.data_calls;
         self.timeout_calls += rest.timeout_calls;
         self.outputs += rest.outputs;
@@ -1208,14 +1208,24 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             // An open batch ends first, at the watermark its events give.
             report = self.end_batch_ordered(f, emit);
         }
+        self.raise_watermark(w);
+        report.then(self.end_batch_ordered(f, emit));
+        report
+    }
+
+    /// Moves the watermark to `w` without an event (an idle input, SPEC §2), for the
+    /// next batch end to fire what is due by then; a `w` at or behind the watermark
+    /// does nothing. Later events are judged against it. Call it with no batch open
+    /// ([`advance_to`](Self::advance_to) ends one first): a job whose keys run on several
+    /// operators moves the one that keeps time, and the others follow it at the batch
+    /// end.
+    pub fn raise_watermark(&mut self, w: Watermark) {
         if w > self.watermark {
             // The batch end keeps the larger of this and what the strategy says; the
             // strategy goes on from it, as after a restore at this watermark.
             self.watermark = w;
             self.strategy.resume_at(w);
         }
-        report.then(self.end_batch_ordered(f, emit));
-        report
     }
 
     /// The second half of [`finish`](Self::finish), with no batch open: the watermark
