@@ -238,6 +238,44 @@ fn every_checkpoint_records_where_the_source_stopped_and_a_source_joins_after_th
     );
 }
 
+/// A record whose value is empty or only whitespace is skipped and counted as blank,
+/// as the command line's Kafka input counts it; one that is not a visit is a dead
+/// letter; the position moves past both.
+#[test]
+fn empty_values_are_blank_and_invalid_ones_dead_letters() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("lib-blank");
+    kafka::create_topics(&[&input], 1);
+    let mut records = lines(0, 3, None);
+    records.insert(1, "   ".to_string());
+    records.insert(3, "\t".to_string());
+    records.push(r#"{"visit_id":"v1","event_time":"no"}"#.to_string());
+    produce(&input, &records);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    job().restore(&mut checkpoints).expect("restore");
+    let mut dead = Vec::new();
+    let mut source =
+        KafkaJson::<Visit, _>::open(kafka::broker(), &input, &mut checkpoints, &mut dead)
+            .expect("source");
+    let mut events = Vec::new();
+    let began = Instant::now();
+    while source.positions() != [Some(6)] {
+        assert!(began.elapsed() < Duration::from_secs(60), "stuck");
+        source
+            .poll(Duration::from_millis(200), 100, &mut events)
+            .expect("poll");
+    }
+    let counts = source.finish().expect("counts");
+    assert_eq!(
+        (counts.records, counts.invalid, counts.blank_lines),
+        (4, 1, 2)
+    );
+    assert_eq!(events.len(), 3);
+    assert_eq!(dead.len(), 1);
+    assert!(dead[0].source.ends_with("/0@5"), "{:?}", dead[0]);
+}
+
 #[test]
 fn a_source_reads_every_partition_once_and_refuses_another_topics_checkpoint() {
     let _one = kafka::exclusive();

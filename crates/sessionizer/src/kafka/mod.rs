@@ -293,7 +293,9 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 
     /// Appends to `events` the records readable now: waits up to `timeout` for the
     /// first, then takes what has arrived, up to `max` records (dead letters included).
-    /// Returns how many records it read.
+    /// Returns how many records it read. A record without a value (a tombstone), or
+    /// whose value is empty or only whitespace, is skipped and counted in
+    /// [`SourceCounts::blank_lines`], as the command line's Kafka input counts it.
     pub fn poll(
         &mut self,
         timeout: Duration,
@@ -314,19 +316,22 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             };
             wait = Duration::ZERO;
             read += 1;
-            self.counts.records += 1;
             let (partition, offset) = (record.from.partition, record.offset());
             let bytes = record.value().unwrap_or_default();
-            let decoded = match record.value() {
-                None => Err("a record without a value (a tombstone)".to_string()),
-                Some(v) => serde_json::from_slice::<E>(v).map_err(|e| e.to_string()),
-            };
-            match decoded {
-                Ok(event) => events.push(event),
-                Err(reason) => {
-                    self.counts.invalid += 1;
-                    let source = format!("{}/{partition}@{offset}", self.topic);
-                    self.dead.send(DeadLetter::of(reason, source, bytes))?;
+            if bytes.iter().all(u8::is_ascii_whitespace) {
+                // A tombstone or an empty value: a blank line to the command line's
+                // Kafka input too — skipped and counted, not a record.
+                self.counts.blank_lines += 1;
+            } else {
+                self.counts.records += 1;
+                match serde_json::from_slice::<E>(bytes) {
+                    Ok(event) => events.push(event),
+                    Err(e) => {
+                        self.counts.invalid += 1;
+                        let source = format!("{}/{partition}@{offset}", self.topic);
+                        self.dead
+                            .send(DeadLetter::of(e.to_string(), source, bytes))?;
+                    }
                 }
             }
             if let Some(slot) = usize::try_from(partition)
