@@ -1285,3 +1285,66 @@ fn inspect_shows_a_kafka_jobs_tasks_and_a_keys_sessions_from_its_changelog() {
     assert!(text.contains(&format!("task {}/0", t.input)), "{text}");
     assert!(text.contains("next input offset"), "{text}");
 }
+
+/// A live group job whose input goes quiet moves each partition's watermark on with
+/// the wall clock once `--idle-timeout` has passed (SPEC §2): the sessions close and are
+/// committed though no later event comes to close them.
+#[test]
+fn a_quiet_partition_moves_on_with_the_clock_and_its_sessions_close() {
+    let _one_at_a_time = kafka::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    std::fs::write(
+        &data,
+        [
+            r#"{"visit_id":"a","event_time":"2024-01-01T00:00:00Z","page":"/1"}"#,
+            r#"{"visit_id":"a","event_time":"2024-01-01T00:00:01Z","page":"/2"}"#,
+            r#"{"visit_id":"b","event_time":"2024-01-01T00:00:01.500Z","page":"/1"}"#,
+        ]
+        .join("\n"),
+    )
+    .expect("write");
+    let t = Topics::new(2);
+    produce_lines(&t.input, &data, "visit_id");
+    let sessions = || -> Vec<serde_json::Value> {
+        read_committed(&t.output)
+            .iter()
+            .flatten()
+            .map(|r| serde_json::from_str(&kafka::text(r)).expect("a session"))
+            .collect()
+    };
+    // Without the idle advance nothing closes them: the watermark stays at 00:00:00.5.
+    // With it, it moves on at the wall clock's pace once the input is quiet for 1 s:
+    // past b's close (00:00:03.5) about 3 s after the last record was read.
+    let mut args = t.args();
+    args.truncate(args.len() - OPTIONS.len());
+    args.extend(
+        [
+            "--gap",
+            "2s",
+            "--watermark-delay",
+            "1s",
+            "--idle-timeout",
+            "1s",
+            "--checkpoint-interval",
+            "100ms",
+        ]
+        .map(String::from),
+    );
+    assert!(
+        run_until_then_kill(&args, || sessions().len() >= 2),
+        "the job ended by itself"
+    );
+    let mut got: Vec<(String, u64, u64)> = sessions()
+        .iter()
+        .map(|s| {
+            (
+                s["key"].as_str().expect("key").to_string(),
+                s["event_count"].as_u64().expect("event_count"),
+                s["revision"].as_u64().expect("revision"),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, [("a".to_string(), 2, 0), ("b".to_string(), 1, 0)]);
+}

@@ -491,15 +491,11 @@ where
             return Ok(report);
         };
         let quiet = self.op.now().0.saturating_sub(at.0);
-        if quiet < limit.millis() || !w.is_finite() {
+        let Some(target) = crate::engine::idle_watermark(limit.millis(), quiet, w)
+            .filter(|&t| t > self.op.watermark())
+        else {
             return Ok(report);
-        }
-        let target = Watermark::at(sessionizer_core::EventTime(
-            w.millis().saturating_add(quiet),
-        ));
-        if target <= self.op.watermark() {
-            return Ok(report);
-        }
+        };
         // No batch is open now: the time keeper moves, the batch end fires what is due
         // (on every operator: the others follow its watermark).
         self.op.raise_watermark(target);

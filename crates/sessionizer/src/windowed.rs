@@ -590,13 +590,11 @@ where
         };
         let now = self.clock.now();
         let quiet = now.0.saturating_sub(at.0);
-        if quiet < limit.millis() || !w.is_finite() {
+        let Some(target) = crate::engine::idle_watermark(limit.millis(), quiet, w)
+            .filter(|&t| t > self.op.watermark())
+        else {
             return Ok(());
-        }
-        let target = Watermark::at(EventTime(w.millis().saturating_add(quiet)));
-        if target <= self.op.watermark() {
-            return Ok(());
-        }
+        };
         self.watermark.resume_at(target);
         self.advance_all(target, Trigger::Idle, Some(now), sessions)
     }

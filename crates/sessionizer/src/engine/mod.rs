@@ -13,10 +13,12 @@
 //!   [`merge_order`] puts the shards' records back in one operator's order, so the
 //!   output is the same, record for record, for any number of workers.
 
+mod idle;
 mod order;
 mod walks;
 mod workers;
 
+pub(crate) use idle::{idle_watermark, millis};
 pub(crate) use order::{Place, merge_order};
 pub(crate) use walks::{Walked, Walker, Walks, walk};
 pub(crate) use workers::{Workers, shard_of};

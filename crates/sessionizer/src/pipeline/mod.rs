@@ -49,8 +49,8 @@ use sessionizer_connectors::input::{InputError, ReadPosition};
 use sessionizer_connectors::{
     Batch, InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder,
 };
+use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
-use sessionizer_core::{EventTime, Watermark};
 use shard::{Shard, Tag};
 use std::time::{Duration, Instant};
 
@@ -726,15 +726,15 @@ impl<'c> Job<'c> {
             let batch = match next {
                 Next::End => break,
                 Next::Idle => {
-                    if let Some(limit) = idle {
-                        let quiet = last_input.elapsed();
-                        if quiet >= limit && watermark_at_last_input.is_finite() {
-                            let ms = i64::try_from(quiet.as_millis()).unwrap_or(i64::MAX);
-                            let w = Watermark::at(EventTime(
-                                watermark_at_last_input.millis().saturating_add(ms),
-                            ));
-                            self.advance_idle(w, first_step, telemetry)?;
-                        }
+                    let quiet = crate::engine::millis(last_input.elapsed());
+                    if let Some(w) = idle.and_then(|limit| {
+                        crate::engine::idle_watermark(
+                            crate::engine::millis(limit),
+                            quiet,
+                            watermark_at_last_input,
+                        )
+                    }) {
+                        self.advance_idle(w, first_step, telemetry)?;
                     }
                     self.commit_if_due(first_step, telemetry)?;
                     continue;

@@ -37,7 +37,7 @@ use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, Rebalance, 
 use sessionizer_connectors::kafka::producer::{CommitError, SOURCE_HEADER, TxnProducer};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
 use sessionizer_connectors::{Batch, OutputTarget};
-use sessionizer_core::{EventTime, Watermark};
+use sessionizer_core::Watermark;
 use snapshot::Snapshots;
 use standby::Standbys;
 use std::collections::BTreeMap;
@@ -1043,25 +1043,20 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     /// Moves the watermark of every task whose partition has been quiet for `limit`
     /// on with the wall clock (SPEC §2).
     fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
-        let ids: Vec<TopicPartition> = self
+        let limit = crate::engine::millis(limit);
+        let due: Vec<(TopicPartition, Watermark)> = self
             .tasks
             .iter()
-            .filter(|(_, t)| {
-                t.last_input.elapsed() >= limit
-                    && t.watermark_at_last_input.is_finite()
-                    && !t.flushed
+            .filter(|(_, t)| !t.flushed)
+            .filter_map(|(&id, t)| {
+                let quiet = crate::engine::millis(t.last_input.elapsed());
+                crate::engine::idle_watermark(limit, quiet, t.watermark_at_last_input)
+                    .filter(|&w| w > t.op.watermark())
+                    .map(|w| (id, w))
             })
-            .map(|(&id, _)| id)
             .collect();
-        for id in ids {
+        for (id, w) in due {
             let task = self.tasks.get_mut(&id).expect("task exists");
-            let quiet = i64::try_from(task.last_input.elapsed().as_millis()).unwrap_or(i64::MAX);
-            let w = Watermark::at(EventTime(
-                task.watermark_at_last_input.millis().saturating_add(quiet),
-            ));
-            if w <= task.op.watermark() {
-                continue;
-            }
             task.op.clear_outputs();
             task.op.advance_idle(w, task.next_seq);
             if task.op.sessions().tags.is_empty() && task.op.late().1.is_empty() {
