@@ -110,6 +110,63 @@ fn push_one_at_a_time_on_workers_is_run() {
     assert_eq!((out, late, counts), expected);
 }
 
+/// The end of input emits the open sessions in parts, a few thousand per worker at a
+/// time, so that memory does not grow with their number; the records are still those
+/// of one worker, in its order — also when thousands of sessions close at the same
+/// instant (40,000 visits open at the end: 12,000 with one event at one instant, the
+/// others spread, every 5th with a second event later).
+#[test]
+fn the_end_of_input_in_parts_gives_one_workers_records_in_its_order() {
+    let input: Vec<Visit> = (0..40_000i64)
+        .flat_map(|i| {
+            let at = if i < 12_000 { T0 } else { T0 + 1 + i / 3 };
+            let visit = |at| Visit {
+                visit: i as u32,
+                at: EventTime(at),
+                page: (i % 7) as u8,
+            };
+            let again = (i % 5 == 0).then(|| visit(at + 30_000));
+            std::iter::once(visit(at)).chain(again)
+        })
+        .collect();
+    let outputs: Vec<_> = [1, 2, 3]
+        .map(|workers| {
+            let mut j = job(workers, hours(1), minutes(0), EmitMode::OnClose, &clock());
+            let (mut out, mut late) = (Vec::new(), Vec::new());
+            j.push_batch(input.iter().cloned(), &mut out, &mut late)
+                .expect("vectors");
+            assert!(out.is_empty(), "every session is open until the end");
+            j.finish(&mut out, &mut late).expect("vectors");
+            (out, late, j.counts())
+        })
+        .into();
+    assert_eq!(outputs[0].0.len(), 40_000);
+    let order: Vec<(EventTime, u32)> = outputs[0]
+        .0
+        .iter()
+        .filter_map(WindowOutput::session)
+        .map(|s| (s.end, s.key.parse::<u32>().expect("a visit number")))
+        .collect();
+    assert!(order.windows(2).all(|w| w[0].0 <= w[1].0), "by close time");
+    for (workers, got) in [(2, &outputs[1]), (3, &outputs[2])] {
+        let want = &outputs[0];
+        let at = got
+            .0
+            .iter()
+            .zip(&want.0)
+            .take_while(|(g, w)| g == w)
+            .count();
+        assert!(
+            got == want,
+            "{workers} workers: {} records, one worker's {}; the first difference at {at}: {:?} against {:?}",
+            got.0.len(),
+            want.0.len(),
+            got.0.get(at),
+            want.0.get(at)
+        );
+    }
+}
+
 /// With an idle timeout, a quiet stream's sessions close on a tick, the same on one
 /// worker and on three.
 #[test]

@@ -19,6 +19,6 @@ mod walks;
 mod workers;
 
 pub(crate) use idle::{idle_watermark, millis};
-pub(crate) use order::{Place, merge_order};
+pub(crate) use order::{END_PART, Place, end_part_lens, merge_order};
 pub(crate) use walks::{Walked, Walker, Walks, walk};
 pub(crate) use workers::{Workers, shard_of};

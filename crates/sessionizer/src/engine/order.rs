@@ -85,6 +85,52 @@ pub(crate) fn merge_order<'k>(
     });
 }
 
+/// Records each shard emits per round of a bounded end of input, at most: every shard
+/// emits its sessions in rounds of at most this many (one holding more than half of
+/// it unwritten sits a round out), so memory does not grow with the open sessions.
+pub(crate) const END_PART: usize = 8192;
+
+/// A round of the end of input in parts: every shard emits its remaining sessions in
+/// `(close, key, start)` order, at most [`END_PART`] a round. Of each shard's records
+/// so far (`len(s)` of them, record `r` at position `pos(s, r)`, ascending), how many
+/// can be written now: those at or before the last record of every shard that has more
+/// to come (`ending(s)`) — nothing any shard emits later sorts before them. `None`: a
+/// shard with more to come has no record yet (it emits in the next round).
+pub(crate) fn end_part_lens<P: Ord>(
+    shards: usize,
+    ending: impl Fn(usize) -> bool,
+    len: impl Fn(usize) -> usize,
+    pos: impl Fn(usize, usize) -> P,
+) -> Option<Vec<usize>> {
+    let mut bound = None;
+    for s in (0..shards).filter(|&s| ending(s)) {
+        let last = pos(s, len(s).checked_sub(1)?);
+        if bound.as_ref().is_none_or(|b| last < *b) {
+            bound = Some(last);
+        }
+    }
+    Some(
+        (0..shards)
+            .map(|s| match &bound {
+                // Ascending: a binary search for the end of those at or before it.
+                Some(b) => {
+                    let (mut lo, mut hi) = (0, len(s));
+                    while lo < hi {
+                        let mid = (lo + hi) / 2;
+                        if pos(s, mid) <= *b {
+                            lo = mid + 1;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    lo
+                }
+                None => len(s),
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +164,26 @@ mod tests {
             [(1, 0), (1, 1), (0, 0), (0, 1), (0, 2), (1, 2), (0, 3)],
             "step 2: close 50 ties, key a < b; step 3: own records first, in order, \
              then close 40 with key a before b"
+        );
+    }
+
+    #[test]
+    fn a_round_writes_what_no_later_record_can_precede() {
+        let shards = [vec![1, 4, 9], vec![2, 3], vec![5, 6, 7]];
+        let lens = |ending: [bool; 3]| {
+            end_part_lens(3, |s| ending[s], |s| shards[s].len(), |s, r| shards[s][r])
+        };
+        // Shards 0 and 2 have more to come: everything up to 7 (the lesser last).
+        assert_eq!(lens([true, false, true]), Some(vec![2, 2, 3]));
+        // Only shard 1: up to 3.
+        assert_eq!(lens([false, true, false]), Some(vec![1, 2, 0]));
+        // None has more: everything.
+        assert_eq!(lens([false; 3]), Some(vec![3, 2, 3]));
+        // A shard with more to come and nothing yet: wait.
+        let empty: [Vec<i32>; 2] = [vec![], vec![1]];
+        assert_eq!(
+            end_part_lens(2, |s| s == 0, |s| empty[s].len(), |s, r| empty[s][r]),
+            None
         );
     }
 }

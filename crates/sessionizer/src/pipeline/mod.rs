@@ -34,7 +34,7 @@ pub(crate) mod shard;
 pub use backend::store_reader;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
-use crate::engine::{Workers, merge_order, shard_of};
+use crate::engine::{END_PART, Workers, merge_order, shard_of};
 use crate::stats::RunStats;
 use crate::telemetry::{
     CheckpointKind, CheckpointReport, KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry,
@@ -181,10 +181,6 @@ const BATCH_BYTES: usize = 4 << 20;
 /// How often a pipeline waiting on a quiet live input wakes up to answer questions
 /// about keys (when an HTTP endpoint may ask them).
 const QUERY_TICK: Duration = Duration::from_millis(50);
-
-/// Sessions a shard emits per round at the end of input (about 2 MiB of records
-/// without aggregates).
-const END_PART: usize = 8192;
 
 /// With a live input, how long records may wait in an output's buffer while input keeps
 /// coming (SPEC §6: visible within about 100 ms). When no input is ready they are
@@ -1159,24 +1155,16 @@ impl<'c> Job<'c> {
         }
         let shards = &self.shards;
         // Everything up to the last record of every shard with more to come is known.
-        let mut bound = None;
-        for s in shards.iter().filter(|s| s.ending) {
-            let Some(last) = s.out.tags.last() else {
-                return Ok(()); // It emits in the next round.
-            };
-            let p = position(s, last);
-            if bound.is_none_or(|b| p < b) {
-                bound = Some(p);
-            }
-        }
+        let Some(written) = crate::engine::end_part_lens(
+            shards.len(),
+            |s| shards[s].ending,
+            |s| shards[s].out.tags.len(),
+            |s, t| position(&shards[s], &shards[s].out.tags[t]),
+        ) else {
+            return Ok(()); // A shard emits in the next round.
+        };
         self.order.clear();
-        let mut written = Vec::with_capacity(shards.len());
-        for (si, s) in shards.iter().enumerate() {
-            let n = match bound {
-                Some(b) => s.out.tags.partition_point(|t| position(s, t) <= b),
-                None => s.out.tags.len(),
-            };
-            written.push(n);
+        for (si, &n) in written.iter().enumerate() {
             self.order.extend((0..n).map(|ti| (si, ti)));
         }
         self.order.sort_unstable_by(|&(sa, ta), &(sb, tb)| {

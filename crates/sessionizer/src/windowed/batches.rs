@@ -22,7 +22,9 @@ use super::{
     Emission, GapFn, KeyFn, Late, Outcome, Retraction, SessionRecord, SessionWindowJob, Sink,
     SinkError, TimeFn, Trigger, WindowOutput,
 };
-use crate::engine::{Place, Walked, Walker, Walks, merge_order, shard_of, walk};
+use crate::engine::{
+    END_PART, Place, Walked, Walker, Walks, end_part_lens, merge_order, shard_of, walk,
+};
 use crate::late::TIME_OUT_OF_RANGE;
 use crate::stream::time_is_valid;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
@@ -73,6 +75,15 @@ pub(super) enum Task<'a, E, C> {
         now: Option<ProcessingTime>,
         clock: &'a C,
     },
+    /// A round of the end of input in parts ([`END_PART`]): a worker with more to
+    /// emit and at most half a part unwritten emits up to a part more, after what it
+    /// holds.
+    FinishPart {
+        /// The watermark the records show.
+        shown: Watermark,
+        now: ProcessingTime,
+        clock: &'a C,
+    },
 }
 
 /// One worker's outputs of a task.
@@ -83,6 +94,8 @@ pub(super) struct Outputs<O> {
     in_sessions: u64,
     sessions: u64,
     retractions: u64,
+    /// At the end of input, more sessions are still to be emitted.
+    ending: bool,
 }
 
 impl<O> Default for Outputs<O> {
@@ -94,6 +107,7 @@ impl<O> Default for Outputs<O> {
             in_sessions: 0,
             sessions: 0,
             retractions: 0,
+            ending: false,
         }
     }
 }
@@ -305,6 +319,23 @@ fn work<E, A: Aggregator<E>, C: Clock>(
     out: &mut Outputs<A::Output>,
     task: &Task<'_, E, C>,
 ) {
+    if let Task::FinishPart { shown, now, clock } = task {
+        // The records of earlier rounds not yet written stay, in order.
+        (out.sessions, out.retractions) = (0, 0);
+        if out.ending && out.records.len() <= END_PART / 2 {
+            let mut emit = EmitTo::new(
+                (&mut out.records, &mut out.places),
+                *clock,
+                Some(*now),
+                *shown,
+                Trigger::EndOfInput,
+            );
+            emit.step = AFTER;
+            out.ending = op.advance_at_most(Watermark::MAX, END_PART, &mut emit);
+            (out.sessions, out.retractions) = (emit.sessions, emit.retractions);
+        }
+        return;
+    }
     let Outputs {
         records,
         places,
@@ -312,6 +343,7 @@ fn work<E, A: Aggregator<E>, C: Clock>(
         in_sessions,
         sessions,
         retractions,
+        ending: _,
     } = out;
     records.clear();
     places.clear();
@@ -358,6 +390,7 @@ fn work<E, A: Aggregator<E>, C: Clock>(
             *sessions = emit.sessions;
             *retractions = emit.retractions;
         }
+        Task::FinishPart { .. } => unreachable!("handled above"),
     }
 }
 
@@ -389,6 +422,43 @@ fn merge<O, S: Sink<WindowOutput<O>>>(
     let mut records: Vec<Vec<Option<WindowOutput<O>>>> = outs
         .iter_mut()
         .map(|o| o.records.drain(..).map(Some).collect())
+        .collect();
+    for (w, i) in order {
+        let record = records[w][i].take().expect("each record is sent once");
+        sessions.send(record)?;
+    }
+    Ok(())
+}
+
+/// Sends the records of a round of the end of input in parts that no later record can
+/// precede, in the order one operator emits them, and drops them from the workers'
+/// outputs (the others wait for the next round).
+fn merge_end_part<O, S: Sink<WindowOutput<O>>>(
+    outs: &mut [Outputs<O>],
+    sessions: &mut S,
+) -> Result<(), SinkError> {
+    let Some(lens) = end_part_lens(
+        outs.len(),
+        |w| outs[w].ending,
+        |w| outs[w].places.len(),
+        |w, i| outs[w].places[i].completion(key_of(&outs[w].records[i])),
+    ) else {
+        return Ok(()); // A worker emits in the next round.
+    };
+    let mut order: Vec<(usize, usize)> = Vec::new();
+    merge_order(
+        &mut order,
+        lens.iter().copied(),
+        |w, i| outs[w].places[i],
+        |w, i| key_of(&outs[w].records[i]),
+    );
+    let mut records: Vec<Vec<Option<WindowOutput<O>>>> = outs
+        .iter_mut()
+        .zip(&lens)
+        .map(|(o, &n)| {
+            o.places.drain(..n);
+            o.records.drain(..n).map(Some).collect()
+        })
         .collect();
     for (w, i) in order {
         let record = records[w][i].take().expect("each record is sent once");
@@ -563,11 +633,9 @@ where
     where
         S: Sink<WindowOutput<A::Output>>,
     {
-        let shown = if trigger == Trigger::EndOfInput {
-            self.op.watermark()
-        } else {
-            to
-        };
+        if trigger == Trigger::EndOfInput {
+            return self.finish_in_parts(sessions);
+        }
         run_task(
             self.parallel.as_ref(),
             &mut self.op,
@@ -575,7 +643,7 @@ where
             &mut self.outputs,
             &Task::Advance {
                 to,
-                shown,
+                shown: to,
                 trigger,
                 now,
                 clock: &self.clock,
@@ -587,5 +655,44 @@ where
             self.counts.retractions += o.retractions;
         }
         merge(&mut self.outputs, sessions)
+    }
+
+    /// The end of a bounded input: the watermark becomes +∞ and every session is
+    /// emitted, in rounds of at most [`END_PART`] per worker written out as they come
+    /// (records show the last watermark the events gave and one processing time), so
+    /// that memory does not grow with the open sessions; the records are those of one
+    /// `advance_to(+∞)` of one operator, in its order.
+    fn finish_in_parts<S>(&mut self, sessions: &mut S) -> Result<(), SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
+        let (shown, now) = (self.op.watermark(), self.clock.now());
+        for o in &mut self.outputs {
+            o.records.clear();
+            o.places.clear();
+            o.late.clear();
+            o.ending = true;
+        }
+        while self.outputs.iter().any(|o| o.ending) {
+            run_task(
+                self.parallel.as_ref(),
+                &mut self.op,
+                &mut self.workers,
+                &mut self.outputs,
+                &Task::FinishPart {
+                    shown,
+                    now,
+                    clock: &self.clock,
+                },
+            );
+            self.store_error()?;
+            for o in &self.outputs {
+                self.counts.sessions_emitted += o.sessions;
+                self.counts.retractions += o.retractions;
+            }
+            // The last round, with no worker left to emit, writes all it holds.
+            merge_end_part(&mut self.outputs, sessions)?;
+        }
+        Ok(())
     }
 }
