@@ -158,8 +158,8 @@ fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
 
 /// The source shares its position with the checkpoints it joined: each checkpoint
 /// records where the source stopped then, with nothing to call — a later checkpoint
-/// never carries an earlier position. Opened before the restore, on a checkpoint
-/// without a Kafka source, or on a file source's checkpoint, it is refused.
+/// never carries an earlier position. Opened before the restore, or on a file source's
+/// checkpoint (and a file source on its checkpoint), it is refused.
 #[test]
 fn every_checkpoint_records_where_the_source_stopped_and_a_source_joins_after_the_restore() {
     let _one = kafka::exclusive();
@@ -219,23 +219,25 @@ fn every_checkpoint_records_where_the_source_stopped_and_a_source_joins_after_th
     assert_eq!(source.counts().records, 200, "records 800.. only");
     drop((job, source, checkpoints));
 
-    // A checkpoint of a job that read no Kafka source says nowhere to continue from.
+    // A checkpoint of a job that read files cannot be continued from Kafka.
     let other = tempfile::tempdir().expect("temp dir");
-    let mut checkpoints = Checkpoints::open(other.path()).expect("state dir");
+    let file = other.path().join("visits.jsonl");
+    std::fs::write(&file, format!("{}\n", lines[0])).expect("write");
+    let mut checkpoints = Checkpoints::open(other.path().join("state")).expect("state dir");
     let mut job = crate::job();
     job.restore(&mut checkpoints).expect("restore");
+    let files = JsonLines::<Visit, Vec<DeadLetter>>::resume([&file], &mut checkpoints, Vec::new())
+        .expect("a file source");
+    let mut sessions = Vec::new();
+    job.run(files, &mut sessions, &mut Vec::new()).expect("run");
     job.checkpoint(&mut checkpoints).expect("checkpoint");
     drop(checkpoints);
-    let mut checkpoints = Checkpoints::open(other.path()).expect("state dir");
+    let mut checkpoints = Checkpoints::open(other.path().join("state")).expect("state dir");
     crate::job().restore(&mut checkpoints).expect("restore");
     let err =
         KafkaJson::<Visit, Vec<DeadLetter>>::open(broker, &input, &mut checkpoints, Vec::new())
-            .expect_err("no position recorded");
-    assert!(
-        err.to_string()
-            .contains("recorded no position of a Kafka source"),
-        "{err}"
-    );
+            .expect_err("a file source's checkpoint");
+    assert!(err.to_string().contains("reading files"), "{err}");
 }
 
 /// A record whose value is empty or only whitespace is skipped and counted as blank,

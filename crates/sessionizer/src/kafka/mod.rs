@@ -103,6 +103,10 @@ pub struct KafkaJson<E, D> {
     /// The next offset to hand out, per partition, shared with the checkpoints that
     /// record it.
     next: SharedOffsets,
+    /// Why an earlier poll failed: the consumer may have read past a record it did not
+    /// hand out, so the source takes no more polls (a restart goes on from the last
+    /// checkpoint's position).
+    failed: Option<String>,
     dead: D,
     counts: SourceCounts,
     _events: PhantomData<fn() -> E>,
@@ -205,11 +209,15 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         checkpoints.can_join_source()?;
         // (A checkpoint written with an exactly-once sink was restored only if that
         // sink joined first: it settled which checkpoint, and so which positions.)
-        if checkpoints.kafka.source.is_none()
+        // A checkpoint without a Kafka source's record reads from each partition's
+        // start (one from a build before sources recorded how they were opened has
+        // positions only, which are checked below); one of a file source cannot go on
+        // with Kafka.
+        if !checkpoints.inputs.is_empty()
             && let Some(epoch) = checkpoints.latest()
         {
             return Err(SourceError::Resume(format!(
-                "checkpoint {epoch} in {} recorded no position of a Kafka source (its job read no KafkaJson source), so where to continue reading is unknown; use another state directory",
+                "checkpoint {epoch} in {} was written by a job reading files (JsonLines::resume), so a Kafka source cannot continue it; use another state directory",
                 checkpoints.path().display()
             )));
         }
@@ -285,6 +293,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             consumer,
             topic: topic.to_string(),
             next,
+            failed: None,
             dead: dead_letters,
             counts: SourceCounts::default(),
             _events: PhantomData,
@@ -296,7 +305,27 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// Returns how many records it read. A record without a value (a tombstone), or
     /// whose value is empty or only whitespace, is skipped and counted in
     /// [`SourceCounts::blank_lines`], as the command line's Kafka input counts it.
+    /// An error (Kafka failed, the dead-letter sink refused a record) ends the source:
+    /// later polls are refused, and a restart goes on from the last checkpoint.
     pub fn poll(
+        &mut self,
+        timeout: Duration,
+        max: usize,
+        events: &mut Vec<E>,
+    ) -> Result<usize, SourceError> {
+        if let Some(why) = &self.failed {
+            return Err(SourceError::Resume(format!(
+                "this source failed earlier ({why}) and takes no more polls: restart the job, which goes on from its last checkpoint"
+            )));
+        }
+        let polled = self.poll_records(timeout, max, events);
+        if let Err(e) = &polled {
+            self.failed = Some(e.to_string());
+        }
+        polled
+    }
+
+    fn poll_records(
         &mut self,
         timeout: Duration,
         max: usize,
