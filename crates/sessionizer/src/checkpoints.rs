@@ -48,6 +48,7 @@ use sessionizer_checkpoint::{
 };
 use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::encode::RecordWriter;
+use sessionizer_window::spill::BaseImage;
 use std::path::{Path, PathBuf};
 
 /// The role of a library job's exactly-once file in a manifest's outputs (the command
@@ -224,16 +225,18 @@ impl Checkpoints {
         Ok(self.writer.next_is_base() || !checkpointed)
     }
 
-    /// Writes a checkpoint: the job's `entries` (every key when `base`, else the
-    /// changes) and its `manifest`.
+    /// Writes a checkpoint: the job's `parts` of encoded keys (every key when `base`,
+    /// else the changes; a part per worker), a base's `images` of the workers' RocksDB
+    /// stores (the keys the parts do not hold), and its `manifest`.
     pub(crate) fn write(
         &mut self,
         base: bool,
-        entries: &StateEntries,
+        parts: &[StateEntries],
+        images: Vec<BaseImage>,
         manifest: Manifest,
     ) -> Result<Committed, StateError> {
         self.refuse_if_failed()?;
-        let written = self.write_now(base, entries, manifest);
+        let written = self.write_now(base, parts, images, manifest);
         if written.is_err() {
             // The job drained its changed keys into this checkpoint: a retry must be a
             // full base, or it would miss them.
@@ -245,7 +248,8 @@ impl Checkpoints {
     fn write_now(
         &mut self,
         base: bool,
-        entries: &StateEntries,
+        parts: &[StateEntries],
+        images: Vec<BaseImage>,
         mut manifest: Manifest,
     ) -> Result<Committed, StateError> {
         if !self.writer.settle_kind(base) {
@@ -256,10 +260,15 @@ impl Checkpoints {
             });
         }
         let state = EncodedState {
-            parts: entries.parts().collect(),
-            puts: entries.puts(),
-            tombstones: entries.tombstones(),
+            parts: parts.iter().flat_map(StateEntries::parts).collect(),
+            puts: parts.iter().map(StateEntries::puts).sum(),
+            tombstones: parts.iter().map(StateEntries::tombstones).sum(),
         };
+        // A base keeps the stores' images as its copy of the keys in RocksDB.
+        let stores = images
+            .into_iter()
+            .map(crate::engine::state::store_dir)
+            .collect();
         // Where the source stands now: just after the last record it handed out.
         match &self.source {
             Some(JoinedSource::Files(files)) => self.inputs = files.positions(),
@@ -281,7 +290,9 @@ impl Checkpoints {
             }
         };
         let Some(transaction) = self.transaction.clone() else {
-            let committed = self.writer.commit(&state, manifest)?;
+            let committed = self
+                .writer
+                .commit_full(&state, &mut |_| Ok(()), stores, manifest)?;
             self.restored = true;
             self.found_epoch = Some(committed.epoch);
             return Ok(committed);
@@ -302,7 +313,9 @@ impl Checkpoints {
             // failed stops these checkpoints (`failed`).
             txn.fallback_epoch = self.found_epoch;
             manifest.kafka_txn = Some(txn);
-            let committed = self.writer.commit(&state, manifest)?;
+            let committed = self
+                .writer
+                .commit_full(&state, &mut |_| Ok(()), stores, manifest)?;
             self.restored = true;
             self.found_epoch = Some(committed.epoch);
             sink.commit_prepared(committed.epoch)

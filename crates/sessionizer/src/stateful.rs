@@ -7,14 +7,13 @@
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
-use crate::engine::shard_of;
+use crate::engine::{shard_of, state};
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sessionizer_checkpoint::state::LiveError;
 use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::Watermark;
 use sessionizer_window::WatermarkStrategy;
@@ -869,7 +868,7 @@ where
             keys: self.keys() as u64,
             ..Manifest::default()
         };
-        let committed = checkpoints.write(base, &entries, manifest)?;
+        let committed = checkpoints.write(base, &[entries], Vec::new(), manifest)?;
         self.op.track_changes(true);
         self.op.bound_tracked_changes();
         for w in &mut self.workers {
@@ -895,30 +894,42 @@ where
         let Some((manifest, state)) = checkpoints.take_found(self.counts.events, &options)? else {
             return Ok(None);
         };
-        let mut keys: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        let read = state.for_each_live(|key, value| {
-            keys.push((key.to_vec(), value.to_vec()));
-            Ok(())
+        // Every key is decoded once before anything changes, then again to be put in
+        // (the engine's restore, as the session windows'): no copy of the whole state.
+        let op = &self.op;
+        let checked = state::check_keys(&state, None, |key, value| {
+            op.check_key(key, value).map_err(|e| e.to_string())
         });
-        let restored = match read {
-            Err(LiveError::Damaged(d)) => Err(d.to_string()),
-            Err(LiveError::Apply(reason)) => Err(reason),
-            Err(LiveError::NoStoreReader) => Err(sessionizer_checkpoint::stores::NO_READER.into()),
-            Ok(()) => {
-                let watermark = Watermark(manifest.watermark.watermark_ms);
-                let shards = 1 + self.workers.len();
-                let of = |i: u32| {
-                    keys.iter()
-                        .filter(move |(k, _)| shard_of(k, shards) == i)
-                        .map(|(k, v)| (&k[..], &v[..]))
-                };
-                let mut restored = self.op.restore_state(watermark, 0, of(0));
-                for (i, w) in (1u32..).zip(&mut self.workers) {
-                    restored = restored.and_then(|()| w.op.restore_state(watermark, 0, of(i)));
-                }
-                restored.map_err(|e| e.to_string())
+        let restored = checked.map_err(state::stopped).and_then(|_| {
+            // Every operator emptied at the checkpoint's watermark, then the keys.
+            let watermark = Watermark(manifest.watermark.watermark_ms);
+            let none = std::iter::empty::<(&[u8], &[u8])>;
+            self.op
+                .restore_state(watermark, 0, none())
+                .map_err(|e| e.to_string())?;
+            for w in &mut self.workers {
+                w.op.restore_state(watermark, 0, none())
+                    .map_err(|e| e.to_string())?;
             }
-        };
+            let shards = 1 + self.workers.len();
+            let ops = (&mut self.op, &mut self.workers);
+            state::restore_keys(
+                &state,
+                None,
+                shards,
+                &mut { ops },
+                |_, _, _| {},
+                |(lead, workers), i, key, value| {
+                    match i {
+                        0 => lead.restore_key(key, value),
+                        i => workers[i - 1].op.restore_key(key, value),
+                    }
+                    .map_err(|e| e.to_string())
+                },
+                |_| {},
+            )
+            .map_err(state::stopped)
+        });
         if let Err(reason) = restored {
             // Nothing of it stays: every operator back to no state.
             let none = std::iter::empty::<(&[u8], &[u8])>;

@@ -8,14 +8,14 @@
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
+use crate::engine::state;
 use crate::late::Late;
 use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes};
 use serde::de::DeserializeOwned;
 use serde::ser::{Serialize, SerializeMap, Serializer};
-use sessionizer_checkpoint::state::LiveError;
-use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
+use sessionizer_checkpoint::{Counters, Manifest, StateEntries};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom};
 use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
@@ -647,11 +647,6 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
         self.operators().map(SessionOperator::open_sessions).sum()
     }
 
-    /// The worker that owns `key` (the command line's assignment of keys to shards).
-    fn worker_of(&self, key: &[u8]) -> usize {
-        crate::engine::shard_of(key, 1 + self.workers.len()) as usize
-    }
-
     /// Runs the job on `workers` threads (the command line's `--workers`), each owning
     /// the keys of one hash shard with an operator of its own. Every worker sees every
     /// event's time and gap, so the watermark is that of one operator, and the workers'
@@ -719,6 +714,17 @@ impl<Acc: Serialize + DeserializeOwned> StateCodec<KeySessions<Acc>> for JsonAcc
     }
 }
 
+/// What a refusal of an accumulator's JSON writer says (another store error says its
+/// own).
+pub(crate) fn unwritable(e: &SpillError) -> String {
+    match e {
+        SpillError::Encode { key, reason } => {
+            format!("the accumulator state of key {key:?} cannot be written as JSON: {reason}")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// The options of a job that shape its state, as a checkpoint records them: a restore
 /// with any other value is refused, naming it.
 fn state_options<A: Aggregator<E>, E>(
@@ -773,47 +779,31 @@ where
     ) -> Result<sessionizer_checkpoint::Committed, StateError> {
         let base = checkpoints.next_is_base(self.checkpointed)?
             || self.operators().any(SessionOperator::changes_lost);
-        let mut entries = StateEntries::default();
+        // One part per worker: every key for a base (those in a RocksDB store as its
+        // image), else the changes.
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
-        let mut refused: Option<String> = None;
-        let mut encode = |sessions: &KeySessions<A::Acc>, buf: &mut Vec<u8>| {
-            if let Err(e) = json.encode(sessions, buf) {
-                refused.get_or_insert(e);
+        let mut parts = Vec::with_capacity(1 + self.workers.len());
+        let mut images = Vec::new();
+        for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
+            let mut entries = StateEntries::default();
+            let mut encode = |s: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(s, buf);
+            match state::encode_keys(op, base, &mut entries, &mut encode) {
+                Ok(image) => images.extend(image),
+                Err(e @ SpillError::Encode { .. }) => {
+                    return Err(StateError::State {
+                        dir: checkpoints.path().to_path_buf(),
+                        reason: unwritable(&e),
+                    });
+                }
+                Err(e) => return Err(e.into()),
             }
-        };
-        if base {
-            // Every key of every worker: in memory and in the state backend's store.
-            for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
-                op.forget_changes();
-                op.for_each_key(|key, sessions| {
-                    entries.put_with(key, |buf| encode(sessions, buf));
-                })?;
-            }
-            self.store_error()?;
-        } else {
-            for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
-                op.drain_changes(|key, sessions| match sessions {
-                    Some(s) => entries.put_with(key, |buf| encode(s, buf)),
-                    None => entries.tombstone(key),
-                });
-            }
-        }
-        if let Some(reason) = refused {
-            return Err(StateError::State {
-                dir: checkpoints.path().to_path_buf(),
-                reason: format!("an accumulator state cannot be written as JSON: {reason}"),
-            });
+            parts.push(entries);
         }
         let c = self.counts;
         let manifest = Manifest {
             options: state_options::<A, E>(self.op.config(), self.valid),
             next_seq: self.seq,
-            watermark: WatermarkState {
-                max_event_time_ms: self.max_time.map(EventTime::millis),
-                watermark_ms: self.op.watermark().millis(),
-                largest_gap_ms: self.op.largest_gap().millis(),
-                new_key_floor_ms: Some(self.op.new_key_floor()),
-            },
+            watermark: state::progress(&self.op, self.max_time),
             counters: Counters {
                 records_read: c.events,
                 in_sessions: c.in_sessions,
@@ -827,7 +817,7 @@ where
             open_sessions: self.open_sessions_all() as u64,
             ..Manifest::default()
         };
-        let committed = checkpoints.write(base, &entries, manifest)?;
+        let committed = checkpoints.write(base, &parts, images, manifest)?;
         self.operators_mut().for_each(|op| {
             op.track_changes(true);
             op.bound_tracked_changes();
@@ -909,38 +899,39 @@ where
             );
             return Err(checkpoints.keep_found((manifest, state), reason));
         }
-        // Decode every key before changing anything.
-        let mut keys = Vec::new();
+        // Every key is decoded once before anything changes (a refused checkpoint
+        // leaves the job as it was), then again to be put in: two reads, no copy of
+        // the whole state in memory (with RocksDB it may be larger than memory).
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
-        let decoded = state.for_each_live(|key, value| {
-            json.decode(value)
-                .map(|sessions| keys.push((key.to_vec(), sessions)))
-                .map_err(|e| format!("key {}: {e}", String::from_utf8_lossy(key)))
-        });
-        if let Err(e) = decoded {
-            let reason = match e {
-                LiveError::Damaged(d) => d.to_string(),
-                LiveError::Apply(reason) => reason,
-                LiveError::NoStoreReader => sessionizer_checkpoint::stores::NO_READER.into(),
-            };
-            return Err(checkpoints.keep_found((manifest, state), reason));
-        }
+        let reader = crate::pipeline::store_reader();
+        let checked = state::check_keys(&state, reader, |_, value| json.decode(value).map(drop));
+        let keys = match checked {
+            Ok(keys) => usize::try_from(keys).unwrap_or(usize::MAX),
+            Err(e) => return Err(checkpoints.keep_found((manifest, state), state::stopped(e))),
+        };
         let w = &manifest.watermark;
-        let watermark = Watermark(w.watermark_ms);
         let workers = 1 + self.workers.len();
         for op in self.operators_mut() {
-            op.observe_gap(DurationMs(w.largest_gap_ms));
-            op.restore_watermark(watermark);
-            op.restore_new_key_floor(w.new_key_floor_ms);
-            op.reserve_keys(keys.len() / workers);
+            state::restore_progress(op, w);
+            op.reserve_keys(keys / workers);
         }
-        self.watermark.resume_at(watermark);
+        self.watermark.resume_at(Watermark(w.watermark_ms));
         self.max_time = w.max_event_time_ms.map(EventTime);
-        for (key, sessions) in keys {
-            match self.worker_of(&key) {
-                0 => self.op.restore_key(&key, sessions),
-                i => self.workers[i - 1].restore_key(&key, sessions),
-            }
+        let mut ops: Vec<_> = self.operators_mut().collect();
+        let restored = state::restore_keys(
+            &state,
+            reader,
+            workers,
+            &mut ops[..],
+            |ops, i, hash| ops[i].prefetch_index(hash),
+            |ops, i, key, value| {
+                ops[i].restore_key(key, json.decode(value)?);
+                Ok(())
+            },
+            |_| {},
+        );
+        if let Err(e) = restored {
+            return Err(checkpoints.keep_found((manifest, state), state::stopped(e)));
         }
         self.store_error()?;
         let c = &manifest.counters;
@@ -1053,22 +1044,14 @@ where
     }
 
     /// Where event time stands.
-    pub(crate) fn task_progress(&self) -> WatermarkState {
-        WatermarkState {
-            max_event_time_ms: self.max_time.map(EventTime::millis),
-            watermark_ms: self.op.watermark().millis(),
-            largest_gap_ms: self.op.largest_gap().millis(),
-            new_key_floor_ms: Some(self.op.new_key_floor()),
-        }
+    pub(crate) fn task_progress(&self) -> sessionizer_checkpoint::WatermarkState {
+        state::progress(&self.op, self.max_time)
     }
 
     /// Puts event time back, before any key.
-    pub(crate) fn restore_task_progress(&mut self, w: &WatermarkState) {
-        let watermark = Watermark(w.watermark_ms);
-        self.op.observe_gap(DurationMs(w.largest_gap_ms));
-        self.op.restore_watermark(watermark);
-        self.op.restore_new_key_floor(w.new_key_floor_ms);
-        self.watermark.resume_at(watermark);
+    pub(crate) fn restore_task_progress(&mut self, w: &sessionizer_checkpoint::WatermarkState) {
+        state::restore_progress(&mut self.op, w);
+        self.watermark.resume_at(Watermark(w.watermark_ms));
         self.max_time = w.max_event_time_ms.map(EventTime);
         self.checkpointed = true;
     }
@@ -1095,21 +1078,10 @@ where
     pub(crate) fn drain_task_changes(
         &mut self,
         f: &mut crate::pipeline::kafka::PutChange<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SpillError> {
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
-        let mut buf = Vec::new();
-        let mut refused = None;
-        self.op.drain_changes(|key, sessions| match sessions {
-            Some(s) => {
-                buf.clear();
-                if let Err(e) = json.encode(s, &mut buf) {
-                    refused.get_or_insert(e);
-                }
-                f(key, Some(&buf));
-            }
-            None => f(key, None),
-        });
-        refused.map_or(Ok(()), Err)
+        let mut encode = |s: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(s, buf);
+        state::drain_encoded(&mut self.op, &mut Vec::new(), &mut encode, f)
     }
 
     /// Calls `f` with every key and its encoded sessions.
@@ -1118,20 +1090,7 @@ where
         f: &mut dyn FnMut(&[u8], &[u8]),
     ) -> Result<(), SpillError> {
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
-        let mut buf = Vec::new();
-        let mut refused = None;
-        self.op.for_each_key(|key, sessions| {
-            buf.clear();
-            match json.encode(sessions, &mut buf) {
-                Ok(()) => f(key, &buf),
-                Err(reason) => {
-                    refused.get_or_insert(SpillError::Encode {
-                        key: String::from_utf8_lossy(key).into_owned(),
-                        reason,
-                    });
-                }
-            }
-        })?;
-        refused.map_or(Ok(()), Err)
+        let mut encode = |s: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(s, buf);
+        state::for_each_encoded(&self.op, &mut encode, f)
     }
 }

@@ -186,7 +186,17 @@ fn a_checkpoint_of_a_rocksdb_job_restores_on_either_backend() {
                         spilled.keys > 1_000,
                         "keys on disk at the checkpoint: {spilled:?}"
                     );
-                    first.checkpoint(&mut checkpoints).expect("checkpoint");
+                    let keys = first.operator().keys() as u64;
+                    let written = first.checkpoint(&mut checkpoints).expect("checkpoint");
+                    if i + 1 == 12_000 {
+                        // The base keeps an image of the store (a RocksDB checkpoint)
+                        // for the keys on disk instead of reading and encoding them.
+                        assert_eq!(written.kind, sessionizer::checkpoints::FileKind::Base);
+                        assert!(
+                            written.store_bytes > 0 && written.puts + spilled.keys as u64 == keys,
+                            "{written:?}, {spilled:?}, {keys} keys"
+                        );
+                    }
                     committed.append(&mut out);
                     committed_late.append(&mut late);
                 }

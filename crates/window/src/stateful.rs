@@ -1652,6 +1652,22 @@ impl<E, S: Serialize + DeserializeOwned, W: WatermarkStrategy, C: Clock>
         })
     }
 
+    /// Checks that `record` is a key record [`restore_key`](Self::restore_key) takes
+    /// (as [`encode_state`](Self::encode_state) wrote it, for this state type),
+    /// changing nothing: a restore that must refuse a checkpoint whole checks every key
+    /// before putting any.
+    pub fn check_key(&self, key: &[u8], record: &[u8]) -> Result<(), SnapshotError> {
+        let mut r = Reader {
+            bytes: record,
+            at: 0,
+        };
+        decode_key_record::<S>(key, &mut r)?;
+        if r.at != record.len() {
+            return Err(SnapshotError::Truncated);
+        }
+        Ok(())
+    }
+
     /// Puts one key back from its record (as [`encode_state`](Self::encode_state)
     /// wrote it), between batches, replacing what the key held: a restore key by key,
     /// after [`restore_state`](Self::restore_state) set the watermark. On error nothing

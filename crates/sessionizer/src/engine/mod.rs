@@ -15,6 +15,7 @@
 
 mod idle;
 mod order;
+pub(crate) mod state;
 mod walks;
 mod workers;
 

@@ -565,10 +565,8 @@ where
     }
 
     fn drain_changes(&mut self, f: &mut PutChange<'_>) {
-        if let Err(reason) = self.job.drain_task_changes(f) {
-            self.failed(RunError::Unsupported(format!(
-                "an accumulator state cannot be written as JSON: {reason}"
-            )));
+        if let Err(e) = self.job.drain_task_changes(f) {
+            self.failed(RunError::Unsupported(crate::windowed::unwritable(&e)));
         }
     }
 

@@ -30,7 +30,7 @@ use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::{
     CheckpointWriter, Committed, Counters, EncodedState, InputPosition, KafkaTxn, LoadedState,
-    Manifest, OutputCommit, Recovered, StateDir, StateEntries, StoreImageDir, WatermarkState,
+    Manifest, OutputCommit, Recovered, StateDir, StateEntries,
 };
 use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
@@ -288,12 +288,7 @@ impl Durable {
             options: self.options.clone(),
             inputs: self.inputs.clone(),
             next_seq,
-            watermark: WatermarkState {
-                max_event_time_ms: lead.max_event_time().map(|t| t.millis()),
-                watermark_ms: lead.op.watermark().millis(),
-                largest_gap_ms: lead.largest_gap().millis(),
-                new_key_floor_ms: Some(lead.op.new_key_floor()),
-            },
+            watermark: lead.progress(),
             outputs: outputs
                 .iter()
                 .map(|(role, path, pending)| OutputCommit {
@@ -544,11 +539,7 @@ fn write(writer: &mut CheckpointWriter, w: &mut Work) -> Result<Committed, RunEr
     // A base keeps the stores' images as its copy of the keys in RocksDB.
     let stores = std::mem::take(&mut w.images)
         .into_iter()
-        .map(|b| StoreImageDir {
-            keys: b.keys,
-            open_sessions: b.open_sessions,
-            path: b.image.into_dir(),
-        })
+        .map(crate::engine::state::store_dir)
         .collect();
     Ok(writer.commit_full(&state, &mut |_| Ok(()), stores, w.manifest.clone())?)
 }

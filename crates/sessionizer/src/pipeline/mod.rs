@@ -34,7 +34,7 @@ pub(crate) mod shard;
 pub use backend::store_reader;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
-use crate::engine::{END_PART, Workers, merge_order, shard_of};
+use crate::engine::{END_PART, Workers, merge_order, shard_of, state};
 use crate::stats::RunStats;
 use crate::telemetry::{
     CheckpointKind, CheckpointReport, KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry,
@@ -819,12 +819,10 @@ impl<'c> Job<'c> {
             s.op.reserve_keys(keys.div_ceil(shards) + keys / 64);
         }
         let format = state.format_version();
-        // Progress of a long restore, for the metrics.
-        const PROGRESS_EVERY: u64 = 1 << 16;
-        let (mut keys, mut reported) = (0u64, 0u64);
         if self.stores_restored {
             // The stores hold the keys that were in RocksDB at the base; the base file
             // and the deltas go over them.
+            let mut keys = 0u64;
             let shards_now = &mut self.shards;
             let restored = state.for_each_newest_in_files(|key, value| {
                 keys += 1;
@@ -836,63 +834,34 @@ impl<'c> Job<'c> {
             if let Some(d) = &mut self.durable {
                 d.stats.restore_keys_linked = in_stores;
             }
-            return Ok((keys + in_stores, reported));
+            return Ok((keys + in_stores, 0));
         }
-        // With a million keys every insert misses the cache on the shard's index: its
-        // entry is asked for RESTORE_AHEAD keys before the key is put in.
-        const RESTORE_AHEAD: usize = 16;
-        // The keys waiting are copies (the state hands each out for its call only),
-        // in buffers that go round.
-        let mut ahead: std::collections::VecDeque<(usize, Vec<u8>, Vec<u8>)> =
-            std::collections::VecDeque::with_capacity(RESTORE_AHEAD + 1);
-        let mut spare: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(RESTORE_AHEAD + 1);
-        let shards_now = &mut self.shards;
-        let mut restored = state.for_each_live_with(backend::store_reader(), |key, value| {
-            let shard = shard_of(key, shards) as usize;
-            keys += 1;
-            if keys % PROGRESS_EVERY == 0 {
-                telemetry.restore_progress(keys - reported);
-                reported = keys;
-            }
-            shards_now[shard]
-                .op
-                .prefetch_index(sessionizer_window::keyed::key_hash(key));
-            let (mut k, mut v) = spare.pop().unwrap_or_default();
-            k.clear();
-            k.extend_from_slice(key);
-            v.clear();
-            v.extend_from_slice(value);
-            ahead.push_back((shard, k, v));
-            if ahead.len() > RESTORE_AHEAD {
-                let (s, k, v) = ahead.pop_front().expect("a key waits");
-                shards_now[s]
-                    .restore_key(&k, &v, format)
-                    .map_err(|reason| (k.clone(), reason))?;
-                spare.push((k, v));
-            }
-            Ok(())
-        });
-        if restored.is_ok() {
-            for (s, k, v) in ahead.drain(..) {
-                if let Err(reason) = shards_now[s].restore_key(&k, &v, format) {
-                    restored = Err(LiveError::Apply((k, reason)));
-                    break;
-                }
-            }
-        }
-        self.restore_failed(restored, manifest, &dir)?;
+        let mut reported = 0u64;
+        let restored = state::restore_keys(
+            state,
+            backend::store_reader(),
+            shards,
+            &mut self.shards[..],
+            |all, s, hash| all[s].op.prefetch_index(hash),
+            |all, s, key, value| all[s].restore_key(key, value, format),
+            |keys| {
+                telemetry.restore_progress(keys);
+                reported += keys;
+            },
+        );
+        let keys = self.restore_failed(restored, manifest, &dir)?;
         Ok((keys, reported))
     }
 
     /// The error of a restore that failed.
-    fn restore_failed(
+    fn restore_failed<T>(
         &self,
-        restored: Result<(), LiveError<(Vec<u8>, String)>>,
+        restored: Result<T, LiveError<(Vec<u8>, String)>>,
         manifest: &sessionizer_checkpoint::Manifest,
         dir: &str,
-    ) -> Result<(), RunError> {
+    ) -> Result<T, RunError> {
         match restored {
-            Ok(()) => Ok(()),
+            Ok(done) => Ok(done),
             Err(LiveError::Damaged(d)) => {
                 Err(RunError::Checkpoint(CheckpointError::NoValidCheckpoint {
                     dir: dir.into(),

@@ -13,7 +13,7 @@
 //! produced them.
 
 use super::parse::{Kind, Parsed};
-use crate::engine::{Place, Walked, Walker, walk};
+use crate::engine::{Place, Walked, Walker, state, walk};
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
@@ -399,6 +399,11 @@ impl Shard {
         self.watermark.max_time()
     }
 
+    /// Where event time stands, as a checkpoint records it.
+    pub fn progress(&self) -> WatermarkState {
+        state::progress(&self.op, self.max_event_time())
+    }
+
     /// Encodes this shard's keyed state for a checkpoint: every key (`base`), or the keys
     /// changed or removed since the last checkpoint. Either way the changes are then
     /// forgotten: the checkpoint holds them. In a delta, keys spilled to the state
@@ -410,22 +415,7 @@ impl Shard {
         base: bool,
         out: &mut StateEntries,
     ) -> Result<Option<BaseImage>, SpillError> {
-        out.clear();
-        let mut image = None;
-        if base {
-            image = self.op.base_keys(|key, sessions| {
-                out.put_with(key, |buf| codec::encode_sessions(sessions, buf));
-            })?;
-        } else {
-            self.op.drain_changes(|key, sessions| match sessions {
-                Some(s) => out.put_with(key, |buf| codec::encode_sessions(s, buf)),
-                None => out.tombstone(key),
-            });
-        }
-        match self.op.take_spill_error() {
-            Some(e) => Err(e),
-            None => Ok(image),
-        }
+        state::encode_keys(&mut self.op, base, out, &mut state::encode_builtin)
     }
 
     /// Puts one key's state back from a checkpoint of format `format` (after
@@ -455,11 +445,6 @@ impl Shard {
             .map_err(|e| e.to_string())
     }
 
-    /// The largest gap of any valid event so far.
-    pub fn largest_gap(&self) -> DurationMs {
-        self.op.largest_gap()
-    }
-
     /// Starts remembering which keys change, for incremental checkpoints.
     pub fn track_changes(&mut self) {
         self.op.track_changes(true);
@@ -472,9 +457,6 @@ impl Shard {
         if let Some(t) = w.max_event_time_ms {
             self.watermark.observe(EventTime(t));
         }
-        self.op.observe_gap(DurationMs(w.largest_gap_ms));
-        self.op
-            .restore_watermark(Watermark::at(EventTime(w.watermark_ms)));
-        self.op.restore_new_key_floor(w.new_key_floor_ms);
+        state::restore_progress(&mut self.op, w);
     }
 }

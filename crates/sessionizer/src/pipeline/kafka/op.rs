@@ -13,6 +13,7 @@ use super::super::backend::TaskStores;
 use super::super::parse::{self, Kind, ParseSettings, Parsed};
 use super::super::shard::{Shard, Tagged};
 use crate::config::{OnInvalid, PipelineConfig};
+use crate::engine::state;
 use crate::stats::RunStats;
 use crate::telemetry::KeyView;
 use sessionizer_checkpoint::WatermarkState;
@@ -20,11 +21,10 @@ use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
+use sessionizer_window::EmitMode;
 use sessionizer_window::spill::{SpillCounts, SpillError};
-use sessionizer_window::{EmitMode, codec};
 
-/// Takes a changed key and its encoded state (`None`: the key has none any more).
-pub(crate) type PutChange<'a> = dyn FnMut(&[u8], Option<&[u8]>) + 'a;
+pub(crate) use crate::engine::state::PutChange;
 
 /// What came of decoding a batch ([`TaskOp::process`]).
 #[derive(Debug, Default)]
@@ -258,12 +258,7 @@ impl TaskOp for JsonOp {
     }
 
     fn progress(&self) -> WatermarkState {
-        WatermarkState {
-            max_event_time_ms: self.shard.max_event_time().map(|t| t.millis()),
-            watermark_ms: self.shard.op.watermark().millis(),
-            largest_gap_ms: self.shard.largest_gap().millis(),
-            new_key_floor_ms: Some(self.shard.op.new_key_floor()),
-        }
+        self.shard.progress()
     }
 
     fn restore_progress(&mut self, w: &WatermarkState) {
@@ -279,24 +274,13 @@ impl TaskOp for JsonOp {
     }
 
     fn drain_changes(&mut self, f: &mut PutChange<'_>) {
-        let buf = &mut self.value_buf;
-        self.shard.op.drain_changes(|key, sessions| match sessions {
-            Some(s) => {
-                buf.clear();
-                codec::encode_sessions(s, buf);
-                f(key, Some(buf));
-            }
-            None => f(key, None),
-        });
+        let encode = &mut state::encode_builtin;
+        state::drain_encoded(&mut self.shard.op, &mut self.value_buf, encode, f)
+            .expect("the built-in aggregates' encoder refuses nothing");
     }
 
     fn for_each_key(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), SpillError> {
-        let mut buf = Vec::new();
-        self.shard.op.for_each_key(|key, sessions| {
-            buf.clear();
-            codec::encode_sessions(sessions, &mut buf);
-            f(key, &buf);
-        })
+        state::for_each_encoded(&self.shard.op, &mut state::encode_builtin, f)
     }
 
     fn take_error(&mut self) -> Option<RunError> {
