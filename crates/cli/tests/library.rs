@@ -358,3 +358,147 @@ fn the_flink_style_example_and_the_cli_emit_the_same_sessions() {
     );
     assert_eq!(accounting, cli_accounting);
 }
+
+#[path = "../../sessionizer/examples/spark_style.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod spark_style;
+
+/// A session as both jobs give it: key, first and last event time, the pages in
+/// event-time order.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Found {
+    key: String,
+    start: String,
+    end: String,
+    pages: Vec<String>,
+}
+
+/// The book's Spark job (`examples/spark_style.rs`: the seed's `map_visits_to_session`
+/// in micro-batches, each visit's session emitted when its event-time timeout, 10
+/// minutes past the watermark of its last batch, fires) emits the sessions of the
+/// CLI's 10-minute session window on the same data: the generator's visits out of
+/// order by up to 20 s (never behind a 1-minute watermark), with duplicate and invalid
+/// lines (the year-2500 ones among them), and pauses of 26 to 34 minutes that split a
+/// visit in both. The same sessions as sets (the Spark job emits at timeouts, the CLI
+/// at closes), and the same accounting.
+#[test]
+fn the_spark_style_example_and_the_cli_emit_the_same_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("visits.jsonl");
+    sessionizer(&[
+        "generate",
+        "--events",
+        "20000",
+        "--keys",
+        "200",
+        "--out-of-order",
+        "20s",
+        "--return-fraction",
+        "0.2",
+        "--duplicate-fraction",
+        "0.01",
+        "--invalid-fraction",
+        "0.01",
+        "--output",
+        s(&input),
+    ]);
+    assert!(
+        far_future_lines(&input) > 0,
+        "the year-2500 lines are in the input"
+    );
+    let cli_out = dir.path().join("sessions.jsonl");
+    let stats = dir.path().join("stats.json");
+    sessionizer(&[
+        "run",
+        "--input",
+        s(&input),
+        "--output",
+        s(&cli_out),
+        "--gap",
+        "10m",
+        "--watermark-delay",
+        "1m",
+        "--collect",
+        "page",
+        "--stats-file",
+        s(&stats),
+    ]);
+    let mut printed = Vec::new();
+    spark_style::run_on(&input, 500, &mut printed).expect("the example runs");
+    let printed = String::from_utf8(printed).expect("UTF-8");
+
+    let mut library: Vec<Found> = printed
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            Found {
+                key: v["visit_id"].as_str().expect("visit_id").to_string(),
+                start: v["start_time"].as_str().expect("start_time").to_string(),
+                end: v["end_time"].as_str().expect("end_time").to_string(),
+                pages: v["visited_pages"]
+                    .as_array()
+                    .expect("visited_pages")
+                    .iter()
+                    .map(|p| p["page"].as_str().expect("page").to_string())
+                    .collect(),
+            }
+        })
+        .collect();
+    let mut cli: Vec<Found> = std::fs::read_to_string(&cli_out)
+        .expect("CLI output")
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            assert_eq!(v["revision"], 0, "one record per session: {l}");
+            Found {
+                key: v["key"].as_str().expect("key").to_string(),
+                start: v["start"].as_str().expect("start").to_string(),
+                end: v["end"].as_str().expect("end").to_string(),
+                pages: v["page"]
+                    .as_array()
+                    .expect("page")
+                    .iter()
+                    .map(|p| p.as_str().expect("page").to_string())
+                    .collect(),
+            }
+        })
+        .collect();
+    library.sort();
+    cli.sort();
+    assert!(cli.len() > 1_500, "{} sessions", cli.len());
+    // Visits split by a pause: the same key in two sessions, on both sides.
+    let split = cli.windows(2).filter(|w| w[0].key == w[1].key).count();
+    assert!(split > 50, "{split} visits split by a pause");
+    assert_eq!(library.len(), cli.len());
+    for (l, c) in library.iter().zip(&cli) {
+        assert_eq!(l, c);
+    }
+
+    // Nothing late; the same events in sessions (duplicates among them) and invalid.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    let accounting = printed
+        .lines()
+        .find(|l| l.starts_with("records "))
+        .expect("the accounting line");
+    let cli_accounting = format!(
+        "records {} = in calls {} + late {} + invalid {}",
+        stats["records_read"],
+        stats["in_sessions"].as_u64().unwrap_or(0) + stats["duplicates"].as_u64().unwrap_or(0),
+        stats["late"],
+        stats["invalid"]
+    );
+    assert_eq!(accounting, cli_accounting);
+    // What went to the late sink is the rejected far-future lines, none behind the
+    // watermark.
+    let rejected: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.starts_with("late: "))
+        .collect();
+    assert_eq!(rejected.len(), far_future_lines(&input), "{rejected:?}");
+    for line in rejected {
+        let reason = format!("({})", sessionizer::late::TIME_OUT_OF_RANGE);
+        assert!(line.ends_with(&reason), "{line}");
+    }
+}

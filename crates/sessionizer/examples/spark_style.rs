@@ -18,7 +18,10 @@
 //! One difference of engine, not of function: Spark fires a timeout once the watermark
 //! has passed it, sessionizer once it has reached it; no deadline here equals a
 //! watermark, so the two agree (see `tests/spark_seed.rs`).
-//! Run: `cargo run -p sessionizer --example spark_style`
+//! Run: `cargo run -p sessionizer --example spark_style` (the scenario), or with a file
+//! of visits as its argument (micro-batches of 500; `tests/library.rs` of the CLI
+//! checks that on the generator's visits it emits the sessions the CLI's 10-minute
+//! session window emits).
 
 use serde::{Deserialize, Serialize};
 use sessionizer::prelude::*;
@@ -131,15 +134,75 @@ pub const MICRO_BATCHES: [&str; 5] = [
     r#"{"visit_id":"v5","event_time":"2024-01-01T10:30:00Z","user_id":"u5","page":"/home"}"#,
 ];
 
+/// The job's type, its functions as `fn` pointers.
+pub type SparkJob = StatefulJob<
+    Visit,
+    fn(&Visit) -> String,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    PendingSession,
+    fn(&str, Vec<Visit>, &mut GroupState<'_, PendingSession>) -> Option<SessionOut>,
+    SystemClock,
+>;
+
+/// The job: visits keyed by `visit_id`, a 1-minute watermark delay, the seed's
+/// function, micro-batches of `batch` visits when run over an input.
+pub fn job(batch: usize) -> SparkJob {
+    Stream::<Visit>::new()
+        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .flat_map_groups_with_state(
+            map_visits_to_session
+                as fn(&str, Vec<Visit>, &mut GroupState<'_, PendingSession>) -> Option<SessionOut>,
+        )
+        .batching(Batching::Events(batch))
+        .build()
+}
+
+/// Runs the job on the JSON-lines file `input` in micro-batches of `batch` visits,
+/// writing its sessions as JSON lines, then its late (and rejected) visits and its
+/// dead letters, then the accounting.
+pub fn run_on(
+    input: &std::path::Path,
+    batch: usize,
+    out: &mut impl Write,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut dead_letters: Vec<DeadLetter> = Vec::new();
+    let mut visits = JsonLines::<Visit, _>::files([input], &mut dead_letters)?;
+    let mut job = job(batch);
+    let (mut sessions, mut late) = (Vec::new(), Vec::new());
+    let counts = job.run(visits.by_ref(), &mut sessions, &mut late)?;
+    let read = visits.finish()?;
+    for s in &sessions {
+        writeln!(out, "{}", serde_json::to_string(s)?)?;
+    }
+    for l in &late {
+        writeln!(
+            out,
+            "late: {} at {} ({})",
+            l.event.visit_id, l.time, l.reason
+        )?;
+    }
+    for d in &dead_letters {
+        let name = d.source.rsplit('/').next().unwrap_or(&d.source);
+        writeln!(out, "dead letter: {name}: {}", d.reason)?;
+    }
+    writeln!(
+        out,
+        "records {} = in calls {} + late {} + invalid {}",
+        read.records,
+        counts.events - counts.late - counts.invalid,
+        counts.late,
+        read.invalid + counts.invalid
+    )?;
+    Ok(())
+}
+
 /// Runs the job over [`MICRO_BATCHES`], writing each session (and each late visit) as a
 /// JSON line, with the batch it came out of.
 pub fn run(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
-    let mut job = Stream::<Visit>::new()
-        .key_by(|v| v.visit_id.clone())
-        .event_time(|v| v.event_time)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .flat_map_groups_with_state(map_visits_to_session)
-        .build();
+    let mut job = job(1);
     for (n, batch) in MICRO_BATCHES.iter().enumerate() {
         let visits = batch
             .lines()
@@ -177,5 +240,10 @@ pub fn run(out: &mut impl Write) -> Result<(), Box<dyn std::error::Error>> {
 
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    run(&mut std::io::stdout().lock())
+    let out = &mut std::io::stdout().lock();
+    match std::env::args_os().nth(1) {
+        // A file of visits (`sessionizer generate` writes one), in micro-batches of 500.
+        Some(input) => run_on(std::path::Path::new(&input), 500, out),
+        None => run(out),
+    }
 }
