@@ -646,6 +646,10 @@ pub struct Resumed {
     pub events: u64,
     /// Keys with state at the checkpoint.
     pub keys: u64,
+    /// Of those, the keys that came back without being read: a session window on
+    /// RocksDB with as many workers as the checkpoint's base had starts each worker's
+    /// store as the base's copy of it (0 otherwise).
+    pub keys_linked: u64,
 }
 
 #[cfg(all(test, feature = "kafka"))]

@@ -959,6 +959,7 @@ where
             epoch: manifest.epoch,
             events: c.records_read,
             keys: manifest.keys,
+            keys_linked: 0,
         }))
     }
 

@@ -234,6 +234,8 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             counts: WindowCounts::default(),
             checkpointed: false,
             spill_root: None,
+            #[cfg(feature = "rocksdb")]
+            state_memory: 0,
         }
     }
 }
@@ -463,6 +465,9 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     checkpointed: bool,
     /// The directory of the `rocksdb` backend's store (after `op`: dropped after it).
     spill_root: Option<SpillRoot>,
+    /// The `rocksdb` backend's memory budget.
+    #[cfg(feature = "rocksdb")]
+    state_memory: u64,
 }
 
 /// What became of one pushed event.
@@ -858,17 +863,85 @@ where
     where
         A::Acc: 'static,
     {
+        let root = SpillRoot::choose(dir, None);
+        self.open_stores(&root, memory_bytes, None)?;
+        self.spill_root = Some(root);
+        self.state_memory = memory_bytes;
+        Ok(())
+    }
+
+    /// Gives every worker a RocksDB store in its part of `root`: an empty one, or with
+    /// `copies` (a base's store copies, one per worker) one that starts as its
+    /// shard's copy. A worker's earlier store is closed first (its directory is
+    /// emptied for the new one); the workers hold no key in memory.
+    #[cfg(feature = "rocksdb")]
+    fn open_stores(
+        &mut self,
+        root: &SpillRoot,
+        memory_bytes: u64,
+        copies: Option<&[sessionizer_checkpoint::stores::LoadedStore]>,
+    ) -> Result<(), StateError>
+    where
+        A::Acc: 'static,
+    {
         use crate::pipeline::backend::rocks_budget;
         use sessionizer_window::spill::RocksSpill;
-        let root = SpillRoot::choose(dir, None);
         let (memory, hot) = rocks_budget(memory_bytes, 1 + self.workers.len());
-        for (i, op) in (0u32..).zip(std::iter::once(&mut self.op).chain(self.workers.iter_mut())) {
-            let codec = Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData));
-            let store = RocksSpill::open_with(&root.part(i), codec, &memory)?;
-            op.spill_to(Box::new(store), hot);
+        let codec = || Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData));
+        for op in self.operators_mut() {
+            let detached = op.detach_spill();
+            debug_assert!(detached, "a worker with keys in memory");
+        }
+        let Some(copies) = copies else {
+            for (i, op) in (0u32..).zip(self.operators_mut()) {
+                let store = RocksSpill::open_with(&root.part(i), codec(), &memory)?;
+                op.spill_to(Box::new(store), hot);
+            }
+            return Ok(());
+        };
+        let stores = (0u32..)
+            .zip(copies)
+            .map(|(i, copy)| RocksSpill::open_from(&root.part(i), &copy.path, codec(), &memory))
+            .collect::<Result<Vec<_>, _>>()?;
+        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        for ((op, store), copy) in self.operators_mut().zip(stores).zip(copies) {
+            op.spill_restored(
+                Box::new(store),
+                hot,
+                count(copy.keys),
+                count(copy.open_sessions),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Starts every worker's store as its copy in a checkpoint's base (`copies`, one
+    /// per worker: the base was written by as many), the command line's restore on
+    /// RocksDB: their keys are not read. On an error every worker gets an empty store
+    /// again, the job as it was.
+    #[cfg(feature = "rocksdb")]
+    fn link_stores(
+        &mut self,
+        copies: &[sessionizer_checkpoint::stores::LoadedStore],
+    ) -> Result<(), StateError>
+    where
+        A::Acc: 'static,
+    {
+        let root = self.spill_root.take().expect("a job on RocksDB");
+        let mut linked = self.open_stores(&root, self.state_memory, Some(copies));
+        if let Err(e) = linked {
+            linked = self.open_stores(&root, self.state_memory, None).and(Err(e));
         }
         self.spill_root = Some(root);
-        Ok(())
+        linked
+    }
+
+    #[cfg(not(feature = "rocksdb"))]
+    fn link_stores(
+        &mut self,
+        _: &[sessionizer_checkpoint::stores::LoadedStore],
+    ) -> Result<(), StateError> {
+        unreachable!("no store without the rocksdb feature")
     }
 
     #[cfg(not(feature = "rocksdb"))]
@@ -901,16 +974,28 @@ where
         }
         // Every key is decoded once before anything changes (a refused checkpoint
         // leaves the job as it was), then again to be put in: two reads, no copy of
-        // the whole state in memory (with RocksDB it may be larger than memory).
+        // the whole state in memory (with RocksDB it may be larger than memory). On
+        // RocksDB with the base's number of workers, the stores start as the base's
+        // copies of them, and only the keys in its files are read.
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
+        let decodes = |_: &[u8], value: &[u8]| json.decode(value).map(drop);
+        let workers = 1 + self.workers.len();
+        let linked = self.spill_root.is_some() && state.stores().len() == workers;
         let reader = crate::pipeline::store_reader();
-        let checked = state::check_keys(&state, reader, |_, value| json.decode(value).map(drop));
+        let checked = if linked {
+            state::check_files(&state, decodes)
+        } else {
+            state::check_keys(&state, reader, decodes)
+        };
         let keys = match checked {
             Ok(keys) => usize::try_from(keys).unwrap_or(usize::MAX),
             Err(e) => return Err(checkpoints.keep_found((manifest, state), state::stopped(e))),
         };
+        let in_stores: u64 = state.stores().iter().map(|s| s.keys).sum();
+        if linked && let Err(e) = self.link_stores(state.stores()) {
+            return Err(checkpoints.keep_found((manifest, state), e.to_string()));
+        }
         let w = &manifest.watermark;
-        let workers = 1 + self.workers.len();
         for op in self.operators_mut() {
             state::restore_progress(op, w);
             op.reserve_keys(keys / workers);
@@ -918,18 +1003,27 @@ where
         self.watermark.resume_at(Watermark(w.watermark_ms));
         self.max_time = w.max_event_time_ms.map(EventTime);
         let mut ops: Vec<_> = self.operators_mut().collect();
-        let restored = state::restore_keys(
-            &state,
-            reader,
-            workers,
-            &mut ops[..],
-            |ops, i, hash| ops[i].prefetch_index(hash),
-            |ops, i, key, value| {
-                ops[i].restore_key(key, json.decode(value)?);
-                Ok(())
-            },
-            |_| {},
-        );
+        let restored = if linked {
+            state::restore_over_files(&state, workers, &mut ops[..], |ops, i, key, value| {
+                let sessions = value.map(|v| json.decode(v)).transpose()?;
+                ops[i]
+                    .restore_over(key, sessions)
+                    .map_err(|e| e.to_string())
+            })
+        } else {
+            state::restore_keys(
+                &state,
+                reader,
+                workers,
+                &mut ops[..],
+                |ops, i, hash| ops[i].prefetch_index(hash),
+                |ops, i, key, value| {
+                    ops[i].restore_key(key, json.decode(value)?);
+                    Ok(())
+                },
+                |_| {},
+            )
+        };
         if let Err(e) = restored {
             return Err(checkpoints.keep_found((manifest, state), state::stopped(e)));
         }
@@ -955,6 +1049,7 @@ where
             epoch: manifest.epoch,
             events: c.records_read,
             keys: manifest.keys,
+            keys_linked: if linked { in_stores } else { 0 },
         }))
     }
 }

@@ -128,19 +128,20 @@ fn rocksdb_gives_the_memory_backends_output_with_most_keys_on_disk() {
     }
 }
 
-/// A job restored from the checkpoint in `dir` (on RocksDB in `store` if given), which
-/// must cover the first `covered` events of `input`, then run over the rest: what it
-/// emits and its counts.
+/// A job on `workers` workers restored from the checkpoint in `dir` (on RocksDB in
+/// `store` if given), which must cover the first `covered` events of `input`, then
+/// run over the rest: what it emits, its counts and what it resumed from.
 #[cfg(feature = "rocksdb")]
 fn resume(
     dir: &std::path::Path,
-    store: Option<&std::path::Path>,
+    (store, workers): (Option<&std::path::Path>, usize),
     lateness: DurationMs,
     input: &[Visit],
     covered: usize,
-) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts) {
+) -> (Vec<Out>, Vec<Late<Visit>>, WindowCounts, Resumed) {
     let mut checkpoints = Checkpoints::open(dir).expect("state dir");
     let mut job = job(minutes(3), lateness, EmitMode::OnClose);
+    job.set_workers(workers).expect("workers");
     if let Some(store) = store {
         job.set_state_backend(&rocks(store)).expect("rocksdb");
     }
@@ -153,7 +154,7 @@ fn resume(
     let counts = job
         .run(input.iter().skip(covered).cloned(), &mut out, &mut late)
         .expect("vectors");
-    (out, late, counts)
+    (out, late, counts, resumed)
 }
 
 /// A job on RocksDB checkpointed (a base with most keys on disk, then a delta), killed,
@@ -207,8 +208,15 @@ fn a_checkpoint_of_a_rocksdb_job_restores_on_either_backend() {
         }
         let store = scratch.path().join("second");
         let on_disk = restore_on_disk.then_some(store.as_path());
-        let (mut out, mut late, second_counts) =
-            resume(dir.path(), on_disk, lateness, &input, 20_000);
+        let (mut out, mut late, second_counts, resumed) =
+            resume(dir.path(), (on_disk, 1), lateness, &input, 20_000);
+        // Onto RocksDB, the store starts as the base's copy of it: its keys are not
+        // read (the command line's restore on the same number of workers).
+        assert_eq!(
+            resumed.keys_linked > 1_000,
+            restore_on_disk,
+            "on disk: {restore_on_disk}, {resumed:?}"
+        );
         committed.append(&mut out);
         committed_late.append(&mut late);
         assert_eq!(
@@ -219,6 +227,71 @@ fn a_checkpoint_of_a_rocksdb_job_restores_on_either_backend() {
         assert_eq!(committed, expected, "on disk: {restore_on_disk}");
         assert_eq!(committed_late, expected_late, "on disk: {restore_on_disk}");
         assert_eq!(second_counts, counts, "one accounting across the restart");
+    }
+}
+
+/// A RocksDB job's checkpoint (a base with each worker's store copy, then a delta)
+/// restored onto RocksDB with as many workers starts each store as its copy, reading
+/// only the keys in the files; onto another number it reads every key into the shards
+/// of that number. Either way, with what was committed before the kill: exactly the
+/// uninterrupted run's records, late events and counts.
+#[cfg(feature = "rocksdb")]
+#[test]
+fn a_rocksdb_checkpoint_restores_onto_the_same_or_another_number_of_workers() {
+    let input = visits(30_000, 4_000, 0x1405_7b7e_f767_814f);
+    let lateness = minutes(30);
+    let (expected, expected_late, counts, _) =
+        run(job(minutes(3), lateness, EmitMode::OnClose), &input);
+    for (before, after) in [(2, 2), (3, 3), (2, 3), (3, 1)] {
+        let scratch = tempfile::tempdir().expect("temp dir");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut committed, mut committed_late) = (Vec::<Out>::new(), Vec::new());
+        let mut on_disk_at_base = 0;
+        {
+            let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+            let mut first = job(minutes(3), lateness, EmitMode::OnClose);
+            first.set_workers(before).expect("workers");
+            first
+                .set_state_backend(&rocks(&scratch.path().join("first")))
+                .expect("rocksdb");
+            let (mut out, mut late) = (Vec::new(), Vec::new());
+            for (i, chunk) in input[..25_000].chunks(1_000).enumerate() {
+                first
+                    .push_batch(chunk.iter().cloned(), &mut out, &mut late)
+                    .expect("vectors");
+                if i + 1 == 12 || i + 1 == 20 {
+                    if i + 1 == 12 {
+                        on_disk_at_base = first
+                            .operators()
+                            .map(|op| op.spill_counts().expect("a store").keys)
+                            .sum::<usize>();
+                    }
+                    first.checkpoint(&mut checkpoints).expect("checkpoint");
+                    committed.append(&mut out);
+                    committed_late.append(&mut late);
+                }
+            }
+        }
+        assert!(
+            on_disk_at_base > 1_000,
+            "keys on disk at the base: {on_disk_at_base}"
+        );
+        let store = scratch.path().join("second");
+        let (mut out, mut late, second_counts, resumed) =
+            resume(dir.path(), (Some(&store), after), lateness, &input, 20_000);
+        let case = format!("{before} -> {after} workers, {resumed:?}");
+        let linked = if before == after {
+            on_disk_at_base as u64
+        } else {
+            0
+        };
+        assert_eq!(resumed.keys_linked, linked, "{case}");
+        committed.append(&mut out);
+        committed_late.append(&mut late);
+        assert_eq!(committed.len(), expected.len(), "{case}");
+        assert_eq!(committed, expected, "{case}");
+        assert_eq!(committed_late, expected_late, "{case}");
+        assert_eq!(second_counts, counts, "{case}");
     }
 }
 
@@ -313,7 +386,7 @@ fn too_many_evicted_changes_make_the_next_checkpoint_a_base() {
     // 30,000 events over 40,000 keys between the first two: a base; then a delta.
     assert_eq!(kinds, [FileKind::Base, FileKind::Base, FileKind::Delta]);
     let store = scratch.path().join("second");
-    let (mut out, mut late, _) = resume(dir.path(), Some(&store), lateness, &input, 41_000);
+    let (mut out, mut late, _, _) = resume(dir.path(), (Some(&store), 1), lateness, &input, 41_000);
     committed.append(&mut out);
     committed_late.append(&mut late);
     assert_eq!(committed, expected);

@@ -436,6 +436,20 @@ impl<A: SessionAggregate> SessionOperator<A> {
         Ok(())
     }
 
+    /// Closes the spill store of an operator that has no key in memory, with the keys
+    /// it held (a restore that started it from a checkpoint's copy gave up, or another
+    /// store is about to open in its directory). Refused (`false`, nothing changed)
+    /// while keys are in memory: their sessions would be counted twice.
+    pub fn detach_spill(&mut self) -> bool {
+        if self.store.len() > 0 {
+            return false;
+        }
+        self.spill = None;
+        // Every session not yet final was in the store.
+        self.open_sessions = 0;
+        true
+    }
+
     /// Puts a key's newest state from a checkpoint over what a restored spill store
     /// ([`spill_restored`](Self::spill_restored)) holds of it: its copy there is
     /// dropped, then `sessions` are restored as [`restore_key`](Self::restore_key) does

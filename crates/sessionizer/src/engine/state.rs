@@ -185,6 +185,44 @@ pub(crate) fn check_keys(
     Ok(keys)
 }
 
+/// As [`check_keys`], the keys of the base file and the deltas only: a restore that
+/// starts its stores as the base's store copies ([`restore_over_files`]) reads no
+/// key of them. Returns the number of keys with a value.
+pub(crate) fn check_files(
+    state: &LoadedState,
+    mut check: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
+) -> Result<u64, Stopped> {
+    let mut keys = 0u64;
+    state.for_each_newest_in_files(|key, value| match value {
+        Some(value) => {
+            keys += 1;
+            check(key, value).map_err(|reason| (key.to_vec(), reason))
+        }
+        None => Ok(()),
+    })?;
+    Ok(keys)
+}
+
+/// The restore of shards whose spill stores started as a base's store copies, one
+/// per shard (so `shards` is the number the checkpoint was written with): every key
+/// of the base file and the deltas goes over what the stores hold, with
+/// `put(target, shard, key, value)` (`None`: a delta removed the key). The stores'
+/// own keys are not read. Returns the number of keys put.
+pub(crate) fn restore_over_files<T: ?Sized>(
+    state: &LoadedState,
+    shards: usize,
+    target: &mut T,
+    mut put: impl FnMut(&mut T, usize, &[u8], Option<&[u8]>) -> Result<(), String>,
+) -> Result<u64, Stopped> {
+    let mut keys = 0u64;
+    state.for_each_newest_in_files(|key, value| {
+        keys += 1;
+        put(target, shard_of(key, shards) as usize, key, value)
+            .map_err(|reason| (key.to_vec(), reason))
+    })?;
+    Ok(keys)
+}
+
 /// Puts every live key of `state` (read as in [`check_keys`]) into the shard of
 /// `shards` its hash gives ([`shard_of`]), with `put(target, shard, key, value)`. Each
 /// shard is asked for the key's index entry `AHEAD` keys before the key is put

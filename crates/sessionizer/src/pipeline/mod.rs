@@ -822,15 +822,13 @@ impl<'c> Job<'c> {
         if self.stores_restored {
             // The stores hold the keys that were in RocksDB at the base; the base file
             // and the deltas go over them.
-            let mut keys = 0u64;
-            let shards_now = &mut self.shards;
-            let restored = state.for_each_newest_in_files(|key, value| {
-                keys += 1;
-                shards_now[shard_of(key, shards) as usize]
-                    .restore_over(key, value, format)
-                    .map_err(|reason| (key.to_vec(), reason))
-            });
-            self.restore_failed(restored.map(drop), manifest, &dir)?;
+            let restored = state::restore_over_files(
+                state,
+                shards,
+                &mut self.shards[..],
+                |all, s, key, value| all[s].restore_over(key, value, format),
+            );
+            let keys = self.restore_failed(restored, manifest, &dir)?;
             if let Some(d) = &mut self.durable {
                 d.stats.restore_keys_linked = in_stores;
             }
