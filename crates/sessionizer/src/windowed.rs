@@ -959,6 +959,7 @@ where
     pub fn restore(&mut self, checkpoints: &mut Checkpoints) -> Result<Option<Resumed>, StateError>
     where
         G: GapFn<E>,
+        A::Acc: 'static,
     {
         let options = state_options::<A, E>(self.op.config(), self.valid);
         let Some((manifest, state)) = checkpoints.take_found(self.counts.events, &options)? else {

@@ -441,7 +441,7 @@ impl<A: SessionAggregate> SessionOperator<A> {
     /// store is about to open in its directory). Refused (`false`, nothing changed)
     /// while keys are in memory: their sessions would be counted twice.
     pub fn detach_spill(&mut self) -> bool {
-        if self.store.len() > 0 {
+        if !self.store.is_empty() {
             return false;
         }
         self.spill = None;
