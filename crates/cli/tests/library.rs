@@ -342,9 +342,15 @@ fn the_flink_style_example_and_the_cli_emit_the_same_sessions() {
     assert_eq!(library.len(), cli.len());
     assert_eq!(library, cli);
 
-    // The same accounting: records = in sessions + late + invalid.
+    assert_same_accounting(&printed, &stats);
+}
+
+/// An example's accounting line (`printed`) is the CLI's run's, from its stats file:
+/// records = in sessions (duplicates among them: neither job drops them) + late +
+/// invalid.
+fn assert_same_accounting(printed: &str, stats: &Path) {
     let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+        serde_json::from_str(&std::fs::read_to_string(stats).expect("stats")).expect("JSON");
     let accounting = printed
         .lines()
         .find(|l| l.starts_with("records "))
@@ -475,21 +481,8 @@ fn the_spark_style_example_and_the_cli_emit_the_same_sessions() {
         assert_eq!(l, c);
     }
 
-    // Nothing late; the same events in sessions (duplicates among them) and invalid.
-    let stats: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
-    let accounting = printed
-        .lines()
-        .find(|l| l.starts_with("records "))
-        .expect("the accounting line");
-    let cli_accounting = format!(
-        "records {} = in calls {} + late {} + invalid {}",
-        stats["records_read"],
-        stats["in_sessions"].as_u64().unwrap_or(0) + stats["duplicates"].as_u64().unwrap_or(0),
-        stats["late"],
-        stats["invalid"]
-    );
-    assert_eq!(accounting, cli_accounting);
+    // Nothing late; the same events in sessions and invalid.
+    assert_same_accounting(&printed, &stats);
     // What went to the late sink is the rejected far-future lines, none behind the
     // watermark.
     let rejected: Vec<&str> = printed

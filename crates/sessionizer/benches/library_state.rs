@@ -128,13 +128,14 @@ fn main() {
     assert_eq!(resumed.keys, n);
     assert_eq!(second.open_sessions() as u64, n);
     println!(
-        "library_state {which:8} {n} open sessions: fed in {:.2} s ({} on disk); base checkpoint {:.2} s ({} keys encoded, state dir {} MiB); restore {:.2} s; peak RSS {:.0} MiB",
+        "library_state {which:8} {n} open sessions: fed in {:.2} s ({} on disk); base checkpoint {:.2} s ({} keys encoded, state dir {} MiB); restore {:.2} s ({} keys linked); peak RSS {:.0} MiB",
         fed.as_secs_f64(),
         on_disk,
         base.as_secs_f64(),
         written.puts,
         bytes >> 20,
         restore.as_secs_f64(),
+        resumed.keys_linked,
         peak_rss_mib()
     );
 }

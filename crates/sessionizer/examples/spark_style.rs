@@ -190,7 +190,7 @@ pub fn run_on(
     }
     writeln!(
         out,
-        "records {} = in calls {} + late {} + invalid {}",
+        "records {} = in sessions {} + late {} + invalid {}",
         read.records,
         counts.events - counts.late - counts.invalid,
         counts.late,
