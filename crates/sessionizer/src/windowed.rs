@@ -884,34 +884,14 @@ where
     where
         A::Acc: 'static,
     {
-        use crate::pipeline::backend::rocks_budget;
-        use sessionizer_window::spill::RocksSpill;
-        let (memory, hot) = rocks_budget(memory_bytes, 1 + self.workers.len());
-        let codec = || Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData));
         for op in self.operators_mut() {
             let detached = op.detach_spill();
             debug_assert!(detached, "a worker with keys in memory");
         }
-        let Some(copies) = copies else {
-            for (i, op) in (0u32..).zip(self.operators_mut()) {
-                let store = RocksSpill::open_with(&root.part(i), codec(), &memory)?;
-                op.spill_to(Box::new(store), hot);
-            }
-            return Ok(());
-        };
-        let stores = (0u32..)
-            .zip(copies)
-            .map(|(i, copy)| RocksSpill::open_from(&root.part(i), &copy.path, codec(), &memory))
-            .collect::<Result<Vec<_>, _>>()?;
-        let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
-        for ((op, store), copy) in self.operators_mut().zip(stores).zip(copies) {
-            op.spill_restored(
-                Box::new(store),
-                hot,
-                count(copy.keys),
-                count(copy.open_sessions),
-            )?;
-        }
+        let codec =
+            || -> Box<dyn StateCodec<_>> { Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData)) };
+        let ops = self.operators_mut().collect();
+        crate::pipeline::backend::open_stores(ops, root, memory_bytes, codec, copies)?;
         Ok(())
     }
 
@@ -992,7 +972,11 @@ where
             Ok(keys) => usize::try_from(keys).unwrap_or(usize::MAX),
             Err(e) => return Err(checkpoints.keep_found((manifest, state), state::stopped(e))),
         };
-        let in_stores: u64 = state.stores().iter().map(|s| s.keys).sum();
+        let keys_linked: u64 = if linked {
+            state.stores().iter().map(|s| s.keys).sum()
+        } else {
+            0
+        };
         if linked && let Err(e) = self.link_stores(state.stores()) {
             return Err(checkpoints.keep_found((manifest, state), e.to_string()));
         }
@@ -1050,7 +1034,7 @@ where
             epoch: manifest.epoch,
             events: c.records_read,
             keys: manifest.keys,
-            keys_linked: if linked { in_stores } else { 0 },
+            keys_linked,
         }))
     }
 }

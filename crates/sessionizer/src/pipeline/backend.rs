@@ -157,24 +157,58 @@ fn open_rocks(
     memory_bytes: u64,
     from: Option<&[LoadedStore]>,
 ) -> Result<(), RunError> {
-    use sessionizer_window::spill::RocksSpill;
-    let (memory, hot) = rocks_budget(memory_bytes, shards.len());
-    for shard in shards {
-        let dir = root.part(shard.index);
-        let codec = Box::new(sessionizer_window::spill::SessionsCodec(
+    let codec = || -> Box<dyn sessionizer_window::spill::StateCodec<_>> {
+        Box::new(sessionizer_window::spill::SessionsCodec(
             cfg.window_config(),
-        ));
-        match from.map(|stores| &stores[shard.index as usize]) {
-            Some(copy) => {
-                let store = RocksSpill::open_from(&dir, &copy.path, codec, &memory)?;
-                let keys = usize::try_from(copy.keys).unwrap_or(usize::MAX);
-                let open = usize::try_from(copy.open_sessions).unwrap_or(usize::MAX);
-                shard.op.spill_restored(Box::new(store), hot, keys, open)?;
+        ))
+    };
+    let ops = shards.iter_mut().map(|s| &mut s.op).collect();
+    Ok(open_stores(ops, root, memory_bytes, codec, from)?)
+}
+
+/// Gives each of `ops` (a run's shards or a library job's workers; the `i`-th is part
+/// `i` of `root`), none of which has a store, a RocksDB store of its own within a
+/// `memory_bytes` budget, its keys written with `codec`: an empty one, or with `copies`
+/// (a base's store copies, one per operator) one that starts as its copy, with the
+/// copy's counts. Every store is opened before any is attached.
+#[cfg(feature = "rocksdb")]
+pub(crate) fn open_stores<A: sessionizer_window::SessionAggregate>(
+    ops: Vec<&mut sessionizer_window::SessionOperator<A>>,
+    root: &SpillRoot,
+    memory_bytes: u64,
+    codec: impl Fn() -> Box<
+        dyn sessionizer_window::spill::StateCodec<sessionizer_window::session::KeySessions<A::Acc>>,
+    >,
+    copies: Option<&[LoadedStore]>,
+) -> Result<(), sessionizer_window::spill::SpillError>
+where
+    A::Acc: 'static,
+{
+    use sessionizer_window::spill::RocksSpill;
+    let (memory, hot) = rocks_budget(memory_bytes, ops.len());
+    let stores = (0u32..)
+        .zip(&ops)
+        .map(|(i, _)| match copies {
+            Some(copies) => {
+                let copy = &copies[i as usize].path;
+                RocksSpill::open_from(&root.part(i), copy, codec(), &memory)
             }
-            None => {
-                let store = RocksSpill::open_with(&dir, codec, &memory)?;
-                shard.op.spill_to(Box::new(store), hot);
+            None => RocksSpill::open_with(&root.part(i), codec(), &memory),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    for (i, (op, store)) in ops.into_iter().zip(stores).enumerate() {
+        match copies {
+            Some(copies) => {
+                let copy = &copies[i];
+                op.spill_restored(
+                    Box::new(store),
+                    hot,
+                    count(copy.keys),
+                    count(copy.open_sessions),
+                )?;
             }
+            None => op.spill_to(Box::new(store), hot),
         }
     }
     Ok(())
