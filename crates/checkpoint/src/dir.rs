@@ -409,25 +409,37 @@ impl StateDir {
     }
 
     /// Every checkpoint in the directory, newest first, with its manifest or its damage
-    /// (state files are checked too).
+    /// (state files are checked too). A checkpoint pruned by the job writing to the
+    /// directory while this reads it is left out.
     pub fn checkpoints(&self) -> Result<Vec<CheckpointInfo>, CheckpointError> {
-        let listing = self.list()?;
-        Ok(listing
+        Ok(self.checkpoints_of(&self.list()?))
+    }
+
+    /// [`checkpoints`](Self::checkpoints) of a listing taken earlier.
+    fn checkpoints_of(&self, listing: &Listing) -> Vec<CheckpointInfo> {
+        listing
             .manifests
             .iter()
             .rev()
-            .map(|&epoch| {
-                let manifest_bytes =
-                    fs::metadata(self.path.join(file_name(FileKind::Manifest, epoch)))
-                        .map_or(0, |m| m.len());
+            .filter_map(|&epoch| {
+                let manifest = self.path.join(file_name(FileKind::Manifest, epoch));
+                let manifest_bytes = fs::metadata(&manifest).map_or(0, |m| m.len());
                 let status = self.load_checkpoint(epoch).map(|(m, _)| m);
-                CheckpointInfo {
+                // A job prunes a checkpoint by removing its manifest first and only then
+                // the files no kept manifest names (collect_garbage, discard_after). So
+                // a file that could not be read while its manifest is still there is
+                // damage; with the manifest gone too, the checkpoint was pruned after the
+                // listing, whichever of its files the read missed.
+                let pruned = status.is_err()
+                    && fs::symlink_metadata(&manifest)
+                        .is_err_and(|e| e.kind() == io::ErrorKind::NotFound);
+                (!pruned).then_some(CheckpointInfo {
                     epoch,
                     manifest_bytes,
                     status,
-                }
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Writes a base or delta file (payload in parts) atomically.
@@ -837,5 +849,62 @@ mod tests {
         ] {
             assert_eq!(parse_file_name(other), None, "{other}");
         }
+    }
+
+    /// `inspect` beside a running job: the job prunes old checkpoints between the
+    /// listing and the reads. A checkpoint whose manifest went since the listing was
+    /// pruned, not damaged; a file missing under a manifest still there is damage.
+    #[test]
+    fn a_checkpoint_pruned_after_the_listing_is_not_damage_but_a_missing_state_file_is() {
+        use crate::writer::{CheckpointWriter, EncodedState};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut w =
+            CheckpointWriter::new(StateDir::open(tmp.path()).expect("open"), None).expect("writer");
+        for i in 1..=4u64 {
+            let mut entries = crate::StateEntries::default();
+            entries.put_with(b"k", |out| out.extend_from_slice(i.to_string().as_bytes()));
+            let state = EncodedState {
+                parts: entries.parts().collect(),
+                puts: entries.puts(),
+                tombstones: entries.tombstones(),
+            };
+            w.commit(&state, Manifest::default()).expect("commit");
+        }
+        let reader = StateDir::existing(tmp.path()).expect("existing");
+        let listing = reader.list().expect("list");
+        assert_eq!(listing.manifests, vec![2, 3, 4]);
+
+        // Between the listing and the reads the job prunes checkpoint 2 the way its
+        // garbage collection does (manifest first, then the state files only it named),
+        // and the state file written by checkpoint 4 goes missing under its manifest.
+        let named = |epoch| {
+            let m = reader.read_manifest(epoch).expect("manifest");
+            let mut files = vec![m.base.file];
+            files.extend(m.deltas.into_iter().map(|d| d.file));
+            files
+        };
+        let kept = [named(3), named(4)].concat();
+        let only_2: Vec<String> = named(2).into_iter().filter(|f| !kept.contains(f)).collect();
+        let lost = named(4).pop().expect("a state file");
+        fs::remove_file(tmp.path().join(file_name(FileKind::Manifest, 2))).expect("remove");
+        for name in only_2.iter().chain([&lost]) {
+            fs::remove_file(tmp.path().join(name)).expect("remove");
+        }
+
+        let seen: Vec<(u64, Result<u64, String>)> = reader
+            .checkpoints_of(&listing)
+            .into_iter()
+            .map(|c| {
+                (
+                    c.epoch,
+                    c.status.map(|m| m.epoch).map_err(|d| d.to_string()),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            vec![(4, Err(format!("{lost}: missing"))), (3, Ok(3)),],
+            "checkpoint 2 was pruned, not damaged; checkpoint 4 lost a file"
+        );
     }
 }

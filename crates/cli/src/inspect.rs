@@ -2,7 +2,7 @@
 //!
 //! It reads the directory without changing it (no temp files removed, no garbage
 //! collected), so it is safe next to a running job; a checkpoint being written at that
-//! moment is simply not shown yet.
+//! moment is simply not shown yet, and one the job prunes meanwhile is left out.
 
 use crate::args::InspectArgs;
 use anyhow::Context;
