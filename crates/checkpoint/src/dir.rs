@@ -132,10 +132,23 @@ pub const STREAM_BASES_ABOVE: u64 = 256 << 20;
 impl StateDir {
     /// Opens `path`, creating it when missing.
     pub fn open(path: &Path) -> Result<StateDir, CheckpointError> {
-        fs::create_dir_all(path).map_err(|source| CheckpointError::Write {
-            action: "create the state directory",
-            path: path.to_path_buf(),
-            source,
+        fs::create_dir_all(path).map_err(|source| {
+            // The system says "File exists" or "Not a directory", which hides which
+            // file is in the way.
+            match path
+                .ancestors()
+                .find(|a| fs::metadata(a).is_ok_and(|m| !m.is_dir()))
+            {
+                Some(file) => CheckpointError::NotADirectory {
+                    path: path.to_path_buf(),
+                    file: file.to_path_buf(),
+                },
+                None => CheckpointError::Open {
+                    action: "create the state directory",
+                    path: path.to_path_buf(),
+                    source,
+                },
+            }
         })?;
         let lock_path = path.join(LOCK_FILE);
         let lock = fs::OpenOptions::new()
@@ -143,7 +156,7 @@ impl StateDir {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|source| CheckpointError::Write {
+            .map_err(|source| CheckpointError::Open {
                 action: "create the lock file",
                 path: lock_path.clone(),
                 source,
@@ -156,7 +169,7 @@ impl StateDir {
                 });
             }
             Err(fs::TryLockError::Error(source)) => {
-                return Err(CheckpointError::Write {
+                return Err(CheckpointError::Open {
                     action: "lock",
                     path: lock_path,
                     source,

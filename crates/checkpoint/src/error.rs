@@ -2,7 +2,7 @@
 
 use crate::frame::FileKind;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Why a file's frame is not valid.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,9 +71,21 @@ pub enum CheckpointError {
     /// Writing, syncing or renaming a checkpoint file failed. Fatal: an fsync failure
     /// leaves the page cache in an unknown state, so it is never retried.
     #[error(
-        "cannot {action} {path}: {source}; the previous checkpoint is left intact: fix the cause (disk space, permissions) and run again to resume from it"
+        "cannot {action} {path}: {source}; the previous checkpoint is left intact: {} and run again to resume from it",
+        write_remedy(source)
     )]
     Write {
+        /// What was being done, e.g. "rename into place".
+        action: &'static str,
+        /// The file or directory acted on.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The state directory could not be created or locked for writing.
+    #[error("cannot {action} {path}: {source}; {}", open_remedy(source))]
+    Open {
         /// What was being done, e.g. "create the lock file".
         action: &'static str,
         /// The file or directory acted on.
@@ -81,6 +93,14 @@ pub enum CheckpointError {
         /// The underlying I/O error.
         #[source]
         source: io::Error,
+    },
+    /// The state directory is a file, or would be under one.
+    #[error("{}", not_a_directory(path, file))]
+    NotADirectory {
+        /// The state directory.
+        path: PathBuf,
+        /// The file: `path` itself or one of its parents.
+        file: PathBuf,
     },
     /// Reading the state directory failed.
     #[error("cannot read the state directory {path}: {source}")]
@@ -113,4 +133,109 @@ pub enum CheckpointError {
     /// The manifest could not be encoded (a bug, not an I/O problem).
     #[error("cannot encode the checkpoint manifest: {0}")]
     Encode(#[source] serde_json::Error),
+}
+
+/// What to do about a failed write, before running again (the system's text names the
+/// cause; "disk space, permissions" only when it is none of these).
+fn write_remedy(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::ReadOnlyFilesystem => {
+            "the state directory is on a read-only file system: remount it read-write"
+        }
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => "free disk space",
+        io::ErrorKind::PermissionDenied => {
+            "give the user running sessionizer write access to the state directory"
+        }
+        _ => "fix the cause (disk space, permissions)",
+    }
+}
+
+/// What to do when the state directory cannot be created or locked.
+fn open_remedy(e: &io::Error) -> &'static str {
+    match e.kind() {
+        io::ErrorKind::ReadOnlyFilesystem => {
+            "the state directory is on a read-only file system: remount it read-write, or give --state-dir a directory on a writable file system"
+        }
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
+            "free disk space and run again"
+        }
+        io::ErrorKind::PermissionDenied => {
+            "give the user running sessionizer write access to it, or give --state-dir another directory"
+        }
+        _ => "fix the cause and run again",
+    }
+}
+
+fn not_a_directory(path: &Path, file: &Path) -> String {
+    if path == file {
+        format!(
+            "--state-dir {} is a file, not a directory; give --state-dir a directory (it is created when missing), or move the file away",
+            path.display()
+        )
+    } else {
+        format!(
+            "--state-dir {} cannot be created: {} is a file, not a directory; give --state-dir a path that is not under a file",
+            path.display(),
+            file.display()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read-only file system is not a matter of disk space or permissions: the
+    /// message says what it is and what to do.
+    #[test]
+    fn a_read_only_file_system_is_named_with_what_to_do() {
+        let erofs = || io::Error::from_raw_os_error(30);
+        let write = CheckpointError::Write {
+            action: "write",
+            path: PathBuf::from("state/delta-0000000007.ckpt"),
+            source: erofs(),
+        }
+        .to_string();
+        assert!(
+            write.contains("state/delta-0000000007.ckpt")
+                && write.contains("read-only file system")
+                && write.contains("remount it read-write")
+                && write.contains("previous checkpoint is left intact")
+                && !write.contains("disk space"),
+            "{write}"
+        );
+        let open = CheckpointError::Open {
+            action: "create the lock file",
+            path: PathBuf::from("state/LOCK"),
+            source: erofs(),
+        }
+        .to_string();
+        assert!(
+            open.contains("state/LOCK")
+                && open.contains("read-only file system")
+                && open.contains("remount it read-write")
+                && !open.contains("previous checkpoint")
+                && !open.contains("disk space"),
+            "{open}"
+        );
+    }
+
+    #[test]
+    fn a_state_directory_that_is_a_file_says_so() {
+        let at = |path: &str, file: &str| {
+            CheckpointError::NotADirectory {
+                path: PathBuf::from(path),
+                file: PathBuf::from(file),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            at("s", "s"),
+            "--state-dir s is a file, not a directory; give --state-dir a directory (it is created when missing), or move the file away"
+        );
+        assert_eq!(
+            at("f/s", "f"),
+            "--state-dir f/s cannot be created: f is a file, not a directory; give --state-dir a path that is not under a file"
+        );
+    }
 }

@@ -619,6 +619,14 @@ impl Tmpfs {
             .expect("mount");
         assert!(st.success(), "remount {size}");
     }
+
+    fn make_read_only(&self) {
+        let st = Command::new("mount")
+            .args(["-o", "remount,ro", s(&self.0)])
+            .status()
+            .expect("mount");
+        assert!(st.success(), "remount read-only");
+    }
 }
 
 impl Drop for Tmpfs {
@@ -670,6 +678,97 @@ fn a_full_disk_while_checkpointing_stops_the_run_and_it_resumes_once_there_is_ro
         "{err}"
     );
     assert_same_outputs(&dir, &want);
+    drop(disk);
+}
+
+/// `--state-dir` naming a regular file (or a path under one) said "File exists ... fix
+/// the cause (disk space, permissions)": the message says it is a file and what to do.
+#[test]
+fn a_state_dir_that_is_a_file_is_refused_as_a_file() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    std::fs::write(
+        &input,
+        "{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n",
+    )
+    .expect("write");
+    let file = tmp.path().join("state");
+    std::fs::write(&file, "not a directory").expect("write");
+    let under = file.join("sub");
+    for (state, want) in [
+        (
+            &file,
+            format!("--state-dir {} is a file, not a directory", file.display()),
+        ),
+        (
+            &under,
+            format!("{} is a file, not a directory", file.display()),
+        ),
+    ] {
+        let out = run(&[
+            "run",
+            "--input",
+            s(&input),
+            "--output",
+            s(&tmp.path().join("out.jsonl")),
+            "--state-dir",
+            s(state),
+        ]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(err.contains(&want), "{want:?} in: {err}");
+        assert!(err.contains(s(state)), "{err}");
+        assert!(
+            !err.contains("disk space") && !err.contains("File exists"),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "not a directory",
+        "the file is left alone"
+    );
+}
+
+/// A state directory on a read-only file system (existing or to be created) said "fix
+/// the cause (disk space, permissions)": the message names the read-only file system and
+/// what to do. Skipped where tmpfs cannot be mounted.
+#[test]
+fn a_state_dir_on_a_read_only_file_system_is_refused_as_read_only() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    std::fs::write(
+        &input,
+        "{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n",
+    )
+    .expect("write");
+    let Some(disk) = Tmpfs::mount(&tmp.path().join("ro"), "1m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let existing = tmp.path().join("ro").join("state");
+    std::fs::create_dir(&existing).expect("mkdir");
+    disk.make_read_only();
+    for state in [existing, tmp.path().join("ro").join("new")] {
+        let out = run(&[
+            "run",
+            "--input",
+            s(&input),
+            "--output",
+            s(&tmp.path().join("out.jsonl")),
+            "--state-dir",
+            s(&state),
+        ]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(s(&state))
+                && err.contains("read-only file system")
+                && err.contains("remount it read-write"),
+            "{err}"
+        );
+        assert!(!err.contains("disk space"), "{err}");
+    }
     drop(disk);
 }
 
