@@ -4,7 +4,7 @@
 //! | endpoint | answer |
 //! | --- | --- |
 //! | `GET /metrics` | Prometheus text format: [`Telemetry::encode_metrics`] |
-//! | `GET /sessions?key=K` | the key's sessions in progress as JSON, asked of the pipeline between two batches; 404 with `{"key":K,"sessions":[]}` when it holds none |
+//! | `GET /sessions?key=K` | the key's sessions in progress as JSON, asked of the pipeline between two batches; 404 with `{"key":K,"sessions":[]}` when it holds none; 400 with `{"error":...}` without a key, or for a query that is not valid URL encoding or a key that is not UTF-8 |
 //! | `GET /health`, `/health/live` | liveness: 200 while the process runs |
 //! | `GET /health/ready` | readiness: 200 once the state is restored and the input is being read, else 503 |
 //!
@@ -169,20 +169,14 @@ async fn respond(
             };
             reply_json(status, &health(&telemetry))
         }
-        "/sessions" => {
-            let key = req.uri().query().and_then(|q| {
-                form_urlencoded::parse(q.as_bytes())
-                    .find(|(name, _)| name == "key")
-                    .map(|(_, v)| v.into_owned())
-            });
-            match key {
-                None => reply_json(
-                    StatusCode::BAD_REQUEST,
-                    &json!({"error": "name the key: /sessions?key=K (URL-encoded)"}),
-                ),
-                Some(key) => sessions(key, telemetry).await,
-            }
-        }
+        "/sessions" => match query_value(req.uri().query().unwrap_or(""), "key") {
+            Err(e) => reply_json(StatusCode::BAD_REQUEST, &json!({"error": e.to_string()})),
+            Ok(None) => reply_json(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": "name the key: /sessions?key=K (URL-encoded)"}),
+            ),
+            Ok(Some(key)) => sessions(key, telemetry).await,
+        },
         _ => reply_json(
             StatusCode::NOT_FOUND,
             &json!({
@@ -192,6 +186,83 @@ async fn respond(
         ),
     };
     Ok(response)
+}
+
+/// Why a query string cannot be read.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum QueryStringError {
+    /// A `%` not followed by two hex digits.
+    #[error(
+        "the query is not valid URL encoding: {found:?} is not '%' followed by two hex digits; write a '%' of the key as %25"
+    )]
+    Escape {
+        /// The `%` and what follows it (up to two bytes).
+        found: String,
+    },
+    /// A name or value whose bytes, decoded, are not UTF-8.
+    #[error(
+        "the query's {what} {raw:?} decodes to bytes that are not UTF-8; keys are text: URL-encode the UTF-8 bytes of each character"
+    )]
+    NotUtf8 {
+        /// `value of key` or `name`.
+        what: String,
+        /// The text as written in the query.
+        raw: String,
+    },
+}
+
+/// The value of the first `name=value` pair named `name` in a query string
+/// (`application/x-www-form-urlencoded`: `+` is a space, `%XX` a byte), `None` when
+/// there is none. Every pair is checked: a malformed escape or a name or value that is
+/// not UTF-8 is an error, where `form_urlencoded` would decode it into another key
+/// (`%ZZ` as itself, bytes that are not UTF-8 as U+FFFD) and answer for that one.
+fn query_value(query: &str, name: &str) -> Result<Option<String>, QueryStringError> {
+    let mut found = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let n_decoded = decode_component(n).and_then(|b| {
+            String::from_utf8(b).map_err(|_| QueryStringError::NotUtf8 {
+                what: "parameter name".into(),
+                raw: n.into(),
+            })
+        })?;
+        let v_decoded = decode_component(v).and_then(|b| {
+            String::from_utf8(b).map_err(|_| QueryStringError::NotUtf8 {
+                what: format!("value of {n_decoded}"),
+                raw: v.into(),
+            })
+        })?;
+        if found.is_none() && n_decoded == name {
+            found = Some(v_decoded);
+        }
+    }
+    Ok(found)
+}
+
+/// The bytes of one name or value of a query string.
+fn decode_component(text: &str) -> Result<Vec<u8>, QueryStringError> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = |j: usize| bytes.get(j).and_then(|&b| (b as char).to_digit(16));
+                let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
+                    let end = (i + 3).min(bytes.len());
+                    return Err(QueryStringError::Escape {
+                        found: String::from_utf8_lossy(&bytes[i..end]).into_owned(),
+                    });
+                };
+                out.push((hi * 16 + lo) as u8);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    Ok(out)
 }
 
 async fn sessions(key: String, telemetry: Telemetry) -> Response<Full<Bytes>> {
@@ -226,7 +297,7 @@ async fn sessions(key: String, telemetry: Telemetry) -> Response<Full<Bytes>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_addr, serve};
+    use super::{QueryStringError, parse_addr, query_value, serve};
     use sessionizer::telemetry::Telemetry;
     use std::time::Duration;
 
@@ -295,6 +366,53 @@ mod tests {
         telemetry.ended(Ok(&Default::default()));
         assert_eq!(get("/health/ready").0, 503);
         assert_eq!(get("/health").0, 200, "live while the process runs");
+    }
+
+    #[test]
+    fn a_query_is_decoded_exactly_or_refused_with_what_is_wrong() {
+        let key = |q: &str| query_value(q, "key");
+        for (query, want) in [
+            ("key=a+b", Some("a b")),
+            ("key=a%20b", Some("a b")),
+            ("key=a%2Bb", Some("a+b")),
+            ("key=a%2fb", Some("a/b")),
+            ("key=%E2%82%AC", Some("\u{20ac}")),
+            ("key=%25ZZ", Some("%ZZ")),
+            ("key=", Some("")),
+            ("key", Some("")),
+            ("&&x=1&key=first&key=second", Some("first")),
+            ("x=1", None),
+            ("", None),
+        ] {
+            assert_eq!(key(query), Ok(want.map(String::from)), "{query}");
+        }
+        for (query, found) in [
+            ("key=%ZZ", "%ZZ"),
+            ("key=abc%", "%"),
+            ("key=%4", "%4"),
+            ("key=%4g", "%4g"),
+            ("key=a&other=%zz", "%zz"),
+            ("%x=1&key=a", "%x"),
+        ] {
+            let e = key(query).expect_err(query);
+            assert_eq!(
+                e,
+                QueryStringError::Escape {
+                    found: found.into()
+                },
+                "{query}"
+            );
+            assert!(e.to_string().contains("%25"), "{e}");
+        }
+        let e = key("key=%FF%FE").expect_err("not UTF-8");
+        assert_eq!(
+            e.to_string(),
+            "the query's value of key \"%FF%FE\" decodes to bytes that are not UTF-8; keys are text: URL-encode the UTF-8 bytes of each character"
+        );
+        assert!(matches!(
+            key("%C3=1"),
+            Err(QueryStringError::NotUtf8 { .. })
+        ));
     }
 
     #[test]

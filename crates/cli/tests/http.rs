@@ -3,7 +3,7 @@
 //! arrive, its final stats compared with the last scrape; and the logs that `RUST_LOG`
 //! turns on (one event per checkpoint, restore, damaged checkpoint).
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -426,6 +426,49 @@ fn the_readme_sessions_example_is_a_real_answer() {
     let (status, body) = job.get("/sessions?key=v1");
     assert_eq!(status, 200, "{body}");
     assert_eq!(json(&body), want, "{body}");
+    job.finish();
+}
+
+/// `/sessions?key=%ZZ` answered for the literal key `%ZZ`, and `%FF%FE` was decoded to
+/// U+FFFD U+FFFD: a query that is not valid percent-encoding, or whose key is not UTF-8,
+/// is a 400 that says so. `+` is a space, `%2B` a plus, `%E2%82%AC` a euro sign.
+#[test]
+fn a_malformed_or_non_utf8_key_is_a_400_that_says_what_is_wrong() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut job = Live::start(&["--gap", "10m", "--output", s(&tmp.path().join("out.jsonl"))]);
+    let keys = ["%ZZ", "a b", "a+b", "\u{20ac}"];
+    let lines: Vec<String> = keys
+        .iter()
+        .map(|k| json!({"visit_id": k, "event_time": "2024-01-01T00:00:00Z"}).to_string())
+        .collect();
+    job.send(&lines.iter().map(String::as_str).collect::<Vec<_>>());
+    job.metrics_when("four records counted", |m| m.read() == 4);
+    for (query, key) in [
+        ("a+b", "a b"),
+        ("a%20b", "a b"),
+        ("a%2Bb", "a+b"),
+        ("%E2%82%AC", "\u{20ac}"),
+        ("%25ZZ", "%ZZ"),
+    ] {
+        let (status, body) = job.get(&format!("/sessions?key={query}"));
+        assert_eq!(status, 200, "{query}: {body}");
+        assert_eq!(json(&body)["key"], key, "{query}: {body}");
+    }
+    for (query, says) in [
+        ("key=%ZZ", "%ZZ"),
+        ("key=abc%", "%"),
+        ("key=%4", "%4"),
+        ("key=%FF%FE", "UTF-8"),
+        ("other=%zz&key=a+b", "%zz"),
+    ] {
+        let (status, body) = job.get(&format!("/sessions?{query}"));
+        assert_eq!(status, 400, "{query}: {body}");
+        let error = json(&body)["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{query}: no error in {body}"))
+            .to_string();
+        assert!(error.contains(says), "{query}: {error}");
+    }
     job.finish();
 }
 
