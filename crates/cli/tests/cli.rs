@@ -495,6 +495,53 @@ fn bad_options_and_inputs_give_clear_errors_and_exit_codes() {
     assert!(stderr.contains("invalid 1"), "{stderr}");
 }
 
+/// With `--time-format epoch-s` an out-of-range number was set aside with a reason that
+/// spoke of epoch milliseconds: it names the unit of the format in use.
+#[test]
+fn an_out_of_range_epoch_is_dead_lettered_in_the_unit_of_the_time_format() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("visits.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"visit_id":"a","event_time":1e300}"#,
+            "\n",
+            r#"{"visit_id":"b","event_time":99999999999999999}"#,
+            "\n",
+            r#"{"visit_id":"c","event_time":1704067200}"#,
+            "\n",
+        ),
+    )
+    .expect("write");
+    for (format, unit) in [("epoch-s", "seconds"), ("epoch-ms", "milliseconds")] {
+        let dead = dir.path().join(format!("dead-{format}.jsonl"));
+        run_ok(&[
+            "run",
+            "--input",
+            s(&input),
+            "--output",
+            s(&dir.path().join("out.jsonl")),
+            "--time-format",
+            format,
+            "--dead-letter",
+            s(&dead),
+        ]);
+        let reasons: Vec<String> = json_lines(&dead)
+            .iter()
+            .map(|d| d["reason"].as_str().expect("a reason").to_string())
+            .collect();
+        let want = format!(
+            "time field event_time is not a valid timestamp: number out of range for epoch {unit}"
+        );
+        if format == "epoch-s" {
+            assert_eq!(reasons, [want.as_str(), want.as_str()], "{format}");
+        } else {
+            // 99999999999999999 ms is in range, and outside the valid time range.
+            assert_eq!(reasons.first(), Some(&want), "{format}");
+        }
+    }
+}
+
 #[test]
 fn blank_lines_are_skipped_and_counted_apart() {
     let input = "\n{\"visit_id\":\"a\",\"event_time\":\"2024-01-01T00:00:00Z\"}\n   \n";

@@ -55,8 +55,11 @@ pub enum TimeError {
     #[error("not a number")]
     NotANumber,
     /// An epoch value does not fit in an `i64` of milliseconds.
-    #[error("number out of range for epoch milliseconds")]
-    EpochOutOfRange,
+    #[error("number out of range for epoch {}", unit.plural())]
+    EpochOutOfRange {
+        /// The unit the number was read in (the `--time-format`).
+        unit: EpochUnit,
+    },
 }
 
 // ---------------------------------------------------------------------------------------
@@ -521,6 +524,16 @@ pub enum EpochUnit {
     Seconds,
 }
 
+impl EpochUnit {
+    /// `milliseconds` or `seconds`.
+    pub fn plural(self) -> &'static str {
+        match self {
+            EpochUnit::Millis => "milliseconds",
+            EpochUnit::Seconds => "seconds",
+        }
+    }
+}
+
 /// Converts a JSON number text (`1700000000000`, `1700000000.25`, `1.7e9`, `-5`) in the
 /// given unit to milliseconds since the epoch.
 ///
@@ -612,8 +625,9 @@ pub fn parse_epoch(raw_number: &[u8], unit: EpochUnit) -> Result<EventTime, Time
     }
     // Number of digits of D that form the integer part of the value.
     let int_len = significant as i64 + shift;
+    let out_of_range = TimeError::EpochOutOfRange { unit };
     if int_len > 20 {
-        return Err(TimeError::EpochOutOfRange);
+        return Err(out_of_range);
     }
     let mut magnitude: u128 = 0;
     let mut remainder = false;
@@ -639,7 +653,7 @@ pub fn parse_epoch(raw_number: &[u8], unit: EpochUnit) -> Result<EventTime, Time
     };
     i64::try_from(value)
         .map(EventTime)
-        .map_err(|_| TimeError::EpochOutOfRange)
+        .map_err(|_| out_of_range)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -235,6 +235,15 @@ fn epoch_formats() {
         reason(&mut ms, br#"{"visit_id":"v","event_time":1e30}"#),
         "time field event_time is not a valid timestamp: number out of range for epoch milliseconds"
     );
+    // The reason names the unit of the --time-format in use (epoch-s said milliseconds).
+    for t in ["1e300", "99999999999999999", "\"-1e30\""] {
+        let line = format!(r#"{{"visit_id":"v","event_time":{t}}}"#);
+        assert_eq!(
+            reason(&mut s, line.as_bytes()),
+            "time field event_time is not a valid timestamp: number out of range for epoch seconds",
+            "{t}"
+        );
+    }
     assert_eq!(
         reason(&mut s, br#"{"visit_id":"v","event_time":-1}"#),
         "time field event_time is outside the valid time range 1970-01-01T00:00:00.000Z..2200-01-01T00:00:00.000Z"
