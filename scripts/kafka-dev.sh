@@ -27,13 +27,18 @@
 #   scripts/kafka-dev.sh node N wait-isr [SECONDS]   # wait (default 120 s) until node N is in the
 #                                                    # ISR of every partition it replicates
 #
+# (Kafka's defaults otherwise: the controller fences a killed node after about 9 s,
+# broker.session.timeout.ms, and only then do acks=all writes to its partitions go on.)
+#
 # Secure listeners (KAFKA_DEV_SECURE=1), beside the plaintext one (which stays, for the
 # controller, the brokers among themselves and admin work): on every node SASL_SSL on
 # PORT+2 (SASL mechanisms SCRAM-SHA-512, SCRAM-SHA-256 and PLAIN; user `sessionizer`,
 # password `sessionizer-dev-secret`, created at format time or, for a log dir formatted
 # before, with ConfigCommand after the start) and SSL on PORT+3 with a required client
 # certificate (mTLS). A throwaway CA and the certificates are made once per KAFKA_DEV_HOME,
-# in KAFKA_DEV_HOME/tls. The subcommands below imply KAFKA_DEV_SECURE=1:
+# in KAFKA_DEV_HOME/tls (10 years valid; delete tls/, brokers stopped, for new ones). A
+# sessionizer build reaches these listeners only if its librdkafka has OpenSSL (the rdkafka
+# crate's `ssl` feature). The subcommands below imply KAFKA_DEV_SECURE=1:
 #
 #   scripts/kafka-dev.sh secure-brokers    # print the SASL_SSL bootstrap address(es)
 #   scripts/kafka-dev.sh mtls-brokers      # print the SSL (client certificate) bootstrap address(es)
@@ -55,6 +60,8 @@
 #                     the two above, so that every kind runs beside the others:
 #                     39092 (one node), 39192 (one node, secure), 39292 (a cluster),
 #                     39392 (a cluster, secure)
+# Every subcommand acts on the broker(s) these settings name: give `stop`, `status`,
+# `brokers`, `node N ...` and the others the same ones as the `start`.
 #
 # `start` (and `node N start`) is idempotent and safe to call from several processes at
 # once (a lock serialises them): the tests call it to make sure a broker is up. A `start`
@@ -114,10 +121,16 @@ addresses() {
 }
 BOOTSTRAP=$(addresses 0)
 
+# A process that exists and is not a zombie (one whose parent has not reaped it yet).
+alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  [ "$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" != Z ]
+}
+
 running() {
   local pidfile
   pidfile=$(pid_file "$1")
-  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+  [ -f "$pidfile" ] && alive "$(cat "$pidfile")"
 }
 
 has_secure_listeners() {
@@ -396,18 +409,23 @@ stop_nodes() {
   done
   for pid in ${pids[@]+"${pids[@]}"}; do
     for _ in $(seq 1 300); do
-      kill -0 "$pid" 2>/dev/null || break
+      alive "$pid" || break
       sleep 0.1
     done
     kill -9 "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    # Gone (its ports free) before returning, so that a restart can bind them.
+    for _ in $(seq 1 100); do
+      alive "$pid" || break
+      sleep 0.1
+    done
   done
   for n in "$@"; do rm -f "$(pid_file "$n")"; done
 }
 
 # "running on 127.0.0.1:PORT (pid P)" or "not running" (prefixed "node N " in a cluster).
 status_of() {
-  local n=$1 what="127.0.0.1:$(node_port "$1")" prefix=""
+  local n=$1 what prefix=""
+  what="127.0.0.1:$(node_port "$n")"
   if [ "$NODES" -gt 1 ]; then prefix="node $n "; fi
   if running "$n" && has_secure_listeners "$n"; then
     what+=", SASL_SSL 127.0.0.1:$(($(node_port "$n") + 2)), SSL 127.0.0.1:$(($(node_port "$n") + 3))"
@@ -472,7 +490,6 @@ java_client_config() {
   ensure_tls
   if [ "$mechanism" = mtls ]; then
     cat <<EOF
-bootstrap.servers=$(addresses 3)
 security.protocol=SSL
 ssl.truststore.type=PEM
 ssl.truststore.location=$TLS/ca.pem
@@ -487,7 +504,6 @@ EOF
     *) echo "kafka-dev: expected SCRAM-SHA-512, SCRAM-SHA-256, PLAIN or mtls" >&2; exit 2 ;;
   esac
   cat <<EOF
-bootstrap.servers=$(addresses 2)
 security.protocol=SASL_SSL
 sasl.mechanism=$mechanism
 sasl.jaas.config=$module required username="$SCRAM_USER" password="$SCRAM_PASSWORD";
