@@ -118,32 +118,35 @@ pub struct RunArgs {
     #[arg(long, value_name = "START..END")]
     pub valid_time_range: Option<String>,
 
-    /// Output the field's values in event-time order (ties in input order).
-    #[arg(long, value_name = "FIELD")]
+    /// Output the field's values in event-time order (ties in input order). Every
+    /// aggregate is named after the field's last path segment; NAME=FIELD names it
+    /// (e.g. --sum total=amount --min min_amount=amount).
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub collect: Vec<String>,
 
     /// Output the first non-null value of the field (in event time).
-    #[arg(long, value_name = "FIELD")]
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub first: Vec<String>,
 
     /// Output the last non-null value of the field (in event time).
-    #[arg(long, value_name = "FIELD")]
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub last: Vec<String>,
 
     /// Output the number of distinct non-null values of the field.
-    #[arg(long, value_name = "FIELD")]
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub count_distinct: Vec<String>,
 
-    /// Output the sum of the field's numeric values.
-    #[arg(long, value_name = "FIELD")]
+    /// Output the sum of the field's numeric values (an integer while every value is
+    /// one; a sum beyond the float range is the string "Infinity" or "-Infinity").
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub sum: Vec<String>,
 
     /// Output the smallest numeric value of the field.
-    #[arg(long, value_name = "FIELD")]
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub min: Vec<String>,
 
     /// Output the largest numeric value of the field.
-    #[arg(long, value_name = "FIELD")]
+    #[arg(long, value_name = "[NAME=]FIELD")]
     pub max: Vec<String>,
 
     /// Drop an event identical (byte for byte) to one already in the session it joins.
@@ -163,6 +166,13 @@ pub struct RunArgs {
     /// What to do with invalid records. [default: dead-letter]
     #[arg(long, value_enum)]
     pub on_invalid: Option<OnInvalidArg>,
+
+    /// The largest record, e.g. 16MB or 512KB (MB = 2^20 bytes), at most 1GB: a longer
+    /// line (or Kafka message) is invalid. It is skipped as it is read, never held
+    /// whole, and its dead letter gives its position, its length and its first 1,024
+    /// bytes. [default: 16MB]
+    #[arg(long, value_name = "SIZE")]
+    pub max_record_size: Option<String>,
 
     /// Where invalid records go. [default: <output>.dead-letter.jsonl next to the
     /// output file, or stderr when the output is stdout]

@@ -71,6 +71,7 @@ pub struct FileConfig {
     pub dedup_field: Option<String>,
     pub emit: Option<EmitArg>,
     pub on_invalid: Option<OnInvalidArg>,
+    pub max_record_size: Option<String>,
     pub dead_letter: Option<String>,
     pub late_output: Option<String>,
     pub stats_file: Option<PathBuf>,
@@ -99,6 +100,7 @@ pub struct FileConfig {
     pub standby_replicas: Option<usize>,
     pub snapshot_interval: Option<String>,
     pub repartition: Option<bool>,
+    pub kafka_partitioner: Option<crate::kafka::PartitionerArg>,
 }
 
 impl FileConfig {
@@ -120,6 +122,7 @@ impl FileConfig {
             standby_replicas: self.standby_replicas.take(),
             snapshot_interval: self.snapshot_interval.take(),
             repartition: self.repartition.take(),
+            kafka_partitioner: self.kafka_partitioner.take(),
         }
     }
 }
@@ -425,10 +428,25 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     ];
     for (kind, option, from_file, from_flags) in by_kind {
         for f in from_file.into_iter().chain(from_flags) {
+            // NAME=FIELD names the output; a bare FIELD is named after its last segment.
+            let (name, path) = match f.split_once('=') {
+                Some((name, path)) => {
+                    let name = name.trim();
+                    if name.is_empty() {
+                        return Err(ConfigError::Invalid {
+                            option,
+                            value: f.clone(),
+                            reason: "NAME=FIELD needs a name before '='".into(),
+                        });
+                    }
+                    (name.to_string(), path.trim())
+                }
+                None => (last_segment(&f), f.as_str()),
+            };
             aggregates.push(Aggregate {
                 kind,
-                field: field(option, &f)?,
-                name: last_segment(&f),
+                field: field(option, path)?,
+                name,
             });
         }
     }
@@ -446,13 +464,13 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     for (i, a) in aggregates.iter().enumerate() {
         if RESERVED.contains(&a.name.as_str()) {
             return Err(ConfigError::Conflict(format!(
-                "aggregate output name '{}' clashes with a field of the session record; rename it in the config file ([[aggregate]] name = ...)",
+                "aggregate output name '{}' clashes with a field of the session record; name it with NAME=FIELD (e.g. --sum total=amount) or in the config file ([[aggregate]] name = ...)",
                 a.name
             )));
         }
         if aggregates[..i].iter().any(|b| b.name == a.name) {
             return Err(ConfigError::Conflict(format!(
-                "two aggregates are named '{}'; rename one in the config file ([[aggregate]] name = ...)",
+                "two aggregates are named '{}'; name one with NAME=FIELD (e.g. --min min_v=v) or in the config file ([[aggregate]] name = ...)",
                 a.name
             )));
         }
@@ -559,6 +577,21 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             }
         }
     };
+    let max_record = match args.max_record_size.or(file.max_record_size) {
+        None => sessionizer_connectors::input::DEFAULT_MAX_RECORD,
+        Some(value) => {
+            let bytes = size("--max-record-size", &value)?;
+            let limit = sessionizer_connectors::input::MAX_RECORD_LIMIT as u64;
+            if bytes == 0 || bytes > limit {
+                return Err(ConfigError::Invalid {
+                    option: "--max-record-size",
+                    value,
+                    reason: "give a size from 1B to 1GB, such as 16MB".into(),
+                });
+            }
+            bytes as usize
+        }
+    };
     let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
@@ -580,6 +613,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         idle_timeout,
         kafka,
         state_backend,
+        max_record,
     };
     Ok(RunConfig {
         pipeline,

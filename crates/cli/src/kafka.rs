@@ -4,7 +4,7 @@
 use crate::config::ConfigError;
 use clap::{Args, ValueEnum};
 use serde::Deserialize;
-use sessionizer::config::{KafkaConfig, KafkaStart};
+use sessionizer::config::{KafkaConfig, KafkaStart, Partitioner};
 use sessionizer_core::timefmt::parse_duration;
 use std::time::Duration;
 
@@ -85,11 +85,30 @@ pub struct KafkaArgs {
     #[arg(long)]
     pub repartition: bool,
 
+    /// How the input topics are keyed. standard: by the session key with a standard
+    /// partitioner (the Java client's murmur2, librdkafka's CRC-32 consistent_random,
+    /// or their variants); every record is checked and one in a partition no standard
+    /// partitioner gives its key stops the job, naming --repartition. custom: by the
+    /// session key with a partitioner of the producer's own, every key in one
+    /// partition; not checked. [default: standard]
+    #[arg(long, value_enum, value_name = "HOW")]
+    pub kafka_partitioner: Option<PartitionerArg>,
+
     /// With --state-dir and a Kafka job: how often each task's state is snapshotted to
     /// the directory (after a commit), so that a restart reads only the changelog's
     /// tail. [default: 30s]
     #[arg(long, value_name = "DUR")]
     pub snapshot_interval: Option<String>,
+}
+
+/// `--kafka-partitioner`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PartitionerArg {
+    /// A standard partitioner over the session key: checked.
+    Standard,
+    /// The producer's own partitioner, every key in one partition: trusted.
+    Custom,
 }
 
 /// `--kafka-start`.
@@ -121,6 +140,7 @@ pub struct KafkaFile {
     pub standby_replicas: Option<usize>,
     pub snapshot_interval: Option<String>,
     pub repartition: Option<bool>,
+    pub kafka_partitioner: Option<PartitionerArg>,
 }
 
 /// What the rest of the configuration needs to know to check the Kafka options.
@@ -167,6 +187,7 @@ pub fn resolve(
     let standby_replicas = args.standby_replicas.or(file.standby_replicas);
     let snapshot_interval = args.snapshot_interval.or(file.snapshot_interval);
     let repartition = args.repartition || file.repartition.unwrap_or(false);
+    let partitioner = args.kafka_partitioner.or(file.kafka_partitioner);
     let properties = if args.kafka_config.is_empty() {
         file.kafka_config.unwrap_or_default()
     } else {
@@ -187,6 +208,7 @@ pub fn resolve(
         ("--standby-replicas", standby_replicas.is_some()),
         ("--snapshot-interval", snapshot_interval.is_some()),
         ("--kafka-config", !properties.is_empty()),
+        ("--kafka-partitioner", partitioner.is_some()),
     ];
     let Some(brokers) = brokers else {
         if let Some((name, _)) = used.iter().find(|(_, on)| *on) {
@@ -224,6 +246,7 @@ pub fn resolve(
             ("--standby-replicas", standby_replicas.is_some()),
             ("--snapshot-interval", snapshot_interval.is_some()),
             ("--repartition", repartition),
+            ("--kafka-partitioner", partitioner.is_some()),
         ] {
             if on {
                 return Err(ConfigError::Conflict(format!(
@@ -309,6 +332,10 @@ pub fn resolve(
         snapshot_interval,
         standby_replicas: standby_replicas.unwrap_or(0),
         repartition,
+        partitioner: match partitioner {
+            Some(PartitionerArg::Custom) => Partitioner::Custom,
+            _ => Partitioner::Standard,
+        },
     }))
 }
 

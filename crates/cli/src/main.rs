@@ -23,9 +23,15 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     // Logs (`RUST_LOG=sessionizer=info`) are events with fields on stderr; colours only
-    // on a terminal, so that a log file or collector gets plain text.
+    // on a terminal, so that a log file or collector gets plain text. Unset, only
+    // errors are logged — but not the "run failed" event, whose error the binary
+    // prints itself (once).
+    let filter = match std::env::var_os("RUST_LOG") {
+        Some(_) => tracing_subscriber::EnvFilter::from_default_env(),
+        None => tracing_subscriber::EnvFilter::new("error,sessionizer::telemetry=off"),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
@@ -92,21 +98,19 @@ struct StatsFile {
 
 impl StatsFile {
     fn open(path: &Path) -> anyhow::Result<StatsFile> {
-        let fail = |e: std::io::Error| {
-            anyhow::anyhow!(
+        let fail = |e: std::io::Error| match e.kind() {
+            ErrorKind::ResourceBusy => {
+                anyhow::anyhow!("cannot write the stats file {}: {e}", path.display())
+            }
+            _ => anyhow::anyhow!(
                 "cannot write the stats file {}: {e}; give a --stats-file path in a writable directory",
                 path.display()
-            )
+            ),
         };
-        let mut open = std::fs::OpenOptions::new();
-        open.write(true);
-        let (file, created) = match open.clone().create_new(true).open(path) {
-            Ok(f) => (f, true),
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-                (open.open(path).map_err(fail)?, false)
-            }
-            Err(e) => return Err(fail(e)),
-        };
+        let created = !path.exists();
+        // Locked before the run starts, so that a second run naming the same file is
+        // refused at once; its content is replaced only when the run ends.
+        let file = sessionizer_connectors::output::open_locked(path, false).map_err(fail)?;
         Ok(StatsFile {
             path: path.to_path_buf(),
             file,
@@ -169,10 +173,12 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
             }
         }
     }
-    // A Kafka input runs until stopped: SIGTERM or SIGINT (Ctrl-C) asks it to commit
-    // what it did and leave the group; a second signal ends the process at once. File
-    // and stdin runs keep the default (killed at once; --state-dir resumes them).
-    if cfg.pipeline.kafka.as_ref().is_some_and(|k| k.is_source()) {
+    // SIGTERM or SIGINT (Ctrl-C) asks the run to stop between two batches: a Kafka
+    // job commits what it did and leaves the group; a file or stdin run writes out
+    // what it processed (with --state-dir a checkpoint, so the same command resumes)
+    // and its stats file. A second signal ends the process at once.
+    let kafka_source = cfg.pipeline.kafka.as_ref().is_some_and(|k| k.is_source());
+    {
         let flag = telemetry.stop_flag();
         for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
             let registered =
@@ -187,6 +193,26 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
     let result = pipeline::run_with(&cfg.pipeline, cfg.checkpoint.as_ref(), &telemetry);
     progress.finish();
     let stats = match result {
+        // A file or stdin run stopped by a signal did not read its input to the end:
+        // not a success, but its stats file tells how far it got.
+        Ok(stats) if stats.stopped && !kafka_source => {
+            eprintln!("{}", stats.summary(&cfg.pipeline.output.display_name()));
+            eprintln!(
+                "sessionizer: stopped by a signal before the end of the input; the outputs hold what was processed until then{}",
+                if cfg.checkpoint.is_some() {
+                    " (checkpointed: the same command resumes from there)"
+                } else {
+                    ""
+                }
+            );
+            return match stats_file.map(|f| f.write(&stats)) {
+                Some(Err(e)) => {
+                    eprintln!("sessionizer: {}", message(&e));
+                    ExitCode::from(1)
+                }
+                _ => ExitCode::from(1),
+            };
+        }
         Ok(stats) => {
             let output = match cfg
                 .pipeline
@@ -205,8 +231,18 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
         Err(RunError::OutputClosed { stats, .. }) => *stats,
         Err(e) => {
             eprintln!("sessionizer: {e}");
-            if let Some(f) = stats_file {
-                f.abandon();
+            // The stats file tells how far a failed run got, and why it stopped; one
+            // that failed before it started leaves none.
+            match (stats_file, e.stats()) {
+                (Some(f), Some(stats)) => {
+                    let mut stats = stats.clone();
+                    stats.error = Some(e.to_string());
+                    if let Err(e) = f.write(&stats) {
+                        eprintln!("sessionizer: {}", message(&e));
+                    }
+                }
+                (Some(f), None) => f.abandon(),
+                (None, _) => {}
             }
             return ExitCode::from(1);
         }

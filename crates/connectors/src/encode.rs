@@ -86,7 +86,7 @@ impl RecordWriter {
         if self.out.is_none() {
             let sink = match &self.target {
                 OutputTarget::File(p) => {
-                    let f = std::fs::File::create(p).map_err(|e| self.error(e))?;
+                    let f = crate::output::open_locked(p, true).map_err(|e| self.error(e))?;
                     if is_regular(&f) {
                         Sink::File(f)
                     } else {
@@ -111,12 +111,7 @@ impl RecordWriter {
         let OutputTarget::File(p) = &self.target else {
             return self.open();
         };
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(p)
-            .map_err(|e| self.error(e))?;
+        let f = crate::output::open_locked(p, false).map_err(|e| self.error(e))?;
         if !is_regular(&f) {
             self.out = Some(Sink::Stream(Box::new(f)));
             return Ok(());

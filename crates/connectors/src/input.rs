@@ -69,6 +69,48 @@ pub struct ReadPosition {
     pub line_no: u64,
 }
 
+/// The default largest record (`--max-record-size`): 16 MiB.
+pub const DEFAULT_MAX_RECORD: usize = 16 << 20;
+
+/// The largest `--max-record-size` accepted: a batch's positions are 32-bit, and a line
+/// is read in reads that double with it, so a record never takes more than about twice
+/// the limit.
+pub const MAX_RECORD_LIMIT: usize = 1 << 30;
+
+/// Bytes of a record longer than the limit that are kept for its dead letter.
+pub const RECORD_HEAD: usize = 1024;
+
+/// A record longer than the record size limit: only its first bytes are in the batch
+/// (the line's span), the rest was skipped as it was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oversized {
+    /// Index of the record in [`Batch::lines`].
+    pub line: u32,
+    /// Its whole length in bytes.
+    pub len: u64,
+}
+
+/// Why a record longer than the limit is invalid: the dead-letter reason.
+pub fn too_large_reason(len: u64, limit: usize) -> String {
+    format!(
+        "record too large: {len} bytes, above the limit of {limit} bytes (--max-record-size); raw holds its first bytes"
+    )
+}
+
+/// The first bytes of a record longer than the limit: at most [`RECORD_HEAD`], cut
+/// before a UTF-8 sequence rather than inside it.
+pub fn record_head(bytes: &[u8]) -> &[u8] {
+    if bytes.len() <= RECORD_HEAD {
+        return bytes;
+    }
+    let mut end = RECORD_HEAD;
+    // Up to three continuation bytes (10xxxxxx) may follow the cut.
+    while end > RECORD_HEAD - 3 && bytes[end] & 0xc0 == 0x80 {
+        end -= 1;
+    }
+    &bytes[..end]
+}
+
 /// A block of whole lines read from the inputs, owned, so that workers can decode them
 /// in parallel. Only the bytes covered by `lines` are meaningful in `data`.
 #[derive(Debug, Default)]
@@ -77,6 +119,9 @@ pub struct Batch {
     pub data: Vec<u8>,
     /// The lines in `data`, in input order.
     pub lines: Vec<LineSpan>,
+    /// The records of `lines` longer than the record size limit, in order: their spans
+    /// hold only their first bytes. Empty in nearly every batch.
+    pub oversized: Vec<Oversized>,
     /// Where the inputs stand after this batch's last line.
     pub end: ReadPosition,
     /// Bytes of the inputs handed out as whole lines up to the end of this batch, since
@@ -91,6 +136,48 @@ impl Batch {
         let l = self.lines[i];
         &self.data[l.start as usize..l.end as usize]
     }
+
+    /// The whole length of line `i` when it is longer than the record size limit (its
+    /// span then holds only its first bytes).
+    #[inline]
+    pub fn oversized_len(&self, i: usize) -> Option<u64> {
+        if self.oversized.is_empty() {
+            return None;
+        }
+        let i = i as u32;
+        self.oversized
+            .binary_search_by_key(&i, |o| o.line)
+            .ok()
+            .map(|k| self.oversized[k].len)
+    }
+
+    /// Appends one record (a Kafka message's value) as a line: whole, or only its first
+    /// bytes when it is longer than `max_record`.
+    pub fn push_record(&mut self, value: &[u8], input: u32, line_no: u64, max_record: usize) {
+        let start = self.data.len();
+        if value.len() > max_record {
+            self.oversized.push(Oversized {
+                line: self.lines.len() as u32,
+                len: value.len() as u64,
+            });
+            self.data.extend_from_slice(record_head(value));
+        } else {
+            self.data.extend_from_slice(value);
+        }
+        self.lines.push(LineSpan {
+            start: u32::try_from(start).expect("batch under 4 GiB"),
+            end: u32::try_from(self.data.len()).expect("batch under 4 GiB"),
+            input,
+            line_no,
+        });
+    }
+
+    /// Empties the batch (its buffer is kept).
+    pub fn clear(&mut self) {
+        self.data.clear();
+        self.lines.clear();
+        self.oversized.clear();
+    }
 }
 
 /// The input currently being read.
@@ -102,6 +189,16 @@ struct Current {
     read: u64,
     /// Standard input: hand out lines as soon as they arrive.
     live: bool,
+    /// Reading from the input's first byte: a UTF-8 byte-order mark there is skipped.
+    at_start: bool,
+}
+
+/// A record longer than the limit being read past: its first bytes are in the batch
+/// from `start`, the rest is read into scratch space and dropped up to its newline.
+#[derive(Debug, Clone, Copy)]
+struct Skipping {
+    start: usize,
+    len: u64,
 }
 
 /// Reads inputs in order and hands out their lines in batches.
@@ -121,6 +218,11 @@ pub struct Inputs {
     /// in). Each byte is carried at most once, so this stays under twice the input
     /// whatever the lengths of its lines; the unit tests check it.
     moved: u64,
+    /// The largest record: a longer line is skipped as it is read (its first bytes
+    /// kept for its dead letter), never held whole.
+    max_record: usize,
+    skipping: Option<Skipping>,
+    scratch: Vec<u8>,
 }
 
 impl std::fmt::Debug for Inputs {
@@ -146,7 +248,23 @@ impl Inputs {
             resume: None,
             finished: ReadPosition::default(),
             moved: 0,
+            max_record: DEFAULT_MAX_RECORD,
+            skipping: None,
+            scratch: Vec::new(),
         }
+    }
+
+    /// Sets the largest record (default [`DEFAULT_MAX_RECORD`], at most
+    /// [`MAX_RECORD_LIMIT`]): a longer line is handed out as its first bytes only and
+    /// listed in [`Batch::oversized`] with its length.
+    pub fn with_max_record(mut self, bytes: usize) -> Inputs {
+        self.set_max_record(bytes);
+        self
+    }
+
+    /// As [`with_max_record`](Self::with_max_record).
+    pub fn set_max_record(&mut self, bytes: usize) {
+        self.max_record = bytes.clamp(1, MAX_RECORD_LIMIT);
     }
 
     /// Inputs that continue from `at` (a checkpoint's position): the inputs before
@@ -203,6 +321,7 @@ impl Inputs {
         target_bytes: usize,
     ) -> Result<bool, InputError> {
         batch.lines.clear();
+        batch.oversized.clear();
         // `data` keeps its length between batches (only `filled` bytes are meaningful),
         // so that the read buffer is zeroed once, not before every read.
         let mut filled = self.carry.len();
@@ -227,57 +346,96 @@ impl Inputs {
                 carry,
                 finished,
                 moved,
+                max_record,
+                skipping,
+                scratch,
                 ..
             } = self;
+            let max_record = *max_record;
             let Some(cur) = current.as_mut() else {
                 batch.end = *finished;
                 batch.consumed = *bytes_read;
                 return Ok(!batch.lines.is_empty());
             };
-            // Up to the batch's target; for a line longer than that, as much again as
-            // the line has so far, so that its reads double in size.
-            let want = target_bytes
-                .saturating_sub(filled)
-                .max(CHUNK_MIN)
-                .max(filled - start);
-            // Line positions are 32-bit: only a single line of 4 GiB gets here.
-            let want = want.min(LINE_MAX - filled);
-            if want == 0 {
-                return Err(InputError {
-                    name: names[cur.index].clone(),
-                    source: io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        format!("line {} is longer than 4 GiB", cur.line_no + 1),
-                    ),
-                });
-            }
-            if batch.data.len() < filled + want {
-                batch.data.resize(filled + want, 0);
-            }
-            let n = loop {
-                match cur.reader.read(&mut batch.data[filled..filled + want]) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(source) => {
-                        return Err(InputError {
-                            name: names[cur.index].clone(),
-                            source,
-                        });
-                    }
-                }
+            let read_err = |source| InputError {
+                name: names[cur.index].clone(),
+                source,
             };
-            let read_from = filled;
-            filled += n;
-            *bytes_read += n as u64;
-            cur.read += n as u64;
             let input = cur.index as u32;
-            let mut pos = read_from;
+            let read_from;
+            let n;
+            if let Some(skip) = skipping.as_mut() {
+                // Past the limit: read into scratch space and drop the bytes up to the
+                // record's newline, so memory stays flat however long it is.
+                scratch.resize(CHUNK_MIN, 0);
+                n = read_some(&mut cur.reader, scratch).map_err(read_err)?;
+                *bytes_read += n as u64;
+                cur.read += n as u64;
+                let nl = memchr::memchr(b'\n', &scratch[..n]);
+                skip.len += nl.unwrap_or(n) as u64;
+                if n > 0 && nl.is_none() {
+                    continue;
+                }
+                let skip = skipping.take().expect("skipping");
+                cur.line_no += 1;
+                push_oversized(batch, skip.start, filled, skip.len, input, cur.line_no);
+                start = filled;
+                // The bytes after the newline are read as usual below.
+                read_from = filled;
+                if let Some(nl) = nl {
+                    let rest = &scratch[nl + 1..n];
+                    if batch.data.len() < filled + rest.len() {
+                        batch.data.resize(filled + rest.len(), 0);
+                    }
+                    batch.data[filled..filled + rest.len()].copy_from_slice(rest);
+                    filled += rest.len();
+                }
+            } else {
+                // Up to the batch's target; for a line longer than that, as much again
+                // as the line has so far, so that its reads double in size.
+                let want = target_bytes
+                    .saturating_sub(filled)
+                    .max(CHUNK_MIN)
+                    .max(filled - start);
+                // Line positions are 32-bit; the record limit keeps lines far below.
+                let want = want.min(LINE_MAX - filled);
+                if batch.data.len() < filled + want {
+                    batch.data.resize(filled + want, 0);
+                }
+                n = read_some(&mut cur.reader, &mut batch.data[filled..filled + want])
+                    .map_err(read_err)?;
+                read_from = filled;
+                filled += n;
+                *bytes_read += n as u64;
+                cur.read += n as u64;
+            }
+            if std::mem::take(&mut cur.at_start)
+                && batch.data[read_from..filled].starts_with(UTF8_BOM)
+            {
+                // A byte-order mark is not part of the first record.
+                start += UTF8_BOM.len();
+            }
+            let mut pos = read_from.max(start);
             while let Some(nl) = memchr::memchr(b'\n', &batch.data[pos..filled]) {
                 let stop = pos + nl;
                 cur.line_no += 1;
-                push_line(batch, start, stop, input, cur.line_no);
+                if stop - start > max_record {
+                    let len = (stop - start) as u64;
+                    push_oversized(batch, start, stop, len, input, cur.line_no);
+                } else {
+                    push_line(batch, start, stop, input, cur.line_no);
+                }
                 start = stop + 1;
                 pos = start;
+            }
+            if n > 0 && filled - start > max_record {
+                // A line longer than the limit, still without its newline: keep its
+                // first bytes, skip the rest as it is read.
+                let len = (filled - start) as u64;
+                let head = record_head(&batch.data[start..filled]).len();
+                filled = start + head;
+                *skipping = Some(Skipping { start, len });
+                continue;
             }
             if n == 0 {
                 // End of this input: a last line without '\n' is still a line.
@@ -351,6 +509,7 @@ impl Inputs {
             line_no: resume.line_no,
             read: resume.offset,
             live,
+            at_start: resume.offset == 0,
         });
         Ok(true)
     }
@@ -361,6 +520,42 @@ const CHUNK_MIN: usize = 64 * 1024;
 
 /// The largest batch: line positions are 32-bit.
 const LINE_MAX: usize = u32::MAX as usize;
+
+/// The UTF-8 byte-order mark, skipped at the start of an input.
+const UTF8_BOM: &[u8] = b"\xef\xbb\xbf";
+
+/// One read, retried when interrupted.
+fn read_some(reader: &mut Box<dyn Read + Send>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match reader.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Ends the batch's data at `stop` with a record longer than the limit whose first
+/// bytes are `start..stop` and whole length `len`.
+fn push_oversized(
+    batch: &mut Batch,
+    start: usize,
+    stop: usize,
+    len: u64,
+    input: u32,
+    line_no: u64,
+) {
+    let head = record_head(&batch.data[start..stop]).len();
+    batch.oversized.push(Oversized {
+        line: batch.lines.len() as u32,
+        len,
+    });
+    batch.lines.push(LineSpan {
+        start: u32::try_from(start).expect("batch under 4 GiB"),
+        end: u32::try_from(start + head).expect("batch under 4 GiB"),
+        input,
+        line_no,
+    });
+}
 
 fn push_line(batch: &mut Batch, start: usize, stop: usize, input: u32, line_no: u64) {
     let end = if stop > start && batch.data[stop - 1] == b'\r' {
@@ -558,6 +753,119 @@ mod tests {
         // One read takes the whole file: the three whole lines (14 bytes), then the
         // last line once the end of the file shows it is complete.
         assert_eq!(ends, vec![(3, 14), (1, 34)]);
+    }
+
+    /// A line longer than the limit is handed out as its first bytes, listed with its
+    /// whole length, and skipped as it is read: the batch never grows past about twice
+    /// the limit, however long the line (with or without a newline at the end).
+    #[test]
+    fn a_record_longer_than_the_limit_is_skipped_as_it_streams_by() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("big.jsonl");
+        let limit = 100_000;
+        let big = format!("{{\"x\":\"{}\"}}", "é".repeat(3_000_000));
+        let mid = "m".repeat(limit + 1);
+        let text = format!("a\n{big}\nb\n{mid}\r\nc\n{big}");
+        std::fs::write(&p, &text).expect("write");
+        for target in [1, 1000, CHUNK_MIN, 1 << 20] {
+            let mut inputs = Inputs::new(vec![InputSource::File(p.clone())]).with_max_record(limit);
+            let mut batch = Batch::default();
+            let mut lines = Vec::new();
+            let mut largest_buffer = 0;
+            while inputs.next_batch(&mut batch, target).expect("read") {
+                largest_buffer = largest_buffer.max(batch.data.len());
+                for i in 0..batch.lines.len() {
+                    let head = String::from_utf8(batch.line(i).to_vec()).expect("cut at a char");
+                    lines.push((batch.lines[i].line_no, head, batch.oversized_len(i)));
+                }
+            }
+            assert!(
+                largest_buffer < 3 * limit + (1 << 20) + CHUNK_MIN,
+                "target {target}: a buffer of {largest_buffer} bytes"
+            );
+            let big_len = big.len() as u64;
+            let expected_heads = [
+                (1, "a".to_string(), None),
+                (
+                    2,
+                    record_head(big.as_bytes()).len().to_string(),
+                    Some(big_len),
+                ),
+                (3, "b".to_string(), None),
+                (4, RECORD_HEAD.to_string(), Some(limit as u64 + 2)),
+                (5, "c".to_string(), None),
+                (
+                    6,
+                    record_head(big.as_bytes()).len().to_string(),
+                    Some(big_len),
+                ),
+            ];
+            let got: Vec<(u64, String, Option<u64>)> = lines
+                .iter()
+                .map(|(n, head, big)| match big {
+                    Some(_) => (*n, head.len().to_string(), *big),
+                    None => (*n, head.clone(), None),
+                })
+                .collect();
+            assert_eq!(got, expected_heads, "target {target}");
+            assert!(lines[1].1.starts_with("{\"x\":\"éé"));
+            assert_eq!(inputs.bytes_read(), text.len() as u64);
+        }
+    }
+
+    /// Regression: reading /dev/zero (one endless line) buffered it whole, gigabytes in
+    /// seconds. Now the buffer stays near the limit while the line streams by.
+    #[test]
+    fn an_endless_line_is_read_in_bounded_memory() {
+        let zeros = std::io::repeat(0).take(64 << 20);
+        let mut inputs = Inputs::new(vec![InputSource::Stdin]).with_max_record(1 << 20);
+        // Stdin stands in for /dev/zero: the reader is swapped for 64 MiB of zeros.
+        inputs.open_next_if_needed().expect("open");
+        inputs.current.as_mut().expect("open").reader = Box::new(zeros);
+        inputs.current.as_mut().expect("open").live = false;
+        let mut batch = Batch::default();
+        let mut seen = Vec::new();
+        while inputs.next_batch(&mut batch, 4 << 20).expect("read") {
+            assert!(
+                batch.data.len() < 8 << 20,
+                "{} bytes buffered",
+                batch.data.len()
+            );
+            seen.extend(batch.oversized.iter().map(|o| o.len));
+        }
+        assert_eq!(seen, vec![64 << 20]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_at_the_start_of_a_file_is_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a.jsonl");
+        let b = dir.path().join("b.jsonl");
+        std::fs::write(&a, b"\xef\xbb\xbf{\"v\":1}\n{\"v\":2}\n").expect("write");
+        // Only at the very start: a mark inside a line stays.
+        std::fs::write(&b, b"\xef\xbb\xbfx\n\xef\xbb\xbfy\n").expect("write");
+        let mut inputs = Inputs::new(vec![InputSource::File(a.clone()), InputSource::File(b)]);
+        let got = collect(&mut inputs, 1 << 20);
+        assert_eq!(
+            got,
+            vec![
+                (0, 1, "{\"v\":1}".to_string()),
+                (0, 2, "{\"v\":2}".to_string()),
+                (1, 1, "x".to_string()),
+                (1, 2, "\u{feff}y".to_string()),
+            ]
+        );
+        // Resumed after the first line, the mark is not looked for again.
+        let at = ReadPosition {
+            input: 0,
+            offset: 11,
+            line_no: 1,
+        };
+        let rest = collect(
+            &mut Inputs::starting_at(vec![InputSource::File(a)], at),
+            1 << 20,
+        );
+        assert_eq!(rest, vec![(0, 2, "{\"v\":2}".to_string())]);
     }
 
     #[test]

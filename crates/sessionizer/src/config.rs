@@ -73,6 +73,9 @@ pub struct PipelineConfig {
     pub kafka: Option<KafkaConfig>,
     /// Where the keyed state lives (`--state-backend`).
     pub state_backend: StateBackend,
+    /// The largest record in bytes (`--max-record-size`): a longer line or Kafka
+    /// message is invalid, skipped as it is read and never held whole.
+    pub max_record: usize,
 }
 
 /// Where the job's keyed state lives (SPEC §4, `--state-backend`). Both give the same
@@ -154,6 +157,22 @@ pub struct KafkaConfig {
     /// `--repartition`: the input is not partitioned by the session key; it is re-keyed
     /// through the internal topic `<group>-repartition` first.
     pub repartition: bool,
+    /// `--kafka-partitioner`: how the input topics are keyed by the session key.
+    pub partitioner: Partitioner,
+}
+
+/// How the producers of the input topics place records in partitions
+/// (`--kafka-partitioner`). Sessions need every record of a key in one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Partitioner {
+    /// Keyed by the session key with a standard partitioner (the Java client's
+    /// murmur2, librdkafka's CRC-32 `consistent_random`, or their variants): every
+    /// record is checked, and one that cannot belong to its partition stops the job.
+    #[default]
+    Standard,
+    /// Keyed by the session key with a partitioner of the producer's own: trusted,
+    /// not checked.
+    Custom,
 }
 
 impl KafkaConfig {

@@ -90,6 +90,7 @@ mod flatten;
 pub mod kafka;
 pub mod late;
 pub mod pipeline;
+mod records;
 pub mod sink;
 pub mod source;
 pub mod stateful;

@@ -9,7 +9,9 @@ use crate::sink::{Sink, SinkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::InputPosition;
-use sessionizer_connectors::input::{Batch, InputError, Inputs, ReadPosition};
+use sessionizer_connectors::input::{
+    Batch, DEFAULT_MAX_RECORD, InputError, Inputs, MAX_RECORD_LIMIT, ReadPosition,
+};
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
@@ -23,7 +25,9 @@ pub use sessionizer_connectors::InputSource;
 /// not UTF-8.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadLetter {
-    /// Why (serde's message, e.g. ``missing field `visit_id` at line 1 column 40``).
+    /// Why, in the command line's words: `not a JSON object (found an array)`,
+    /// `missing field visit_id`, `field page is not a string (found an integer)`,
+    /// `record too large: ...`.
     pub reason: String,
     /// `file:line` (or `stdin:line`; `topic/partition@offset` for a Kafka source).
     pub source: String,
@@ -100,7 +104,7 @@ pub struct SourceCounts {
 /// let counts = source.finish().expect("no input error");
 /// assert_eq!(ids, ["v1"]);
 /// assert_eq!((counts.records, counts.invalid, counts.blank_lines), (2, 1, 1));
-/// assert!(dead[0].reason.starts_with("missing field `visit_id`"));
+/// assert_eq!(dead[0].reason, "missing field visit_id");
 /// assert!(dead[0].source.ends_with("visits.jsonl:3"));
 /// ```
 pub struct JsonLines<E, D> {
@@ -115,6 +119,7 @@ pub struct JsonLines<E, D> {
     tracked: Option<SharedPosition>,
     /// How much input one read brings in ([`BATCH_BYTES`]; less in tests).
     batch_bytes: usize,
+    max_record: usize,
     _events: PhantomData<fn() -> E>,
 }
 
@@ -163,7 +168,12 @@ impl Tracked {
             // The next line follows this one and its terminator.
             Some(next) if next.input == line.input => ReadPosition {
                 input: line.input,
-                offset: start + u64::from(next.start - line.start),
+                // A record above the size limit is in the batch as its first bytes
+                // only: its length and newline are what it took of the file.
+                offset: start
+                    + batch
+                        .oversized_len(i)
+                        .map_or(u64::from(next.start - line.start), |len| len + 1),
                 line_no: line.line_no,
             },
             // The batch's last line of the input it ends in.
@@ -243,6 +253,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             counts: SourceCounts::default(),
             tracked: None,
             batch_bytes: BATCH_BYTES,
+            max_record: DEFAULT_MAX_RECORD,
             _events: PhantomData,
         })
     }
@@ -337,8 +348,18 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             counts: SourceCounts::default(),
             tracked: Some(position),
             batch_bytes: BATCH_BYTES,
+            max_record: DEFAULT_MAX_RECORD,
             _events: PhantomData,
         })
+    }
+
+    /// The largest record in bytes (default 16 MiB, as `--max-record-size`): a longer
+    /// line is a dead letter with its length and first bytes, skipped as it is read
+    /// and never held whole.
+    pub fn max_record_size(mut self, bytes: usize) -> Self {
+        self.max_record = bytes.clamp(1, MAX_RECORD_LIMIT);
+        self.inputs.set_max_record(self.max_record);
+        self
     }
 
     /// What was read so far.
@@ -382,19 +403,20 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                 t.lock().consumed(&self.batch, i);
             }
             let line = self.batch.line(i);
-            if line.trim_ascii().is_empty() {
+            let oversized = self.batch.oversized_len(i);
+            if oversized.is_none() && line.trim_ascii().is_empty() {
                 self.counts.blank_lines += 1;
                 continue;
             }
             self.counts.records += 1;
-            match serde_json::from_slice::<E>(line) {
+            match crate::records::decode::<E>(line, oversized, self.max_record) {
                 Ok(event) => return Some(event),
-                Err(e) => {
+                Err(reason) => {
                     self.counts.invalid += 1;
                     let span = self.batch.lines[i];
                     let source =
                         format!("{}:{}", self.inputs.name(span.input as usize), span.line_no);
-                    let letter = DeadLetter::of(e.to_string(), source, line);
+                    let letter = DeadLetter::of(reason, source, line);
                     if let Err(e) = self.dead.send(letter) {
                         self.error = Some(e.into());
                         return None;

@@ -1040,6 +1040,11 @@ where
         self.op.spill_counts()
     }
 
+    /// The key of `event`, as the job computes it.
+    pub(crate) fn key_into(&self, event: &E, out: &mut String) {
+        self.key.key_into(event, out);
+    }
+
     /// The number of events a micro-batch holds at most ([`Batching`]).
     pub(crate) fn batch_size(&self) -> usize {
         self.batching.size()

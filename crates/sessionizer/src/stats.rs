@@ -40,10 +40,16 @@ pub struct RunStats {
     /// then, and they still add up.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub output_closed: Option<String>,
-    /// A Kafka job asked to stop (SIGTERM, SIGINT) that stopped cleanly before its end:
-    /// `true`. What it processed until then is committed.
+    /// A run asked to stop (SIGTERM, SIGINT) that stopped cleanly before its end:
+    /// `true`. A Kafka job committed what it processed; a file or stdin run wrote it
+    /// out (and checkpointed it with a state directory) without emitting the sessions
+    /// in progress.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub stopped: bool,
+    /// The run failed: why. The counts are those of what it did until then (with a
+    /// state directory or Kafka, what it committed is what counts; see the docs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     /// A Kafka input's tasks (`--kafka-topic` only). The counters above are then this
     /// process's share of the job: what it committed for the partitions it held, so
     /// that the processes of a group add up to the job.
@@ -107,6 +113,10 @@ pub struct KafkaStats {
     /// Records handed out again at offsets a task had already processed (a fetch from
     /// before a rewind's seek): skipped, never applied twice. Expected to stay 0.
     pub stale_records_skipped: u64,
+    /// Records whose session key cannot belong to the partition they were read from
+    /// (the input is not keyed by the session key): the job stopped at the first batch
+    /// holding any, committing nothing of it.
+    pub records_misplaced: u64,
 }
 
 /// One task restore.
@@ -257,10 +267,15 @@ impl RunStats {
         if self.blank_lines > 0 {
             let _ = write!(s, "\n  blank lines skipped {}", self.blank_lines);
         }
-        if self.stopped {
+        if self.stopped && self.kafka.is_some() {
             let _ = write!(
                 s,
                 "\n  stopped on request: everything read was committed; the sessions in progress stay in the changelogs"
+            );
+        } else if self.stopped {
+            let _ = write!(
+                s,
+                "\n  stopped on request before the end of the input: the sessions in progress were not emitted"
             );
         }
         if let Some(c) = &self.checkpoints {

@@ -287,6 +287,7 @@ struct Metrics {
     rebalances: Family<Labels, Counter>,
     rebalance_partitions: Family<Labels, Counter>,
     transactions_aborted: Counter,
+    records_misplaced: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -315,6 +316,7 @@ impl Metrics {
             rebalances: Family::default(),
             rebalance_partitions: Family::default(),
             transactions_aborted: Counter::default(),
+            records_misplaced: Family::default(),
         };
         r.register(
             "records",
@@ -434,6 +436,11 @@ impl Metrics {
             "transactions_aborted",
             "Kafka transactions aborted (the tasks were rewound to their last commit)",
             m.transactions_aborted.clone(),
+        );
+        r.register(
+            "records_misplaced",
+            "Kafka records whose session key cannot belong to their partition (the topic is not keyed by the session key; the job stops)",
+            m.records_misplaced.clone(),
         );
         r.register_collector(Box::new(WatermarkCollector { tasks }));
         m
@@ -762,6 +769,20 @@ impl Telemetry {
             count = partitions.len(),
             partitions = %partitions.join(","),
             "rebalance"
+        );
+    }
+
+    /// Records of a Kafka task whose session key cannot belong to its partition.
+    pub fn records_misplaced(&self, task: &str, count: u64) {
+        self.inner
+            .m
+            .records_misplaced
+            .get_or_create(&task_label(task))
+            .inc_by(count);
+        tracing::error!(
+            task,
+            count,
+            "records not keyed into their partition by the session key"
         );
     }
 

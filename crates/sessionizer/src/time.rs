@@ -73,6 +73,9 @@ pub mod rfc3339 {
     /// Reads RFC 3339 text.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EventTime, D::Error> {
         let text = Cow::<'de, str>::deserialize(d)?;
-        super::parse(&text).map_err(serde::de::Error::custom)
+        // Worded so that a dead letter reads as the command line's: "field
+        // event_time is not a valid timestamp: ...".
+        super::parse(&text)
+            .map_err(|e| serde::de::Error::custom(format!("not a valid timestamp: {e}")))
     }
 }

@@ -1085,6 +1085,11 @@ where
         )
     }
 
+    /// The key of `event`, as the job computes it.
+    pub(crate) fn key_into(&self, event: &E, out: &mut String) {
+        self.key.key_into(event, out);
+    }
+
     /// Pushes the decoded events of a batch whose first record has sequence number
     /// `first_seq` (the records after it count up from there).
     pub(crate) fn push_task_batch<S>(

@@ -66,6 +66,7 @@ fn config(dir: &Path, input: &Path, workers: usize) -> PipelineConfig {
         workers,
         kafka: None,
         state_backend: Default::default(),
+        max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
         idle_timeout: None,
     }
 }

@@ -42,7 +42,7 @@ fn flink_style_example_output() {
         r#"{"key":"v1","session_id":"785e830f7400a97d","retract":true}"#,
         r#"{"key":"v1","session_id":"24b631fb46eab203","start":"2023-12-31T23:58:00.000Z","end":"2024-01-01T00:16:00.000Z","duration_ms":1080000,"event_count":7,"revision":2,"complete":true,"visited_pages":["/landing","/home","/search?q=lamp","/search?q=lamp","/products/7","/cart","/checkout"]}"#,
         r#"{"key":"v2","session_id":"aebd7ff80410d551","start":"2024-01-01T00:20:00.000Z","end":"2024-01-01T00:20:00.000Z","duration_ms":0,"event_count":1,"revision":0,"complete":true,"visited_pages":["/cart"]}"#,
-        "dead letter: visits.jsonl:11: expected a 4-digit year at line 1 column 41",
+        "dead letter: visits.jsonl:11: field event_time is not a valid timestamp: expected a 4-digit year",
         "records 11 = in sessions 10 + late 0 + invalid 1",
     ];
     assert_eq!(lines, expected);

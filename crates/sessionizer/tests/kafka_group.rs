@@ -450,6 +450,32 @@ fn a_group_job_re_keys_an_input_partitioned_otherwise_with_repartition_by() {
     let dead_letters = kafka::read_committed(&dead).iter().flatten().count();
     assert!(not_visits > 3);
     assert_eq!(dead_letters, not_visits);
+
+    // The same input without the re-keying gave wrong sessions silently; now the job
+    // stops at the first batch holding a visit in the wrong partition, naming the cure.
+    let refused = KafkaGroup::new(kafka::broker(), &kafka::unique("grp-rk"), &input, &output)
+        .dead_letter_topic(&dead)
+        .commit_interval(Duration::from_millis(300))
+        .stop_at_end(true)
+        .run_windows(job)
+        .expect_err("an input keyed by time is not keyed by visit");
+    let text = refused.to_string();
+    assert!(
+        text.contains("not partitioned by the session key") && text.contains("repartition_by"),
+        "{text}"
+    );
+    let stats = refused.stats().expect("the counts until it stopped");
+    assert!(
+        stats
+            .kafka
+            .as_ref()
+            .is_some_and(|k| k.records_misplaced > 0)
+    );
+    assert_eq!(
+        kafka::read_committed(&dead).iter().flatten().count(),
+        not_visits,
+        "nothing more was committed"
+    );
 }
 
 /// The end of a process's stderr (its late events come before its error).

@@ -89,6 +89,7 @@ fn the_library_window_and_the_cli_pipeline_emit_the_same_records() {
         workers: 1,
         kafka: None,
         state_backend: Default::default(),
+        max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
         idle_timeout: None,
     };
     let stats = sessionizer::pipeline::run(&cfg, &sessionizer::telemetry::Telemetry::default())

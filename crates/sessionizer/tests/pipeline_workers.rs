@@ -106,6 +106,7 @@ fn config(dir: &Path, input: &Path, s: Setting) -> PipelineConfig {
         workers: s.workers,
         kafka: None,
         state_backend: Default::default(),
+        max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
         idle_timeout: None,
     }
 }

@@ -790,11 +790,19 @@ impl Sum {
             out.extend_from_slice(itoa::Buffer::new().format(self.int).as_bytes());
         } else {
             let total = self.int as f64 + self.float;
-            if total.is_finite() {
-                out.extend_from_slice(ryu::Buffer::new().format_finite(total).as_bytes());
+            // JSON has no infinity: a sum beyond the float range is said as a string,
+            // never as `null` (which means "no numbers").
+            let mut buf = ryu::Buffer::new();
+            let text: &[u8] = if total.is_finite() {
+                buf.format_finite(total).as_bytes()
+            } else if total.is_nan() {
+                b"\"NaN\""
+            } else if total > 0.0 {
+                b"\"Infinity\""
             } else {
-                out.extend_from_slice(b"null");
-            }
+                b"\"-Infinity\""
+            };
+            out.extend_from_slice(text);
         }
     }
 }
@@ -807,6 +815,25 @@ mod tests {
         let mut out = Vec::new();
         a.write_json(&mut out);
         String::from_utf8(out).expect("utf8")
+    }
+
+    /// Regression: a sum past the float range was written `null`, the same as a
+    /// session without numbers.
+    #[test]
+    fn a_sum_beyond_the_float_range_is_said_not_nulled() {
+        let sum = |values: &[&str]| {
+            let mut s = AggState::new(AggKind::Sum);
+            for v in values {
+                s.add(0, 0, v.as_bytes());
+            }
+            render(&s)
+        };
+        assert_eq!(sum(&["1e308", "1e308"]), "\"Infinity\"");
+        assert_eq!(sum(&["-1e308", "-1.5e308"]), "\"-Infinity\"");
+        assert_eq!(sum(&["1e999"]), "\"Infinity\"");
+        assert_eq!(sum(&["1e308", "1e308", "-1e999"]), "\"NaN\"");
+        assert_eq!(sum(&["\"x\""]), "null", "no numbers");
+        assert_eq!(sum(&["1.5", "2"]), "3.5");
     }
 
     #[test]

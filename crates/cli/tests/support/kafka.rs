@@ -148,6 +148,12 @@ pub fn produce_lines(topic: &str, path: &Path, key_field: &str) -> usize {
     produce(topic, path, Some(key_field), None)
 }
 
+/// As [`produce_lines`] with librdkafka's default partitioner (`consistent_random`:
+/// CRC-32 of the key), as a Python or Go client built on librdkafka produces.
+pub fn produce_lines_crc32(topic: &str, path: &Path, key_field: &str) -> usize {
+    produce_with(topic, path, Some(key_field), None, "consistent_random")
+}
+
 /// As [`produce_lines`], spread evenly over about `over`: a live input.
 pub fn produce_lines_paced(topic: &str, path: &Path, key_field: &str, over: Duration) -> usize {
     produce(topic, path, Some(key_field), Some(over))
@@ -160,8 +166,18 @@ pub fn produce_lines_unkeyed(topic: &str, path: &Path) -> usize {
 }
 
 fn produce(topic: &str, path: &Path, key_field: Option<&str>, over: Option<Duration>) -> usize {
+    produce_with(topic, path, key_field, over, "murmur2_random")
+}
+
+fn produce_with(
+    topic: &str,
+    path: &Path,
+    key_field: Option<&str>,
+    over: Option<Duration>,
+    partitioner: &str,
+) -> usize {
     let producer: BaseProducer = config()
-        .set("partitioner", "murmur2_random")
+        .set("partitioner", partitioner)
         .set("linger.ms", "20")
         .set("queue.buffering.max.messages", "1000000")
         .set("enable.idempotence", "true")

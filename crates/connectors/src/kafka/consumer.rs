@@ -567,7 +567,7 @@ impl GroupConsumer {
     }
 
     /// Leaves the group cleanly: rebalances from here on complete inside librdkafka.
-    pub fn close(self) {
+    pub fn close(&mut self) {
         self.consumer.unsubscribe();
     }
 }

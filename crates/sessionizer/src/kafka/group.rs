@@ -20,7 +20,7 @@
 //! stateful job's outputs ([`KafkaGroup::run_stateful`]) are messages keyed by the key
 //! of the call that returned them.
 
-use crate::config::{KafkaConfig, KafkaStart, StateBackend};
+use crate::config::{KafkaConfig, KafkaStart, Partitioner, StateBackend};
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::pipeline::backend::TaskStores;
 use crate::pipeline::kafka::{
@@ -38,6 +38,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter, encode_late};
+use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_connectors::{Batch, OutputTarget};
 use sessionizer_core::json::FieldPath;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
@@ -81,6 +82,7 @@ pub struct KafkaGroup {
     state_backend: StateBackend,
     /// `repartition_by`: the field, as given.
     rekey_field: Option<String>,
+    max_record: usize,
     telemetry: Option<Telemetry>,
 }
 
@@ -112,11 +114,13 @@ impl KafkaGroup {
                 snapshot_interval: Duration::from_secs(30),
                 standby_replicas: 0,
                 repartition: false,
+                partitioner: Partitioner::Standard,
             },
             idle_timeout: None,
             workers: 1,
             state_backend: StateBackend::Memory,
             rekey_field: None,
+            max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
             telemetry: None,
         }
     }
@@ -233,6 +237,24 @@ impl KafkaGroup {
         self
     }
 
+    /// Declares the input topics keyed by the job's key with a partitioner of the
+    /// producer's own (`--kafka-partitioner custom`): every key in one partition, but
+    /// not where Kafka's standard partitioners would put it. Without it each record's
+    /// key is checked against its partition (the Java client's murmur2 or librdkafka's
+    /// CRC-32), and a record that cannot belong there stops the job: a topic not
+    /// partitioned by the key would otherwise split sessions silently.
+    pub fn custom_partitioner(mut self) -> Self {
+        self.kafka.partitioner = Partitioner::Custom;
+        self
+    }
+
+    /// The largest record in bytes (`--max-record-size`, default 16 MiB): a longer
+    /// message is a dead letter with its length and first bytes.
+    pub fn max_record_size(mut self, bytes: usize) -> Self {
+        self.max_record = bytes.clamp(1, sessionizer_connectors::input::MAX_RECORD_LIMIT);
+        self
+    }
+
     /// A librdkafka property for every client (`--kafka-config KEY=VALUE`).
     pub fn kafka_property(mut self, key: &str, value: &str) -> Self {
         self.kafka
@@ -276,7 +298,11 @@ impl KafkaGroup {
         }
         let options = probe.task_state_options();
         drop(probe);
-        self.run_tasks(WindowTasks { new_job, options })
+        self.run_tasks(WindowTasks {
+            new_job,
+            options,
+            max_record: self.max_record,
+        })
     }
 
     /// Runs a stateful job per partition (`flat_map_groups_with_state`): `new_job`
@@ -314,7 +340,11 @@ impl KafkaGroup {
         }
         let options = probe.task_state_options();
         drop(probe);
-        self.run_tasks(StatefulTasks { new_job, options })
+        self.run_tasks(StatefulTasks {
+            new_job,
+            options,
+            max_record: self.max_record,
+        })
     }
 
     /// Runs the driver with `tasks`, reporting to the telemetry if there is one.
@@ -353,6 +383,7 @@ impl KafkaGroup {
             workers: self.workers,
             state_backend: self.state_backend.clone(),
             idle_timeout: self.idle_timeout,
+            max_record: self.max_record,
         })
     }
 }
@@ -361,6 +392,7 @@ impl KafkaGroup {
 struct WindowTasks<F> {
     new_job: F,
     options: Vec<(String, String)>,
+    max_record: usize,
 }
 
 impl<F, E, K, T, W, A, G, C> TaskFactory for WindowTasks<F>
@@ -392,6 +424,7 @@ where
             out: Tagged::for_records(),
             outputs: Outputs::default(),
             lines: Vec::new(),
+            max_record: self.max_record,
             error: None,
         })
     }
@@ -412,6 +445,7 @@ struct WindowOp<E, K, T, W, A: Aggregator<E>, G, C> {
     outputs: Outputs,
     /// The batch line of each decoded event of the last batch.
     lines: Vec<usize>,
+    max_record: usize,
     /// The first error (an output or a state its serde implementation refused).
     error: Option<RunError>,
 }
@@ -465,28 +499,25 @@ where
     G: GapFn<E>,
     C: Clock,
 {
-    fn process(&mut self, batch: &Batch, names: &[SourceName], first_seq: u64) -> Processed {
+    fn process(
+        &mut self,
+        batch: &Batch,
+        names: &[SourceName],
+        first_seq: u64,
+        placement: &mut Option<KeyPlacement>,
+    ) -> Processed {
         self.clear_outputs();
-        let mut p = Processed::default();
-        let mut events = Vec::with_capacity(batch.lines.len());
-        self.lines.clear();
-        for i in 0..batch.lines.len() {
-            let raw = batch.line(i);
-            if raw.iter().all(u8::is_ascii_whitespace) {
-                p.blank += 1;
-                continue;
-            }
-            p.records += 1;
-            match serde_json::from_slice::<E>(raw) {
-                Ok(event) => {
-                    events.push(event);
-                    self.lines.push(i);
-                }
-                Err(e) => {
-                    p.invalid += 1;
-                    self.outputs.undecodable(batch, names, i, &e.to_string());
-                }
-            }
+        let (events, p) = decode_batch(
+            batch,
+            names,
+            self.max_record,
+            &mut self.outputs,
+            &mut self.lines,
+            placement,
+            |e: &E, key: &mut String| self.job.key_into(e, key),
+        );
+        if p.first_misplaced.is_some() {
+            return p;
         }
         let WindowOp {
             job,
@@ -606,6 +637,7 @@ where
 struct StatefulTasks<N> {
     new_job: N,
     options: Vec<(String, String)>,
+    max_record: usize,
 }
 
 impl<N, E, K, T, W, S, F, C, R> TaskFactory for StatefulTasks<N>
@@ -636,6 +668,8 @@ where
             job,
             out: Tagged::for_keyed_records(),
             outputs: Outputs::default(),
+            lines: Vec::new(),
+            max_record: self.max_record,
             error: None,
         })
     }
@@ -647,6 +681,47 @@ where
     fn state_format(&self) -> u16 {
         SNAPSHOT_VERSION
     }
+}
+
+/// Decodes the records of `batch` as events (dead letters into `outputs`), their batch
+/// lines into `lines`, and checks each event's key (`key_into`) against the partition.
+fn decode_batch<E: DeserializeOwned>(
+    batch: &Batch,
+    names: &[SourceName],
+    max_record: usize,
+    outputs: &mut Outputs,
+    lines: &mut Vec<usize>,
+    placement: &mut Option<KeyPlacement>,
+    key_into: impl Fn(&E, &mut String),
+) -> (Vec<E>, Processed) {
+    let mut p = Processed::default();
+    let mut events = Vec::with_capacity(batch.lines.len());
+    let mut key = String::new();
+    lines.clear();
+    for i in 0..batch.lines.len() {
+        let raw = batch.line(i);
+        let oversized = batch.oversized_len(i);
+        if oversized.is_none() && raw.iter().all(u8::is_ascii_whitespace) {
+            p.blank += 1;
+            continue;
+        }
+        p.records += 1;
+        match crate::records::decode::<E>(raw, oversized, max_record) {
+            Ok(event) => {
+                if placement.is_some() {
+                    key_into(&event, &mut key);
+                    p.check_key(placement, i, key.as_bytes());
+                }
+                events.push(event);
+                lines.push(i);
+            }
+            Err(reason) => {
+                p.invalid += 1;
+                outputs.undecodable(batch, names, i, &reason);
+            }
+        }
+    }
+    (events, p)
 }
 
 /// The late, dead-letter and failure outputs of a task's last step (shared by both
@@ -710,6 +785,9 @@ struct StatefulOp<E, K, T, W, S, F, C> {
     job: StatefulJob<E, K, T, W, S, F, C>,
     out: Tagged,
     outputs: Outputs,
+    /// The batch line of each decoded event of the last batch.
+    lines: Vec<usize>,
+    max_record: usize,
     /// The first error (an output or a state its serde implementation refused).
     error: Option<RunError>,
 }
@@ -768,28 +846,33 @@ where
     R::Item: Serialize + 'static,
     C: Clock,
 {
-    fn process(&mut self, batch: &Batch, names: &[SourceName], first_seq: u64) -> Processed {
+    fn process(
+        &mut self,
+        batch: &Batch,
+        names: &[SourceName],
+        first_seq: u64,
+        placement: &mut Option<KeyPlacement>,
+    ) -> Processed {
         self.clear_outputs();
-        let mut p = Processed::default();
+        let mut lines = std::mem::take(&mut self.lines);
+        let (events, p) = decode_batch(
+            batch,
+            names,
+            self.max_record,
+            &mut self.outputs,
+            &mut lines,
+            placement,
+            |e: &E, key: &mut String| self.job.key_into(e, key),
+        );
+        if p.first_misplaced.is_some() {
+            self.lines = lines;
+            return p;
+        }
         let size = self.job.batch_size();
         let mut in_batch = 0;
         // Where the job hands back a late event (one at a time).
         let mut lates: Vec<Late<E>> = Vec::new();
-        for i in 0..batch.lines.len() {
-            let raw = batch.line(i);
-            if raw.iter().all(u8::is_ascii_whitespace) {
-                p.blank += 1;
-                continue;
-            }
-            p.records += 1;
-            let event = match serde_json::from_slice::<E>(raw) {
-                Ok(event) => event,
-                Err(e) => {
-                    p.invalid += 1;
-                    self.outputs.undecodable(batch, names, i, &e.to_string());
-                    continue;
-                }
-            };
+        for (event, &i) in events.into_iter().zip(&lines) {
             // A vector never refuses a late event.
             let _ = self.job.push(event, &mut lates);
             if let Some(l) = lates.pop() {
@@ -805,6 +888,7 @@ where
         if in_batch > 0 {
             self.step(|job, out| job.end_task_batch(out));
         }
+        self.lines = lines;
         p
     }
 

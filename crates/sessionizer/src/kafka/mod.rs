@@ -109,6 +109,7 @@ pub struct KafkaJson<E, D> {
     failed: Option<String>,
     dead: D,
     counts: SourceCounts,
+    max_record: usize,
     _events: PhantomData<fn() -> E>,
 }
 
@@ -296,8 +297,16 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             failed: None,
             dead: dead_letters,
             counts: SourceCounts::default(),
+            max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
             _events: PhantomData,
         })
+    }
+
+    /// The largest record in bytes (default 16 MiB, as `--max-record-size`): a longer
+    /// message is a dead letter with its length and first bytes.
+    pub fn max_record_size(mut self, bytes: usize) -> Self {
+        self.max_record = bytes.clamp(1, sessionizer_connectors::input::MAX_RECORD_LIMIT);
+        self
     }
 
     /// Appends to `events` the records readable now: waits up to `timeout` for the
@@ -347,19 +356,23 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             read += 1;
             let (partition, offset) = (record.from.partition, record.offset());
             let bytes = record.value().unwrap_or_default();
-            if bytes.iter().all(u8::is_ascii_whitespace) {
+            let oversized = (bytes.len() > self.max_record).then_some(bytes.len() as u64);
+            if oversized.is_none() && bytes.iter().all(u8::is_ascii_whitespace) {
                 // A tombstone or an empty value: a blank line to the command line's
                 // Kafka input too — skipped and counted, not a record.
                 self.counts.blank_lines += 1;
             } else {
                 self.counts.records += 1;
-                match serde_json::from_slice::<E>(bytes) {
+                match crate::records::decode::<E>(bytes, oversized, self.max_record) {
                     Ok(event) => events.push(event),
-                    Err(e) => {
+                    Err(reason) => {
                         self.counts.invalid += 1;
                         let source = format!("{}/{partition}@{offset}", self.topic);
-                        self.dead
-                            .send(DeadLetter::of(e.to_string(), source, bytes))?;
+                        let raw = match oversized {
+                            Some(_) => sessionizer_connectors::input::record_head(bytes),
+                            None => bytes,
+                        };
+                        self.dead.send(DeadLetter::of(reason, source, raw))?;
                     }
                 }
             }

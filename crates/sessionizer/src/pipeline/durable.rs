@@ -338,7 +338,7 @@ impl Durable {
     }
 
     /// Waits for the checkpoint being written, if any, and takes back its buffers.
-    fn wait(&mut self) -> Result<(), RunError> {
+    pub(crate) fn wait(&mut self) -> Result<(), RunError> {
         match self.background.done(true)? {
             Some(done) => self.collect(done),
             None => Ok(()),

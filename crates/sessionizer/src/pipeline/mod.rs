@@ -145,6 +145,39 @@ pub enum RunError {
     /// refused it, say): the job stops before anything of that step is committed.
     #[error("the job cannot go on: {0}")]
     Job(#[from] crate::sink::SinkError),
+    /// A Kafka input topic is not partitioned by the session key: a record sits in a
+    /// partition that no standard partitioner gives its key.
+    #[error(
+        "Kafka topic {topic} is not partitioned by the session key: the record at {position} has key {key:?}, which the standard partitioners place in partition {murmur2} (murmur2, the Java client's default) or {crc32} (CRC-32, librdkafka's default) of {partitions}, not in {partition} ({count} such record(s) in the batch; nothing of it was committed). Sessions need every record of a key in one partition. Re-key the input through an internal topic with --repartition (library: repartition_by; it is exactly once, but which events it judges late can still depend on how the partitions' records interleave), or, if the producer keeps each key in one partition with a partitioner of its own, declare it with --kafka-partitioner custom (library: custom_partitioner)"
+    )]
+    NotKeyed {
+        /// The input topic.
+        topic: String,
+        /// `topic/partition@offset` of the first such record.
+        position: String,
+        /// Its session key.
+        key: String,
+        /// Its partition.
+        partition: i32,
+        /// The topic's partitions.
+        partitions: usize,
+        /// Where the Java client's default partitioner (murmur2) puts the key.
+        murmur2: i32,
+        /// Where librdkafka's default partitioner (CRC-32) puts the key.
+        crc32: i32,
+        /// How many records of the batch could not belong to their partition.
+        count: u64,
+    },
+    /// The run failed after it started: the error, with the counts of what it did
+    /// until then ([`RunError::stats`]).
+    #[error("{error}")]
+    Failed {
+        /// What went wrong.
+        #[source]
+        error: Box<RunError>,
+        /// The run's counts until it failed.
+        stats: Box<RunStats>,
+    },
     /// A key's state in the checkpoint does not decode.
     #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
     RestoreState {
@@ -155,6 +188,35 @@ pub enum RunError {
         /// What is wrong with it.
         reason: String,
     },
+}
+
+impl RunError {
+    /// The error with the counts of the run it stopped (written to the stats file).
+    pub fn with_stats(self, stats: RunStats) -> RunError {
+        match self {
+            e @ (RunError::OutputClosed { .. } | RunError::Failed { .. }) => e,
+            e => RunError::Failed {
+                error: Box::new(e),
+                stats: Box::new(stats),
+            },
+        }
+    }
+
+    /// The counts of the run until it stopped, when the error carries them.
+    pub fn stats(&self) -> Option<&RunStats> {
+        match self {
+            RunError::OutputClosed { stats, .. } | RunError::Failed { stats, .. } => Some(stats),
+            _ => None,
+        }
+    }
+
+    /// The error itself, without the counts [`with_stats`](Self::with_stats) added.
+    pub fn inner(&self) -> &RunError {
+        match self {
+            RunError::Failed { error, .. } => error.inner(),
+            e => e,
+        }
+    }
 }
 
 /// What a user of a running pipeline sees of it: a progress line, warnings. Given to
@@ -340,6 +402,13 @@ impl ReadAhead {
         let _ = self.empty.send(batch);
     }
 
+    /// Stops reading without waiting for the reader (it may be blocked on stdin): it
+    /// ends when its next read returns.
+    fn abandon(self) {
+        drop(self.full);
+        drop(self.empty);
+    }
+
     /// Bytes read in all.
     fn finish(self) -> Result<u64, RunError> {
         drop(self.empty);
@@ -490,7 +559,7 @@ impl<'c> Job<'c> {
             cfg,
             pool,
             started: Instant::now(),
-            inputs: Inputs::new(cfg.inputs.clone()),
+            inputs: Inputs::new(cfg.inputs.clone()).with_max_record(cfg.max_record),
             names: cfg
                 .inputs
                 .iter()
@@ -535,7 +604,8 @@ impl<'c> Job<'c> {
                     stats: Box::new(stats),
                 })
             }
-            other => other,
+            Err(e) => Err(e.with_stats(self.stats_so_far())),
+            ok => ok,
         }
     }
 
@@ -672,7 +742,8 @@ impl<'c> Job<'c> {
                 );
             }
         }
-        let inputs = Inputs::starting_at(self.cfg.inputs.clone(), start.position);
+        let inputs = Inputs::starting_at(self.cfg.inputs.clone(), start.position)
+            .with_max_record(self.cfg.max_record);
         let mut last_end = start.position;
         let mut reader = ReadAhead::start(inputs)?;
         telemetry.running();
@@ -697,11 +768,18 @@ impl<'c> Job<'c> {
             (Some(tick), true) => Some(tick.min(QUERY_TICK)),
             (tick, serving) => tick.or(serving.then_some(QUERY_TICK)),
         };
-        if live && self.topics.is_some() {
-            // A quiet live input still commits its Kafka transactions on time.
+        if live {
+            // A quiet live input still commits its Kafka transactions on time, and
+            // still hears a request to stop.
             wait = Some(wait.map_or(QUERY_TICK, |w| w.min(QUERY_TICK)));
         }
+        let mut consumed = 0;
+        let mut stopped = false;
         loop {
+            if telemetry.stop_requested() {
+                stopped = true;
+                break;
+            }
             telemetry.answer_queries(|key| self.lookup(key));
             let ready = if live { reader.ready()? } else { None };
             if live && (ready.is_none() || flushed_at.elapsed() >= LIVE_FLUSH_EVERY) {
@@ -750,6 +828,7 @@ impl<'c> Job<'c> {
             }
             first_step += batch.lines.len() as u64;
             last_end = batch.end;
+            consumed = batch.consumed;
             if let Some(d) = &mut self.durable {
                 finished_inputs(&batch, &mut finished_lines);
                 d.consumed(batch.end, &finished_lines);
@@ -766,6 +845,29 @@ impl<'c> Job<'c> {
                 t.poll();
             }
             self.commit_if_due(first_step, telemetry)?;
+        }
+        if stopped {
+            // Asked to stop (SIGTERM, SIGINT): what was processed is written out (and
+            // checkpointed, so that the same command resumes from here); the sessions
+            // in progress are not emitted.
+            reader.abandon();
+            self.stats.bytes_read = consumed;
+            if self.durable.is_some() {
+                self.checkpoint(first_step, false, false, telemetry)?;
+                if let Some(d) = &mut self.durable {
+                    d.wait()?;
+                }
+            } else if self.topics.is_some() {
+                self.commit_topics(telemetry)?;
+            }
+            for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
+                w.finish()?;
+            }
+            telemetry.outputs_written();
+            telemetry.batch(&[self.report()]);
+            let mut stats = self.stats_so_far();
+            stats.stopped = true;
+            return Ok(stats);
         }
         self.stats.bytes_read = reader.finish()?;
         let keep_open = self.durable.as_ref().is_some_and(Durable::keep_open) && !flushed_before;
@@ -1011,6 +1113,7 @@ impl<'c> Job<'c> {
             shards: self.shards.len(),
             on_invalid,
             names: &self.names,
+            max_record: self.cfg.max_record,
         };
         let work = |(i, (decoder, out)): (usize, (&mut Decoder, &mut Parsed))| {
             let range = (i * per).min(n)..((i + 1) * per).min(n);

@@ -6,6 +6,7 @@ use crate::config::OnInvalid;
 use crate::engine::{Walks, shard_of};
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter};
+use sessionizer_connectors::input::too_large_reason;
 use sessionizer_core::decode::Decoder;
 
 /// What a line turned out to be.
@@ -61,6 +62,13 @@ fn offset_in(whole: &[u8], part: &[u8]) -> Option<u32> {
     (off <= whole.len() && part.len() <= whole.len() - off).then_some(off as u32)
 }
 
+/// Why a line is not a valid event.
+enum Reason {
+    /// Longer than the record size limit (its whole length).
+    TooLarge(u64),
+    Invalid(sessionizer_core::decode::Invalid),
+}
+
 /// What decoding needs to know besides the lines.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ParseSettings<'a> {
@@ -69,6 +77,8 @@ pub(crate) struct ParseSettings<'a> {
     pub on_invalid: OnInvalid,
     /// Display names of the inputs, for dead-letter positions.
     pub names: &'a [SourceName],
+    /// The record size limit, for the reason of a record above it.
+    pub max_record: usize,
 }
 
 /// Decodes lines `range` of `batch`.
@@ -84,6 +94,7 @@ pub(crate) fn parse_range(
         shards,
         on_invalid,
         names,
+        max_record,
     } = settings;
     out.recs.clear();
     out.values.clear();
@@ -108,26 +119,35 @@ pub(crate) fn parse_range(
             dedup: None,
             values_at: out.values.len() as u32,
         };
-        if bytes.trim_ascii().is_empty() {
+        let oversized = batch.oversized_len(i);
+        if oversized.is_none() && bytes.trim_ascii().is_empty() {
             out.blank += 1;
             out.recs.push(rec);
             continue;
         }
-        match decoder.decode(bytes) {
-            Err(invalid) => {
+        let decoded = match oversized {
+            Some(len) => Err(Reason::TooLarge(len)),
+            None => decoder.decode(bytes).map_err(Reason::Invalid),
+        };
+        match decoded {
+            Err(reason) => {
                 rec.kind = Kind::Invalid;
                 out.invalid += 1;
+                let text = || match reason {
+                    Reason::TooLarge(len) => too_large_reason(len, max_record),
+                    Reason::Invalid(e) => e.to_string(),
+                };
                 match on_invalid {
                     OnInvalid::Skip => {}
                     OnInvalid::Fail => {
                         if out.first_invalid.is_none() {
-                            out.first_invalid = Some((i as u32, invalid.to_string()));
+                            out.first_invalid = Some((i as u32, text()));
                         }
                     }
                     OnInvalid::DeadLetter => {
                         let span = batch.lines[i];
                         let pos = names[span.input as usize].pos(span.line_no);
-                        encode_dead_letter(&mut out.dead, &invalid.to_string(), pos, bytes);
+                        encode_dead_letter(&mut out.dead, &text(), pos, bytes);
                     }
                 }
             }

@@ -24,7 +24,7 @@ mod standby;
 mod task;
 
 use super::RunError;
-use crate::config::{KafkaConfig, KafkaStart, PipelineConfig};
+use crate::config::{KafkaConfig, KafkaStart, Partitioner, PipelineConfig};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, TaskReport, Telemetry};
 use output::Out;
@@ -34,6 +34,7 @@ use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::changelog;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, Rebalance, StartAt};
+use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_connectors::kafka::producer::{CommitError, SOURCE_HEADER, TxnProducer};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
 use sessionizer_connectors::{Batch, OutputTarget};
@@ -113,6 +114,9 @@ pub(crate) struct DriverSettings {
     pub workers: usize,
     pub state_backend: crate::config::StateBackend,
     pub idle_timeout: Option<sessionizer_core::DurationMs>,
+    /// The largest record: a longer message is a dead letter, staged as its first
+    /// bytes only.
+    pub max_record: usize,
 }
 
 impl DriverSettings {
@@ -126,6 +130,7 @@ impl DriverSettings {
             workers: cfg.workers,
             state_backend: cfg.state_backend.clone(),
             idle_timeout: cfg.idle_timeout,
+            max_record: cfg.max_record,
         }
     }
 }
@@ -139,7 +144,11 @@ pub(crate) fn run_tasks<F: TaskFactory>(
     factory: F,
     telemetry: &Telemetry,
 ) -> Result<RunStats, RunError> {
-    KafkaJob::open(&settings, kafka, factory, telemetry)?.run()
+    let mut job = KafkaJob::open(&settings, kafka, factory, telemetry)?;
+    job.run().map_err(|e| {
+        let stats = job.stats();
+        e.with_stats(stats)
+    })
 }
 
 struct KafkaJob<'c, F: TaskFactory> {
@@ -184,6 +193,10 @@ struct KafkaJob<'c, F: TaskFactory> {
     assigned_events: u64,
     /// The topics read: the inputs, then the internal re-keying topic if any.
     topics: Vec<String>,
+    /// The number of partitions of each topic of `topics`.
+    partition_counts: Vec<usize>,
+    /// Records refused because their key cannot belong to their partition.
+    misplaced: u64,
     /// `--repartition`: the re-keying of the inputs.
     rekey: Option<Rekey>,
     /// Metrics, logs, `/sessions` questions.
@@ -338,6 +351,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             last_group_check: None,
             assigned_events: 0,
             topics,
+            partition_counts: partitions.clone(),
+            misplaced: 0,
             rekey,
             telemetry: telemetry.clone(),
             snapshots,
@@ -399,7 +414,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         Ok(job)
     }
 
-    fn run(mut self) -> Result<RunStats, RunError> {
+    fn run(&mut self) -> Result<RunStats, RunError> {
         let idle = self
             .cfg
             .idle_timeout
@@ -501,7 +516,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                                     Some(_) => r.header(SOURCE_HEADER),
                                     None => None,
                                 };
-                                staged += stage(task, r.offset(), r.key(), r.value(), origin);
+                                let max = self.cfg.max_record;
+                                staged += stage(task, r.offset(), r.key(), r.value(), origin, max);
                             }
                         }
                     }
@@ -861,12 +877,19 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         if self.durable {
             op.track_changes();
         }
+        // The job's own re-keying topic is keyed by it; an input declared keyed by a
+        // custom partitioner is trusted.
+        let checked = self.kafka.partitioner == Partitioner::Standard && self.rekey.is_none();
+        let placement = checked
+            .then(|| KeyPlacement::new(tp.partition, self.partition_counts[tp.topic as usize]));
         Ok(Task {
             tp,
             names: vec![SourceName::partition(topic, tp.partition)],
             last_offset: -1,
             op,
             first_invalid: None,
+            placement,
+            misplaced: (0, None),
             batch: Batch::default(),
             key_spans: Vec::new(),
             keys: Vec::new(),
@@ -1018,10 +1041,28 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                     reason: reason.clone(),
                 });
             }
+            if let (count, Some((line, key))) = &task.misplaced {
+                self.misplaced += count;
+                self.telemetry
+                    .records_misplaced(&task.names[0].name, *count);
+                let span = task.batch.lines[*line as usize];
+                let placement = task.placement.expect("a misplaced record was checked");
+                let (partition, partitions) = placement.partition();
+                let (murmur2, crc32) = placement.expected(key.as_bytes());
+                return Err(RunError::NotKeyed {
+                    topic: self.topics[id.topic as usize].clone(),
+                    position: task.names[0].pos(span.line_no).to_string(),
+                    key: key.clone(),
+                    partition,
+                    partitions,
+                    murmur2,
+                    crc32,
+                    count: *count,
+                });
+            }
             self.send_outputs(id)?;
             let task = self.tasks.get_mut(&id).expect("task exists");
-            task.batch.lines.clear();
-            task.batch.data.clear();
+            task.batch.clear();
             task.key_spans.clear();
             task.keys.clear();
         }
@@ -1266,6 +1307,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             snapshots_written: self.snapshots.as_ref().map_or(0, |s| s.written),
             snapshot_bytes: self.snapshots.as_ref().map_or(0, |s| s.bytes),
             stale_records_skipped: self.stale_skipped,
+            records_misplaced: self.misplaced,
         });
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();

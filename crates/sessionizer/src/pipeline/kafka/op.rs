@@ -18,6 +18,7 @@ use crate::stats::RunStats;
 use crate::telemetry::KeyView;
 use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::encode::SourceName;
+use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
@@ -38,6 +39,30 @@ pub(crate) struct Processed {
     /// With `--on-invalid fail`, the first invalid record (line, reason): the batch was
     /// not processed.
     pub first_invalid: Option<(u32, String)>,
+    /// Records whose key cannot belong to the task's partition ([`KeyPlacement`]).
+    pub misplaced: u64,
+    /// The first of them (line, key): the batch was not processed.
+    pub first_misplaced: Option<(u32, String)>,
+}
+
+impl Processed {
+    /// Checks the key of the record on line `line` against the partition's placement.
+    pub(crate) fn check_key(
+        &mut self,
+        placement: &mut Option<KeyPlacement>,
+        line: usize,
+        key: &[u8],
+    ) {
+        if let Some(p) = placement
+            && !p.admits(key)
+        {
+            self.misplaced += 1;
+            if self.first_misplaced.is_none() {
+                let key = String::from_utf8_lossy(key).into_owned();
+                self.first_misplaced = Some((line as u32, key));
+            }
+        }
+    }
 }
 
 /// One task's operator.
@@ -46,7 +71,17 @@ pub(crate) trait TaskOp: Send {
     /// is its offset; `names` name the partitions for positions), the first with
     /// sequence number `first_seq` and the others after it in order. What comes out
     /// waits in the outputs until [`clear_outputs`](Self::clear_outputs).
-    fn process(&mut self, batch: &Batch, names: &[SourceName], first_seq: u64) -> Processed;
+    ///
+    /// With a `placement`, every valid record's key is checked against the partition
+    /// ([`Processed::check_key`]); when one cannot belong there the batch is not
+    /// processed.
+    fn process(
+        &mut self,
+        batch: &Batch,
+        names: &[SourceName],
+        first_seq: u64,
+        placement: &mut Option<KeyPlacement>,
+    ) -> Processed;
 
     /// Forgets the outputs of the last step.
     fn clear_outputs(&mut self);
@@ -141,6 +176,7 @@ pub(crate) struct JsonOp {
     parsed: Parsed,
     aggregates: usize,
     on_invalid: OnInvalid,
+    max_record: usize,
     value_buf: Vec<u8>,
 }
 
@@ -179,6 +215,7 @@ impl TaskFactory for JsonTasks<'_> {
             parsed: Parsed::default(),
             aggregates: self.cfg.aggregates.len(),
             on_invalid: self.cfg.on_invalid,
+            max_record: self.cfg.max_record,
             value_buf: Vec::new(),
         })
     }
@@ -193,23 +230,41 @@ impl TaskFactory for JsonTasks<'_> {
 }
 
 impl TaskOp for JsonOp {
-    fn process(&mut self, batch: &Batch, names: &[SourceName], first_seq: u64) -> Processed {
+    fn process(
+        &mut self,
+        batch: &Batch,
+        names: &[SourceName],
+        first_seq: u64,
+        placement: &mut Option<KeyPlacement>,
+    ) -> Processed {
         let n = batch.lines.len();
         let settings = ParseSettings {
             aggregates: self.aggregates,
             shards: 1,
             on_invalid: self.on_invalid,
             names,
+            max_record: self.max_record,
         };
         parse::parse_range(batch, 0..n, &mut self.decoder, settings, &mut self.parsed);
         let p = &self.parsed;
-        let processed = Processed {
+        let mut processed = Processed {
             records: p.recs.len() as u64 - p.blank,
             blank: p.blank,
             invalid: p.invalid,
             first_invalid: p.first_invalid.clone(),
+            ..Processed::default()
         };
-        if processed.first_invalid.is_none() {
+        if placement.is_some() {
+            for r in p.recs.iter().filter(|r| r.kind == Kind::Valid) {
+                let (from, len) = (r.key.0 as usize, r.key.1 as usize);
+                let key = match r.key_in_arena {
+                    true => &p.key_arena[from..from + len],
+                    false => &batch.data[from..from + len],
+                };
+                processed.check_key(placement, r.line as usize, key);
+            }
+        }
+        if processed.first_invalid.is_none() && processed.first_misplaced.is_none() {
             self.shard.clear_outputs();
             self.shard
                 .process(batch, std::slice::from_ref(&self.parsed), first_seq, names);

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{Counters, WatermarkState};
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::SourceName;
-use sessionizer_connectors::input::LineSpan;
 use sessionizer_connectors::kafka::TopicPartition;
+use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_core::Watermark;
 use std::time::Instant;
 
@@ -51,6 +51,13 @@ pub(super) struct Task<O> {
     /// With `--on-invalid fail`: the first invalid record of the last batch (line,
     /// reason), which was not processed.
     pub(super) first_invalid: Option<(u32, String)>,
+    /// The check that records are keyed into this partition by their session key
+    /// (`None`: the topic is declared co-partitioned by a custom partitioner, or it is
+    /// the job's own re-keying topic).
+    pub(super) placement: Option<KeyPlacement>,
+    /// The last batch's records that cannot belong to this partition: how many, and
+    /// the first (line, key). The batch was not processed.
+    pub(super) misplaced: (u64, Option<(u32, String)>),
     /// Records staged since the last processing: values as lines, line number = offset.
     pub(super) batch: Batch,
     /// The staged records' keys (`(start, len)` in `keys`, `len == u32::MAX`: none).
@@ -84,9 +91,12 @@ impl<O: TaskOp> Task<O> {
     /// processed: [`first_invalid`](Self::first_invalid) names the record.
     pub(super) fn process_staged(&mut self) {
         let n = self.batch.lines.len();
-        let p = self.op.process(&self.batch, &self.names, self.next_seq);
+        let p = self
+            .op
+            .process(&self.batch, &self.names, self.next_seq, &mut self.placement);
         self.first_invalid = p.first_invalid;
-        if self.first_invalid.is_some() {
+        self.misplaced = (p.misplaced, p.first_misplaced);
+        if self.first_invalid.is_some() || self.misplaced.1.is_some() {
             return;
         }
         self.run.blank_lines += p.blank;
@@ -143,10 +153,9 @@ pub(super) fn stage<O>(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
     origin: Option<&[u8]>,
+    max_record: usize,
 ) -> usize {
     let value = value.unwrap_or_default();
-    let start = task.batch.data.len();
-    task.batch.data.extend_from_slice(value);
     // A re-keyed record is named by where it was read first.
     let (input, line_no) = origin
         .and_then(|o| std::str::from_utf8(o).ok())
@@ -165,12 +174,7 @@ pub(super) fn stage<O>(
             Some((i as u32, at))
         })
         .unwrap_or((0, offset as u64));
-    task.batch.lines.push(LineSpan {
-        start: start as u32,
-        end: task.batch.data.len() as u32,
-        input,
-        line_no,
-    });
+    task.batch.push_record(value, input, line_no, max_record);
     task.last_offset = offset;
     match key {
         Some(k) => {
