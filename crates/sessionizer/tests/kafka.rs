@@ -140,7 +140,7 @@ fn a_restarted_job_reads_on_from_its_checkpoint_and_writes_one_runs_records() {
     assert_eq!(dead.len(), 3);
     assert!(
         dead[0].source.starts_with(&format!("{input}/0@"))
-            && dead[0].reason.contains("expected i64"),
+            && dead[0].reason == "field event_time is not an integer (found a string)",
         "{:?}",
         dead[0]
     );
