@@ -669,6 +669,18 @@ fn a_full_disk_while_checkpointing_stops_the_run_and_it_resumes_once_there_is_ro
         before.counters.records_read > 0,
         "some checkpoints fit before the disk was full"
     );
+    // The failed run still writes its stats file (it left none before), with the
+    // error and its counts until then.
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("stats.json")).expect("stats"))
+            .expect("stats JSON");
+    assert!(
+        stats["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("No space left on device")),
+        "{stats}"
+    );
+    assert!(stats["records_read"].as_u64() >= Some(before.counters.records_read));
     disk.resize("512m");
     let out = run_durable(&[&input], &dir, &[], &[]);
     let err = stderr(&out);
