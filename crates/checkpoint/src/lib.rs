@@ -1,6 +1,6 @@
 #![warn(missing_docs)]
-//! Durable checkpoints of a sessionizer job (SPEC §4), for the memory state backend and
-//! the file connectors.
+//! Durable checkpoints of a sessionizer job (docs/semantics.md S-35), for the memory
+//! state backend and the file connectors.
 //!
 //! A checkpoint is a **manifest** ([`Manifest`]: input positions, watermark, committed
 //! output lengths, counters, the options fingerprint) plus the keyed state, kept

@@ -34,7 +34,7 @@ pub struct Manifest {
     /// Every file output with the length that is committed (sessions, late events, dead
     /// letters). Recovery cuts each file back to this length.
     pub outputs: Vec<OutputCommit>,
-    /// The accounting of the job up to this checkpoint (SPEC §2).
+    /// The accounting of the job up to this checkpoint (docs/semantics.md S-13).
     pub counters: Counters,
     /// Keys with state at this checkpoint.
     pub keys: u64,

@@ -1,7 +1,7 @@
-//! Local snapshots of Kafka tasks (SPEC §5): with `--state-dir`, a process keeps a copy
-//! of each task's state on disk, with the changelog offset it covers, so that a restart
-//! (or a partition coming back) reads only the changelog's tail — Kafka Streams' local
-//! checkpoint file idea, for a state that lives in memory.
+//! Local snapshots of Kafka tasks (docs/semantics.md K-3): with `--state-dir`, a process
+//! keeps a copy of each task's state on disk, with the changelog offset it covers, so
+//! that a restart (or a partition coming back) reads only the changelog's tail — Kafka
+//! Streams' local checkpoint file idea, for a state that lives in memory.
 //!
 //! One file per task, `task-<changelog topic>-<partition>.snap`, written atomically
 //! (temp file, fsync, rename) in a frame of kind 4 with epoch 0:

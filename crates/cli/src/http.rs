@@ -1,5 +1,6 @@
-//! The HTTP endpoint of `sessionizer run --http-addr ADDR` (SPEC §6): a small hyper
-//! server on a single-threaded tokio runtime of its own thread, beside the pipeline.
+//! The HTTP endpoint of `sessionizer run --http-addr ADDR` (docs/semantics.md S-37): a
+//! small hyper server on a single-threaded tokio runtime of its own thread, beside the
+//! pipeline.
 //!
 //! | endpoint | answer |
 //! | --- | --- |

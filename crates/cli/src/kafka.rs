@@ -1,5 +1,5 @@
-//! The `--kafka-*` options of `sessionizer run` (SPEC §3, §5, §7): raw flags, their
-//! config-file names, and their check into a [`KafkaConfig`].
+//! The `--kafka-*` options of `sessionizer run` (docs/semantics.md K-1 to K-7): raw
+//! flags, their config-file names, and their check into a [`KafkaConfig`].
 
 use crate::config::ConfigError;
 use clap::{Args, ValueEnum};

@@ -597,9 +597,9 @@ fn readme_worked_example_matches_the_real_output() {
     assert_eq!(dead[0]["source"], format!("{}:11", s(&input)));
 }
 
-/// SPEC §3 / issue 5: the same input and options give the same bytes whatever the number
-/// of worker threads — on dirty data with late events within and beyond the allowed
-/// lateness, duplicates, invalid lines, merges and retractions.
+/// docs/semantics.md S-19 / issue 5: the same input and options give the same bytes
+/// whatever the number of worker threads — on dirty data with late events within and
+/// beyond the allowed lateness, duplicates, invalid lines, merges and retractions.
 #[test]
 fn output_is_byte_identical_for_1_2_and_4_workers() {
     let options = [
@@ -667,9 +667,10 @@ fn output_is_byte_identical_for_1_2_and_4_workers() {
     }
 }
 
-/// SPEC §2: a quiet live source lets the watermark move on with the wall clock, so a
-/// session closes while stdin is still open; an event that then arrives behind the
-/// moved watermark is late. Without --idle-timeout nothing closes until the input ends.
+/// docs/semantics.md S-32: a quiet live source lets the watermark move on with the wall
+/// clock, so a session closes while stdin is still open; an event that then arrives
+/// behind the moved watermark is late. Without --idle-timeout nothing closes until the
+/// input ends.
 #[test]
 fn idle_stdin_moves_the_watermark_with_the_wall_clock() {
     use std::io::{BufRead, BufReader};
@@ -779,7 +780,7 @@ fn pairs_within_the_gap(sessions: &BTreeMap<String, Vec<(i64, i64)>>, gap: i64) 
     found
 }
 
-/// SPEC §2 / docs/semantics.md S-30: two sessions of one key are never closer than the
+/// docs/semantics.md S-30: two sessions of one key are never closer than the
 /// gap, whatever arrives late. Visits with 2-minute mean intervals (so some split into
 /// sessions a little more than the gap apart) and 1% of events 18-22 minutes late: the
 /// build before the per-key floor emitted 20 such pairs with `--allowed-lateness 0s`

@@ -1,7 +1,7 @@
-//! The long-running side of SPEC §6, end to end against the real binary: `run
-//! --http-addr` on a live stdin, scraped and asked with a real HTTP client while lines
-//! arrive, its final stats compared with the last scrape; and the logs that `RUST_LOG`
-//! turns on (one event per checkpoint, restore, damaged checkpoint).
+//! A running job's endpoint and logs (docs/semantics.md S-37), end to end against the
+//! real binary: `run --http-addr` on a live stdin, scraped and asked with a real HTTP
+//! client while lines arrive, its final stats compared with the last scrape; and the logs
+//! that `RUST_LOG` turns on (one event per checkpoint, restore, damaged checkpoint).
 
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
@@ -195,10 +195,10 @@ fn visit(key: &str, time: &str, page: &str) -> String {
     format!(r#"{{"visit_id":"{key}","event_time":"2024-01-01T{time}Z","page":"{page}"}}"#)
 }
 
-/// SPEC §6 / issue 8: a running job is scraped while stdin stays open; its counters
-/// move with the input, `/sessions` answers with the state (open and final sessions,
-/// none), `/health` is live and ready, and after stdin closes the stats file adds up
-/// with the last scrape.
+/// docs/semantics.md S-37 / issue 8: a running job is scraped while stdin stays open; its
+/// counters move with the input, `/sessions` answers with the state (open and final
+/// sessions, none), `/health` is live and ready, and after stdin closes the stats file
+/// adds up with the last scrape.
 #[test]
 fn a_live_job_serves_metrics_sessions_and_health_that_add_up_with_its_stats() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -487,8 +487,9 @@ fn events<'a>(log: &'a str, message: &str) -> Vec<&'a str> {
     log.lines().filter(|l| l.contains(&marker)).collect()
 }
 
-/// SPEC §6: with `RUST_LOG` a run logs one event with fields per checkpoint, per
-/// restore and per damaged checkpoint; the warning a user sees is still printed.
+/// docs/semantics.md S-37: with `RUST_LOG` a run logs one event with fields per
+/// checkpoint, per restore and per damaged checkpoint; the warning a user sees is still
+/// printed.
 #[test]
 fn logs_have_one_event_per_checkpoint_restore_and_damaged_checkpoint() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -1,4 +1,4 @@
-//! Kafka end to end (SPEC §2 tasks, §3 Kafka output, §5): the real binary against a
+//! Kafka end to end (docs/semantics.md K-1 to K-7): the real binary against a
 //! real Apache Kafka broker started by `scripts/kafka-dev.sh`. The property checked
 //! everywhere: what a `read_committed` reader finds in each output partition equals,
 //! byte for byte in the values, what `sessionizer run` writes for the records of the
@@ -167,8 +167,9 @@ fn file_run(dir: &Path, p: usize, records: &[Read]) -> FileRun {
     }
 }
 
-/// The Kafka output of one partition as `(session_id, record)`, checking the SPEC §3
-/// format on the way: key = session_id, retraction = tombstone with `retract: true`.
+/// The Kafka output of one partition as `(session_id, record)`, checking the format of
+/// docs/semantics.md K-7 on the way: key = session_id, retraction = tombstone with
+/// `retract: true`.
 fn kafka_sessions(records: &[Read]) -> Vec<(String, Option<String>)> {
     records
         .iter()
@@ -1400,8 +1401,8 @@ fn inspect_shows_a_kafka_jobs_tasks_and_a_keys_sessions_from_its_changelog() {
 }
 
 /// A live group job whose input goes quiet moves each partition's watermark on with
-/// the wall clock once `--idle-timeout` has passed (SPEC §2): the sessions close and are
-/// committed though no later event comes to close them.
+/// the wall clock once `--idle-timeout` has passed (docs/semantics.md S-32): the sessions
+/// close and are committed though no later event comes to close them.
 #[test]
 fn a_quiet_partition_moves_on_with_the_clock_and_its_sessions_close() {
     let _one_at_a_time = kafka::exclusive();

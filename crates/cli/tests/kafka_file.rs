@@ -1,4 +1,4 @@
-//! File input, Kafka output (SPEC §3 Kafka output, §4): the real binary against a real
+//! File input, Kafka output (docs/semantics.md K-7, S-35): the real binary against a real
 //! Apache Kafka broker. The property checked everywhere: what a `read_committed` reader
 //! finds in each output partition equals, record for record in the values, the lines
 //! of the same run written to a file whose session key falls in that partition, in the
@@ -141,8 +141,9 @@ fn file_run(dir: &Path, input: &Path) -> FileRun {
     }
 }
 
-/// The Kafka output of one partition as `(session_id, record)`, checking the SPEC §3
-/// format on the way: key = session_id, retraction = tombstone with `retract: true`.
+/// The Kafka output of one partition as `(session_id, record)`, checking the format of
+/// docs/semantics.md K-7 on the way: key = session_id, retraction = tombstone with
+/// `retract: true`.
 fn kafka_sessions(records: &[Read]) -> Vec<(String, Option<String>)> {
     records
         .iter()

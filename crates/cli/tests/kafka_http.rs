@@ -1,7 +1,7 @@
-//! The HTTP endpoint of a Kafka job (SPEC §6 with §2's tasks): against a real broker
-//! (`scripts/kafka-dev.sh`), a running group member shows one task per input partition
-//! in `/metrics`, answers `/sessions` from the task holding the key, and logs its
-//! rebalances and transactions.
+//! The HTTP endpoint of a Kafka job (docs/semantics.md S-37 with K-1's tasks): against a
+//! real broker (`scripts/kafka-dev.sh`), a running group member shows one task per input
+//! partition in `/metrics`, answers `/sessions` from the task holding the key, and logs
+//! its rebalances and transactions.
 
 #![cfg(feature = "kafka")]
 

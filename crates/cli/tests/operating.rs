@@ -378,8 +378,9 @@ fn an_unwritable_stats_file_is_refused_before_the_work_starts() {
     }
 }
 
-/// Issue 8 / SPEC §6: with live stdin a session record stayed in the output buffer
-/// until stdin closed. Now the outputs are flushed whenever the reader would wait.
+/// Issue 8 / docs/semantics.md S-32: with live stdin a session record stayed in the
+/// output buffer until stdin closed. Now the outputs are flushed whenever the reader
+/// would wait.
 #[test]
 fn live_stdin_output_is_visible_while_stdin_stays_open() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -1,7 +1,7 @@
-//! Durable state end to end (SPEC §4, docs/checkpoint-format.md): the real binary on
-//! real files, killed with SIGKILL, its checkpoints damaged on disk, its writes made to
-//! fail. The one property checked everywhere: the file outputs at the end equal, byte
-//! for byte, those of one uninterrupted run.
+//! Durable state end to end (docs/semantics.md S-35, docs/checkpoint-format.md): the real
+//! binary on real files, killed with SIGKILL, its checkpoints damaged on disk, its writes
+//! made to fail. The one property checked everywhere: the file outputs at the end equal,
+//! byte for byte, those of one uninterrupted run.
 
 #[path = "support/outputs.rs"]
 mod outputs;
@@ -124,11 +124,11 @@ fn run_durable(input: &[&Path], dir: &Path, extra: &[&str], env: &[(&str, &str)]
     cmd.output().expect("spawn sessionizer")
 }
 
-/// SPEC §4's promise, tested the hard way: ~1M events, a checkpoint every 20 ms, the
-/// process killed with SIGKILL at 20+ random instants (during startup, restore, reading,
-/// checkpointing, anywhere) and restarted each time with a random number of workers
-/// (the state is re-hashed), until a run finishes. The outputs then equal those of an
-/// uninterrupted run, byte for byte, and so does the accounting.
+/// docs/semantics.md S-35's promise, tested the hard way: ~1M events, a checkpoint every
+/// 20 ms, the process killed with SIGKILL at 20+ random instants (during startup,
+/// restore, reading, checkpointing, anywhere) and restarted each time with a random
+/// number of workers (the state is re-hashed), until a run finishes. The outputs then
+/// equal those of an uninterrupted run, byte for byte, and so does the accounting.
 #[test]
 fn killed_at_random_instants_and_restarted_the_job_gives_the_uninterrupted_output() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -216,9 +216,9 @@ fn split(input: &Path, at: usize, a: &Path, b: &Path) {
     std::fs::write(b, &text[cut..]).expect("write");
 }
 
-/// SPEC §2 end of input with `--keep-open`: a session that spans midnight comes out
-/// whole from two daily runs, and the two runs give exactly the output of one run over
-/// both files.
+/// docs/semantics.md S-11, end of input with `--keep-open`: a session that spans midnight
+/// comes out whole from two daily runs, and the two runs give exactly the output of one
+/// run over both files.
 #[test]
 fn keep_open_then_the_next_file_equals_one_run_over_both() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -1,8 +1,8 @@
-//! `--state-backend rocksdb` end to end (SPEC §4, issue 14): the real binary on dirty
-//! generated input gives the memory backend's outputs byte for byte — with and without
-//! lateness, with one and two workers, killed with SIGKILL at random instants and
-//! restarted, resumed from a state directory the other backend wrote — while a tiny
-//! `--state-memory` makes it keep most keys in RocksDB. The RocksDB tests need the
+//! `--state-backend rocksdb` end to end (docs/semantics.md S-36, issue 14): the real
+//! binary on dirty generated input gives the memory backend's outputs byte for byte —
+//! with and without lateness, with one and two workers, killed with SIGKILL at random
+//! instants and restarted, resumed from a state directory the other backend wrote — while
+//! a tiny `--state-memory` makes it keep most keys in RocksDB. The RocksDB tests need the
 //! `rocksdb` feature; the option checks run in every build.
 
 #[path = "support/outputs.rs"]
@@ -370,10 +370,10 @@ fn split(input: &Path, parts: usize, dir: &Path) -> Vec<std::path::PathBuf> {
 }
 
 /// A rocksdb base keeps each worker's store as a RocksDB checkpoint in the state
-/// directory (SPEC §4: incremental checkpoints from RocksDB's own): a run with as many
-/// workers starts its stores from those copies (hard links, no key read or written),
-/// one with another number reads their keys; `inspect` lists them; and every way gives
-/// one uninterrupted memory run's outputs.
+/// directory (docs/semantics.md S-36: incremental checkpoints from RocksDB's own): a run
+/// with as many workers starts its stores from those copies (hard links, no key read or
+/// written), one with another number reads their keys; `inspect` lists them; and every
+/// way gives one uninterrupted memory run's outputs.
 #[cfg(feature = "rocksdb")]
 #[test]
 fn a_rocksdb_base_keeps_the_stores_and_a_restart_with_as_many_workers_links_them() {

@@ -1,5 +1,5 @@
-//! The output records of SPEC §3, encoded as JSON lines into a batch buffer that is
-//! written out in large blocks.
+//! The output records (docs/semantics.md S-16, S-9, S-14, S-6), encoded as JSON lines
+//! into a batch buffer that is written out in large blocks.
 
 use crate::output::OutputTarget;
 use sessionizer_core::json::write_json_string;

@@ -3,8 +3,8 @@
 //!
 //! * [`input`] — JSON-lines input from files (read in the order given) or stdin, split
 //!   into lines with their file and line number, in large buffered reads.
-//! * [`encode`] — the output records of SPEC §3 (sessions, retractions, dead letters,
-//!   late events) written as JSON lines into batch buffers.
+//! * [`encode`] — the output records (sessions, retractions, dead letters, late events;
+//!   docs/semantics.md S-16, S-9, S-14, S-6) written as JSON lines into batch buffers.
 //! * [`output`] — where those bytes go: a file or stdout.
 //! * `kafka` (cargo feature `kafka`) — Apache Kafka topics: a consumer group member,
 //!   a transactional producer, the changelog topics of the tasks' state.

@@ -1,7 +1,7 @@
-//! The built-in aggregates of the command line (SPEC §3), over the user's own events:
-//! each takes a closure that picks a value out of an event (`None` is skipped, as SQL
-//! aggregates skip nulls). Order-sensitive ones follow event time, ties in input order,
-//! so a result never depends on how sessions merged.
+//! The built-in aggregates of the command line (docs/semantics.md S-17), over the user's
+//! own events: each takes a closure that picks a value out of an event (`None` is
+//! skipped, as SQL aggregates skip nulls). Order-sensitive ones follow event time, ties
+//! in input order, so a result never depends on how sessions merged.
 //!
 //! Combine several with a tuple: `.aggregate((Count, Collect(|v: &Visit| Some(v.page.clone()))))`.
 //! For anything else, implement [`Aggregator`] yourself.

@@ -1,5 +1,5 @@
-//! Checkpoints of a library job, in the command line's checkpoint format (SPEC §4,
-//! `docs/checkpoint-format.md`): a state directory of manifests, bases and deltas,
+//! Checkpoints of a library job, in the command line's checkpoint format
+//! (`docs/checkpoint-format.md`): a state directory of manifests, bases and deltas,
 //! written atomically with checksums by `sessionizer-checkpoint`, one key's sessions
 //! encoded by `sessionizer_window::codec` — the files `sessionizer run --state-dir`
 //! writes, and `sessionizer inspect` lists.

@@ -64,7 +64,7 @@ pub struct PipelineConfig {
     /// What to do with invalid records.
     pub on_invalid: OnInvalid,
     /// With stdin input: after this long without input the watermark moves on with the
-    /// wall clock (SPEC §2). `None`: it waits for events.
+    /// wall clock (docs/semantics.md S-32). `None`: it waits for events.
     pub idle_timeout: Option<DurationMs>,
     /// Worker threads; keys are shared among them by hash. The output is the same for
     /// every value.
@@ -78,9 +78,9 @@ pub struct PipelineConfig {
     pub max_record: usize,
 }
 
-/// Where the job's keyed state lives (SPEC §4, `--state-backend`). Both give the same
-/// output byte for byte, and their checkpoints are the same files: a state directory
-/// written with one resumes with the other.
+/// Where the job's keyed state lives (docs/semantics.md S-36, `--state-backend`). Both
+/// give the same output byte for byte, and their checkpoints are the same files: a state
+/// directory written with one resumes with the other.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum StateBackend {
     /// Every key in memory.
@@ -108,7 +108,8 @@ pub enum KafkaStart {
     Latest,
 }
 
-/// Apache Kafka options of a run (SPEC §3, §5). Needs the `kafka` cargo feature.
+/// Apache Kafka options of a run (docs/semantics.md K-1 to K-7). Needs the `kafka` cargo
+/// feature.
 #[derive(Debug, Clone)]
 pub struct KafkaConfig {
     /// `--kafka-brokers`: the bootstrap servers.
@@ -228,7 +229,7 @@ impl PipelineConfig {
     }
 }
 
-/// Durable state for a run (`--state-dir` and friends, SPEC §4).
+/// Durable state for a run (`--state-dir` and friends, docs/semantics.md S-35).
 #[derive(Debug, Clone)]
 pub struct CheckpointConfig {
     /// Where checkpoints are kept.

@@ -21,7 +21,7 @@ pub struct Late<E> {
     pub time: EventTime,
     /// The watermark it was judged against.
     pub watermark: Watermark,
-    /// `window_closed` or `session_final` (session windows, SPEC §2),
+    /// `window_closed` or `session_final` (session windows, docs/semantics.md S-6, S-7),
     /// `behind_watermark` (stateful jobs: `t <= W` of its batch), or
     /// [`TIME_OUT_OF_RANGE`] (either job: the time is outside the valid time range; then
     /// `behind_watermark_ms` is negative for a time in the far future).

@@ -73,7 +73,7 @@
 //!   watermark delay, lateness, aggregates, dedup, outputs).
 //! * [`pipeline::run`] — reads JSON lines, decodes, judges each event against the
 //!   watermark, runs the session window and writes sessions, late events and dead
-//!   letters, keeping the accounting of SPEC §2 in [`stats::RunStats`].
+//!   letters, keeping the accounting (docs/semantics.md S-13) in [`stats::RunStats`].
 //! * [`telemetry::Telemetry`] — the one emit point of a running job's events: logs
 //!   (`tracing`), Prometheus metrics, the progress line, and questions about a key.
 //!

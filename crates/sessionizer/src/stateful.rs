@@ -122,7 +122,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
     }
 
     /// Lets the watermark move on with the clock while the input is quiet (the command
-    /// line's `--idle-timeout`, SPEC §2, as
+    /// line's `--idle-timeout`, docs/semantics.md S-32, as
     /// [`SessionWindowBuilder::idle_timeout`](crate::windowed::SessionWindowBuilder::idle_timeout)
     /// does for session windows): once no event has come for `timeout` of processing
     /// time, [`StatefulJob::tick`] moves the watermark to the one of the last event plus
@@ -703,14 +703,14 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
         Ok(())
     }
 
-    /// Chooses where the keys live (SPEC §4): [`StateBackend::Memory`] (the default)
-    /// keeps them all in memory; [`StateBackend::RocksDb`] (cargo feature `rocksdb`)
-    /// keeps about half of `memory_bytes` of keys in memory, split evenly among the
-    /// workers, and the keys beyond it — those longest without an event — in a RocksDB
-    /// store of each worker (`dir/shard-N`, or a temporary directory; scratch space,
-    /// emptied when the job starts and removed when it is dropped), with the deadlines
-    /// of their timers, timeouts and state expiry; the other half (at least 8 MiB) is
-    /// RocksDB's block cache and write buffers. A key
+    /// Chooses where the keys live (docs/semantics.md S-36): [`StateBackend::Memory`]
+    /// (the default) keeps them all in memory; [`StateBackend::RocksDb`] (cargo feature
+    /// `rocksdb`) keeps about half of `memory_bytes` of keys in memory, split evenly
+    /// among the workers, and the keys beyond it — those longest without an event — in a
+    /// RocksDB store of each worker (`dir/shard-N`, or a temporary directory; scratch
+    /// space, emptied when the job starts and removed when it is dropped), with the
+    /// deadlines of their timers, timeouts and state expiry; the other half (at least
+    /// 8 MiB) is RocksDB's block cache and write buffers. A key
     /// comes back into memory when an event for it arrives or before the batch end at
     /// which something of it is due, so **the calls and outputs are those of the memory
     /// backend**, in the same order; checkpoints hold every key, wherever it is, in the

@@ -1,5 +1,5 @@
-//! The run's accounting (SPEC §2): every record read ends up in exactly one of
-//! in_sessions, duplicates, late, invalid.
+//! The run's accounting (docs/semantics.md S-13): every record read ends up in exactly
+//! one of in_sessions, duplicates, late, invalid.
 
 use serde::Serialize;
 use sessionizer_checkpoint::Counters;

@@ -21,8 +21,8 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
-/// A value that can be a session key. Keys are compared as their text (SPEC §1: `42`
-/// and `"42"` are one key), so integers are written in decimal.
+/// A value that can be a session key. Keys are compared as their text (docs/semantics.md
+/// S-15: `42` and `"42"` are one key), so integers are written in decimal.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be a session key",
     label = "the key extractor returns `{Self}`",

@@ -1,7 +1,8 @@
-//! The one emit point of a running job's internal events (GUIDE 16, after Vector's
-//! `InternalEvent`): a batch done, sessions completed and written, a checkpoint or a
-//! Kafka commit, a state restored, a damaged checkpoint skipped, a rebalance. Each is
-//! reported here once, by one method, and feeds all three places it is seen:
+//! The one emit point of a running job's internal events (ARCHITECTURE.md, *Telemetry*;
+//! after Vector's `InternalEvent`): a batch done, sessions completed and written, a
+//! checkpoint or a Kafka commit, a state restored, a damaged checkpoint skipped, a
+//! rebalance. Each is reported here once, by one method, and feeds all three places it is
+//! seen:
 //!
 //! * the logs: one `tracing` event with fields (`RUST_LOG=sessionizer=info`);
 //! * the metrics: Prometheus families in a registry ([`Telemetry::encode_metrics`]),

@@ -1,6 +1,6 @@
 //! Declarative session windows over the user's own events: key, time, gap (or a gap
 //! per event), watermark, allowed lateness and aggregates; the engine does the rest
-//! (SPEC §2, `docs/semantics.md`).
+//! (`docs/semantics.md`).
 //!
 //! The job drives a [`SessionOperator`] one event at a time, exactly as the command line
 //! does: judge the event against the watermark as it stood before it, apply it, move the
@@ -171,10 +171,10 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
     }
 
     /// Lets the watermark move on with the clock while the input is quiet (the command
-    /// line's `--idle-timeout`, SPEC §2): once no event has come for `timeout` of
-    /// processing time, [`SessionWindowJob::tick`] moves the watermark to the one of the
-    /// last event plus the processing time passed since, so a quiet key's session still
-    /// closes. Off by default (a bounded input ends with
+    /// line's `--idle-timeout`, docs/semantics.md S-32): once no event has come for
+    /// `timeout` of processing time, [`SessionWindowJob::tick`] moves the watermark to
+    /// the one of the last event plus the processing time passed since, so a quiet key's
+    /// session still closes. Off by default (a bounded input ends with
     /// [`finish`](SessionWindowJob::finish) instead).
     pub fn idle_timeout(mut self, timeout: DurationMs) -> Self {
         self.idle_timeout = Some(timeout);
@@ -831,9 +831,9 @@ where
         Ok(committed)
     }
 
-    /// Keeps the job's keyed state on `backend` (SPEC §4), the command line's
-    /// `--state-backend`. With [`StateBackend::RocksDb`] (cargo feature `rocksdb`) the
-    /// keys in memory are held to about half of `memory_bytes`; the coldest (the
+    /// Keeps the job's keyed state on `backend` (docs/semantics.md S-36), the command
+    /// line's `--state-backend`. With [`StateBackend::RocksDb`] (cargo feature `rocksdb`)
+    /// the keys in memory are held to about half of `memory_bytes`; the coldest (the
     /// earliest next deadline) go to a RocksDB store in `dir` (or a temporary
     /// directory), within the other half for its cache and write buffers, and come back
     /// when an event for them arrives or their deadline is due. The output is the memory

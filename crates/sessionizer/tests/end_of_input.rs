@@ -1,8 +1,9 @@
-//! The end of a bounded input emits every open session (SPEC §2: the watermark goes to
-//! +infinity). The pipeline emits them in parts, a few thousand per shard at a time, so
-//! that memory does not grow with their number; the merged output must still be exactly
-//! that of one operator — sessions in (close, key, start) order, the same bytes for any
-//! number of workers — also when thousands of sessions close at the same instant.
+//! The end of a bounded input emits every open session (docs/semantics.md S-11: the
+//! watermark goes to +infinity). The pipeline emits them in parts, a few thousand per
+//! shard at a time, so that memory does not grow with their number; the merged output
+//! must still be exactly that of one operator — sessions in (close, key, start) order,
+//! the same bytes for any number of workers — also when thousands of sessions close at
+//! the same instant.
 
 use sessionizer::config::{Aggregate, OnInvalid, PipelineConfig};
 use sessionizer::connectors::{InputSource, OutputTarget};

@@ -1,6 +1,6 @@
-//! A library window on the command line's state backends (SPEC §4): with `rocksdb`
-//! and a budget far below its state, most keys live in RocksDB, and the job's output,
-//! accounting and checkpoints are the memory backend's.
+//! A library window on the command line's state backends (docs/semantics.md S-36): with
+//! `rocksdb` and a budget far below its state, most keys live in RocksDB, and the job's
+//! output, accounting and checkpoints are the memory backend's.
 
 mod support;
 

@@ -11,9 +11,10 @@
 //!   style of Flink's `AggregateFunction`.
 //!
 //! The built-in JSON values arrive as the raw JSON text of a field (already validated by
-//! the scanner); a missing or null value is skipped before it gets here (SPEC §3).
-//! Order-sensitive aggregates order by [`Position`] (event time, then input sequence
-//! number), so the result does not depend on arrival order or on how sessions merged.
+//! the scanner); a missing or null value is skipped before it gets here
+//! (docs/semantics.md S-17). Order-sensitive aggregates order by [`Position`] (event
+//! time, then input sequence number), so the result does not depend on arrival order or
+//! on how sessions merged.
 
 use crate::codec::{CodecError, Reader, Writer};
 use hashbrown::HashSet;

@@ -23,7 +23,7 @@
 //! * [`codec`] — the checkpoint encoding of one key's sessions (the keyed state of
 //!   `sessionizer run --state-dir`).
 //!
-//! The rules implemented here are SPEC §2, refined in `docs/semantics.md`; the stateful
+//! The rules implemented here are those of `docs/semantics.md`; the stateful
 //! operator's batching and timeout rules are in `docs/library.md`.
 
 pub mod aggregate;

@@ -157,7 +157,8 @@ pub struct OperatorCounts {
     pub retractions: u64,
 }
 
-/// The event-time session window (SPEC §2), generic over what sessions accumulate.
+/// The event-time session window (docs/semantics.md), generic over what sessions
+/// accumulate.
 pub struct SessionOperator<A: SessionAggregate = JsonAggregates> {
     cfg: WindowConfig,
     agg: A,

@@ -1,4 +1,5 @@
-//! One key's sessions and the rules for joining and merging them (SPEC §2).
+//! One key's sessions and the rules for joining and merging them (docs/semantics.md S-1
+//! to S-3).
 //!
 //! An event at `t` with gap `g` covers `[t, t + g]`; a session covers `[start, close]`
 //! where `close = max(t_i + g_i)`. The event *touches* a session when the two intervals
@@ -13,8 +14,8 @@ use std::fmt;
 
 type FastSet<T> = hashbrown::HashSet<T, foldhash::fast::FixedState>;
 
-/// The deterministic id of the session of `key` starting at `start` (SPEC §3): xxh3-64 of
-/// the key bytes followed by `start` as little-endian `i64`.
+/// The deterministic id of the session of `key` starting at `start` (docs/semantics.md
+/// S-16): xxh3-64 of the key bytes followed by `start` as little-endian `i64`.
 ///
 /// ```
 /// let a = sessionizer_window::session_id(b"v1", 1_704_067_200_000);

@@ -1190,9 +1190,10 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         report
     }
 
-    /// Moves the watermark to `w` without an event (an idle input, SPEC §2) and ends an
-    /// empty batch: the timeouts and timers due by then, or by the clock's processing
-    /// time, fire. A `w` at or behind the watermark changes only processing time.
+    /// Moves the watermark to `w` without an event (an idle input, docs/semantics.md
+    /// S-32) and ends an empty batch: the timeouts and timers due by then, or by the
+    /// clock's processing time, fire. A `w` at or behind the watermark changes only
+    /// processing time.
     pub fn advance_to<F, R>(
         &mut self,
         w: Watermark,
@@ -1213,12 +1214,12 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         report
     }
 
-    /// Moves the watermark to `w` without an event (an idle input, SPEC §2), for the
-    /// next batch end to fire what is due by then; a `w` at or behind the watermark
-    /// does nothing. Later events are judged against it. Call it with no batch open
-    /// ([`advance_to`](Self::advance_to) ends one first): a job whose keys run on several
-    /// operators moves the one that keeps time, and the others follow it at the batch
-    /// end.
+    /// Moves the watermark to `w` without an event (an idle input, docs/semantics.md
+    /// S-32), for the next batch end to fire what is due by then; a `w` at or behind the
+    /// watermark does nothing. Later events are judged against it. Call it with no batch
+    /// open ([`advance_to`](Self::advance_to) ends one first): a job whose keys run on
+    /// several operators moves the one that keeps time, and the others follow it at the
+    /// batch end.
     pub fn raise_watermark(&mut self, w: Watermark) {
         if w > self.watermark {
             // The batch end keeps the larger of this and what the strategy says; the

@@ -1,8 +1,8 @@
 //! Watermark strategies: how the event-time watermark follows the events.
 //!
 //! A strategy sees the time of every valid event, in input order, and says where the
-//! watermark stands. The built-in one is [`BoundedOutOfOrderness`] (SPEC §2); anything
-//! else implements [`WatermarkStrategy`].
+//! watermark stands. The built-in one is [`BoundedOutOfOrderness`] (docs/semantics.md
+//! S-4); anything else implements [`WatermarkStrategy`].
 
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 
@@ -46,8 +46,8 @@ pub trait WatermarkStrategy {
     fn resume_at(&mut self, _w: Watermark) {}
 }
 
-/// The bounded-out-of-orderness rule of SPEC §2: after each valid event with time `t`,
-/// `maxT = max(maxT, t)` and `W = maxT - delay`.
+/// The bounded-out-of-orderness rule of docs/semantics.md S-4: after each valid event
+/// with time `t`, `maxT = max(maxT, t)` and `W = maxT - delay`.
 ///
 /// ```
 /// use sessionizer_core::{DurationMs, EventTime, Watermark};

@@ -309,7 +309,7 @@ fn touching_pair(run: &RefRun) -> Option<(String, Span, Span)> {
 proptest! {
     #![proptest_config(config())]
 
-    /// SPEC §2 / docs/semantics.md S-30: whatever arrives late, no two sessions of one
+    /// docs/semantics.md S-30: whatever arrives late, no two sessions of one
     /// key in the final output (latest revisions, retracted ones removed) are within
     /// the gap of each other — with per-event gaps, their `[start, close]` intervals
     /// never touch — for every gap, delay and lateness.
@@ -332,7 +332,8 @@ proptest! {
             "reference accounting"
         );
         if p.lateness == 0 && !p.on_update {
-            // SPEC §2: "With A = 0 nothing is ever emitted twice or retracted."
+            // docs/semantics.md S-10: with A = 0 nothing is ever emitted twice or
+            // retracted.
             for o in &reference.out {
                 prop_assert!(
                     matches!(o, RefOut::Session { revision: 0, .. }),

@@ -1,4 +1,4 @@
-//! The hand-worked rule scenarios of tests/support/mod.rs (SPEC §2/§3 and
+//! The hand-worked rule scenarios of tests/support/mod.rs (the rules of
 //! docs/semantics.md), run through the engine: the exact records,
 //! late records and counts.
 

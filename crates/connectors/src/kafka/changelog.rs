@@ -1,5 +1,5 @@
 //! The changelog: a compacted topic with one partition per input partition, holding
-//! each task's state (SPEC §5). Its records:
+//! each task's state (docs/semantics.md K-2, K-3). Its records:
 //!
 //! | key | value |
 //! | --- | --- |
@@ -186,7 +186,7 @@ pub fn read_many(
 }
 
 /// A reader that follows several changelog partitions as they grow: the standby
-/// replicas of tasks another process owns (SPEC §5, `--standby-replicas`).
+/// replicas of tasks another process owns (docs/semantics.md K-3, `--standby-replicas`).
 pub struct Tail {
     consumer: BaseConsumer<Reader>,
     /// What is followed: `(topic, partition)` → next offset to read (`None`: from the

@@ -1,4 +1,5 @@
-//! Apache Kafka at the edges (SPEC §3, §5), through librdkafka (the `rdkafka` crate):
+//! Apache Kafka at the edges (docs/semantics.md K-1 to K-7), through librdkafka (the
+//! `rdkafka` crate):
 //!
 //! * [`consumer`] — the input: a consumer group member that reads `read_committed`,
 //!   joins with the cooperative-sticky assignor and hands rebalances to the job as

@@ -2,10 +2,10 @@
 //! that a Java producer would pick for the *session key*: `toPositive(murmur2(key)) % n`
 //! (`org.apache.kafka.common.utils.Utils.murmur2`, seed `0x9747b28c`).
 //!
-//! The output records are keyed by `session_id`, but SPEC §3 places them by the session
-//! key, so every record of one key stays in order in one partition — the partition its
-//! input records came from when the input topic is keyed by the session key and has as
-//! many partitions.
+//! The output records are keyed by `session_id`, but docs/semantics.md K-7 places them by
+//! the session key, so every record of one key stays in order in one partition — the
+//! partition its input records came from when the input topic is keyed by the session key
+//! and has as many partitions.
 
 /// Kafka's 32-bit murmur2 of `data`, exactly as `Utils.murmur2` (Java) computes it.
 pub fn murmur2(data: &[u8]) -> i32 {

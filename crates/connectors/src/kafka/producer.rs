@@ -1,4 +1,4 @@
-//! The output side: one transactional producer per process (SPEC §5).
+//! The output side: one transactional producer per process (docs/semantics.md K-2).
 //!
 //! Every commit of the job is one Kafka transaction: the session records, the late and
 //! dead-letter records, the changelog records of every task's state changes and the
@@ -86,7 +86,7 @@ impl std::fmt::Debug for TxnProducer {
     }
 }
 
-/// A header that marks a tombstone as a retraction (SPEC §3).
+/// A header that marks a tombstone as a retraction (docs/semantics.md K-7).
 pub const RETRACT_HEADER: &str = "retract";
 /// The header of a re-keyed record that names where it was read first.
 pub const SOURCE_HEADER: &str = "source";

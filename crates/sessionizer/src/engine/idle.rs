@@ -1,5 +1,5 @@
-//! The idle advance of SPEC §2, for every job: while a live input is quiet, the
-//! watermark moves on with the clock.
+//! The idle advance (docs/semantics.md S-32), for every job: while a live input is quiet,
+//! the watermark moves on with the clock.
 
 use sessionizer_core::{EventTime, Watermark};
 

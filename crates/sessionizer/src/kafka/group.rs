@@ -1,12 +1,12 @@
-//! A library job as a member of a Kafka consumer group (SPEC §5), on the command line's
-//! Kafka driver: every input partition is a task with a job of its own (made by your
-//! closure), its own watermark, offsets and state; the state of each task is kept in a
-//! compacted changelog topic, and every commit — the output records, the dead letters
-//! and late events, each changed task's state and the consumed offsets — is one Kafka
-//! transaction. Processes that run the same group share the partitions (cooperative
-//! rebalancing); a process that gains a partition restores its task from the changelog
-//! (or a local snapshot, with a state directory) before it reads a record of it;
-//! standby replicas keep warm copies. This is the driver `sessionizer run
+//! A library job as a member of a Kafka consumer group (docs/semantics.md K-1 to K-3), on
+//! the command line's Kafka driver: every input partition is a task with a job of its own
+//! (made by your closure), its own watermark, offsets and state; the state of each task
+//! is kept in a compacted changelog topic, and every commit — the output records, the
+//! dead letters and late events, each changed task's state and the consumed offsets — is
+//! one Kafka transaction. Processes that run the same group share the partitions
+//! (cooperative rebalancing); a process that gains a partition restores its task from the
+//! changelog (or a local snapshot, with a state directory) before it reads a record of
+//! it; standby replicas keep warm copies. This is the driver `sessionizer run
 //! --kafka-group` runs, not a second one: only the task's operator differs (the job you
 //! built, instead of the command line's JSON session window).
 //!
@@ -151,7 +151,8 @@ impl KafkaGroup {
     }
 
     /// After a partition has been quiet for `timeout`, its watermark moves on with the
-    /// wall clock (`--idle-timeout`, SPEC §2), so its quiet keys' sessions close.
+    /// wall clock (`--idle-timeout`, docs/semantics.md S-32), so its quiet keys' sessions
+    /// close.
     pub fn idle_timeout(mut self, timeout: DurationMs) -> Self {
         self.idle_timeout = Some(timeout);
         self
@@ -212,7 +213,7 @@ impl KafkaGroup {
         self
     }
 
-    /// Where each task keeps its keys (`--state-backend`, SPEC §4):
+    /// Where each task keeps its keys (`--state-backend`, docs/semantics.md S-36):
     /// [`StateBackend::Memory`] (the default) or [`StateBackend::RocksDb`] (cargo
     /// feature `rocksdb`): each task's job gets a RocksDB store of its own below it in
     /// `dir` (else the state directory's `spill/`, else a temporary directory), the
@@ -226,11 +227,11 @@ impl KafkaGroup {
     }
 
     /// Re-keys the input through the internal topic `<group>-repartition`
-    /// (`--repartition`, SPEC §5), for an input that is not partitioned by the job's
-    /// key: each record goes, exactly once, to the partition its JSON field `field`
-    /// gives (a dotted path, e.g. `"user.id"`), and the internal topic's partitions
-    /// are the tasks. The field must hold the job's key (what `key_by` returns), so
-    /// that each key's events meet in one task.
+    /// (`--repartition`, docs/semantics.md K-6), for an input that is not partitioned by
+    /// the job's key: each record goes, exactly once, to the partition its JSON field
+    /// `field` gives (a dotted path, e.g. `"user.id"`), and the internal topic's
+    /// partitions are the tasks. The field must hold the job's key (what `key_by`
+    /// returns), so that each key's events meet in one task.
     pub fn repartition_by(mut self, field: &str) -> Self {
         self.kafka.repartition = true;
         self.rekey_field = Some(field.to_string());

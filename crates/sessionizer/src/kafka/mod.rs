@@ -8,17 +8,18 @@
 //! each partition. [`KafkaJson::open`]'s events go to one job with one watermark, in the
 //! order they are fetched: with several partitions the output can depend on how their
 //! records interleave. [`KafkaJson::open_partition`] reads one partition: one job (and
-//! state directory) per partition gives the command line's per-partition tasks (SPEC
-//! §2), each partition's sessions those of its records alone. A source is opened on the
-//! job's [`Checkpoints`] after the job's restore and shares its position with them:
-//! every checkpoint records, beside the job's state, just where the source stopped
-//! handing out records, and a source opened on that state directory continues from
-//! there. The state and the input position of a restart always belong together — push
-//! every event a `poll` handed out before the next checkpoint. The sink opened with
-//! [`KafkaJsonSink::open`] is idempotent but not transactional: records emitted after
-//! the last checkpoint are written again after a restart (the same records, with the
-//! same session ids and revisions). One opened with [`KafkaJsonSink::exactly_once`]
-//! writes in transactions that commit with the job's checkpoints: every record once.
+//! state directory) per partition gives the command line's per-partition tasks
+//! (docs/semantics.md K-1), each partition's sessions those of its records alone. A
+//! source is opened on the job's [`Checkpoints`] after the job's restore and shares its
+//! position with them: every checkpoint records, beside the job's state, just where the
+//! source stopped handing out records, and a source opened on that state directory
+//! continues from there. The state and the input position of a restart always belong
+//! together — push every event a `poll` handed out before the next checkpoint. The sink
+//! opened with [`KafkaJsonSink::open`] is idempotent but not transactional: records
+//! emitted after the last checkpoint are written again after a restart (the same records,
+//! with the same session ids and revisions). One opened with
+//! [`KafkaJsonSink::exactly_once`] writes in transactions that commit with the job's
+//! checkpoints: every record once.
 //!
 //! ```no_run
 //! use sessionizer::kafka::{KafkaJson, KafkaJsonSink};
@@ -185,11 +186,11 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// Reads partition `partition` of `topic` only, from where the checkpoint the job
     /// restored from `checkpoints` had read it (as [`open`](Self::open) does, after the
     /// restore): one input partition is one task, as the command line
-    /// runs them (SPEC §2) — give each partition its own job, state directory (and so
-    /// its own exactly-once sink, whose transactional id lives there), in one process
-    /// or spread over several. A partition's sessions then depend on its records alone.
-    /// A checkpoint that read another topic or partition, or that was written with a
-    /// source of every partition ([`open`](Self::open)), is refused.
+    /// runs them (docs/semantics.md K-1) — give each partition its own job, state
+    /// directory (and so its own exactly-once sink, whose transactional id lives there),
+    /// in one process or spread over several. A partition's sessions then depend on its
+    /// records alone. A checkpoint that read another topic or partition, or that was
+    /// written with a source of every partition ([`open`](Self::open)), is refused.
     pub fn open_partition(
         brokers: &str,
         topic: &str,
@@ -469,10 +470,11 @@ impl KafkaJsonSink {
     /// An exactly-once producer into `topic` (which must exist) at `brokers`, keying
     /// each record by its top-level field `key_field`, whose transactions commit with
     /// the job's checkpoints in `checkpoints` — as `sessionizer run --state-dir` does
-    /// with `--kafka-output-topic` (SPEC §3): each checkpoint adds a progress record to
-    /// the open transaction (topic `<topic>-sessionizer-progress`, created if missing),
-    /// flushes it, writes the checkpoint, then commits. Records become visible to
-    /// `read_committed` readers when the checkpoint after them is written.
+    /// with `--kafka-output-topic` (docs/checkpoint-format.md, *Kafka output: two-phase
+    /// commit*): each checkpoint adds a progress record to the open transaction (topic
+    /// `<topic>-sessionizer-progress`, created if missing), flushes it, writes the
+    /// checkpoint, then commits. Records become visible to `read_committed` readers when
+    /// the checkpoint after them is written.
     ///
     /// Call it right after [`Checkpoints::open`] and before the job's `restore` (and
     /// before opening a [`KafkaJson`] source on the same checkpoints): it fences an

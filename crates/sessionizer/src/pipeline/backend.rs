@@ -1,7 +1,7 @@
-//! The state backend of a run's shards (`--state-backend`, SPEC §4): with `memory`
-//! every key stays in the shard's operator; with `rocksdb` each shard's operator gets a
-//! RocksDB spill store of its own below it (`window::spill`), all within one memory
-//! budget.
+//! The state backend of a run's shards (`--state-backend`, docs/semantics.md S-36): with
+//! `memory` every key stays in the shard's operator; with `rocksdb` each shard's operator
+//! gets a RocksDB spill store of its own below it (`window::spill`), all within one
+//! memory budget.
 //!
 //! The spill stores live in `<state-dir>/spill/` (or a temporary directory without a
 //! state directory) while the run lasts. A checkpoint's base keeps a RocksDB

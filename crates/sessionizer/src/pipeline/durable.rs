@@ -1,4 +1,5 @@
-//! Checkpoints of a running job, and its recovery (SPEC §4).
+//! Checkpoints of a running job, and its recovery (docs/semantics.md S-35,
+//! docs/checkpoint-format.md).
 //!
 //! A checkpoint is taken between two batches, when nothing is in flight: every record
 //! of the batches so far has been judged, applied and encoded. Then:

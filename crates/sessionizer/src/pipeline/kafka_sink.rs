@@ -1,4 +1,4 @@
-//! A Kafka output for the file and stdin driver (SPEC §3 Kafka output, §4): session
+//! A Kafka output for the file and stdin driver (docs/semantics.md K-7, S-35): session
 //! records, and optionally dead letters and late events, go to topics through one
 //! transactional producer, in the same record format as the Kafka-input driver
 //! ([`super::kafka`]): key `session_id`, a retraction is a tombstone with header

@@ -1,4 +1,5 @@
-//! The running job: JSON lines in, sessions out, with the accounting of SPEC §2.
+//! The running job: JSON lines in, sessions out, with the accounting of docs/semantics.md
+//! S-13.
 //!
 //! Input is read in batches of whole lines. Each batch goes through two parallel phases
 //! and one sequential one:
@@ -13,7 +14,7 @@
 //!    have produced: by step, then the step's own records (retractions, on-update
 //!    records), then its completions by (close, key, start).
 //!
-//! So the output is byte-identical for every `--workers N` (SPEC §3).
+//! So the output is byte-identical for every `--workers N` (docs/semantics.md S-19).
 //!
 //! With a state directory ([`run_with`]), `durable` checkpoints the job between
 //! batches and resumes it from the newest valid checkpoint.
@@ -245,8 +246,8 @@ const BATCH_BYTES: usize = 4 << 20;
 const QUERY_TICK: Duration = Duration::from_millis(50);
 
 /// With a live input, how long records may wait in an output's buffer while input keeps
-/// coming (SPEC §6: visible within about 100 ms). When no input is ready they are
-/// written at once.
+/// coming (docs/semantics.md S-32: visible within about 100 ms). When no input is ready
+/// they are written at once.
 const LIVE_FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Runs the job to the end of its inputs, reporting to `telemetry`.
@@ -749,7 +750,7 @@ impl<'c> Job<'c> {
         telemetry.running();
         let mut finished_lines = Vec::new();
         // With a live input (stdin) and --idle-timeout, a quiet input lets the watermark
-        // move on with the wall clock (SPEC §2).
+        // move on with the wall clock (docs/semantics.md S-32).
         let idle = match self.cfg.idle_timeout {
             Some(d) if self.cfg.inputs.contains(&InputSource::Stdin) => Some(
                 Duration::from_millis(u64::try_from(d.millis()).unwrap_or(0)),
@@ -759,8 +760,8 @@ impl<'c> Job<'c> {
         let mut last_input = Instant::now();
         let mut watermark_at_last_input = Watermark::MIN;
         // A live input's reader waits for lines to arrive: whatever the job produced is
-        // written out before it waits too, and at least every LIVE_FLUSH_EVERY (SPEC §6).
-        // File inputs keep writing in large blocks.
+        // written out before it waits too, and at least every LIVE_FLUSH_EVERY
+        // (docs/semantics.md S-32). File inputs keep writing in large blocks.
         let live = self.cfg.inputs.contains(&InputSource::Stdin);
         let mut flushed_at = Instant::now();
         // A quiet live input still lets questions about keys be answered.

@@ -364,8 +364,8 @@ impl Shard {
         }
     }
 
-    /// Moves the watermark to `w` without an event (a quiet live input, SPEC §2): later
-    /// events are judged against it, as if event time had moved on.
+    /// Moves the watermark to `w` without an event (a quiet live input, docs/semantics.md
+    /// S-32): later events are judged against it, as if event time had moved on.
     pub fn advance_idle(&mut self, w: Watermark, step: u64) {
         self.watermark.resume_at(w);
         self.out.step = step;

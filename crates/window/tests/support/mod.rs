@@ -129,8 +129,8 @@ pub fn late(index: usize, reason: &'static str, watermark: i64) -> RefLate {
 }
 
 // ---------------------------------------------------------------------------------------
-// Hand-worked scenarios. Every expected output below was derived by hand from SPEC §2/§3
-// and docs/semantics.md (the derivation is in the comments), never by
+// Hand-worked scenarios. Every expected output below was derived by hand from the rules
+// of docs/semantics.md (the derivation is in the comments), never by
 // running code. Notation: "W" is the watermark before an event, "W'" the one after it.
 // ---------------------------------------------------------------------------------------
 
@@ -665,7 +665,7 @@ pub fn final_forgotten_at_boundary() -> Scenario {
     //   left and goes. New keys' floor: the largest W - A - Gmax so far, 25-5-10 = 10.
     // 3 k@10 g40: W=25; Gmax=40; R={10} close 50; 55 > 25 (not window_closed); no state,
     //   but 10 <= the floor of new keys, 10 -> session_final. (Without the floor it was
-    //   applied: [10, 50] touches the forgotten [0, 10]. With the SPEC's W - A - Gmax at
+    //   applied: [10, 50] touches the forgotten [0, 10]. With the plain W - A - Gmax at
     //   creation, 25-5-40 = -20, it would be applied too: S-30's larger-gap case.)
     // end by close: x 30, y 35.
     Scenario {

@@ -1,5 +1,5 @@
-//! A naive reference model of SPEC §2 / §3 as refined by
-//! `docs/semantics.md` (rules S-1 to S-31).
+//! A naive reference model of the session rules of `docs/semantics.md` (rules S-1
+//! to S-31).
 //!
 //! Written for being obviously correct, not fast:
 //! - every applied event of every live session is kept;
@@ -9,7 +9,7 @@
 //!   changed since its last completion) is carried from the old sessions to the new
 //!   one by event-set containment;
 //! - aggregates are computed at emission time from the session's full event list;
-//! - a key's floor (SPEC §2, docs/semantics.md S-30) is computed from the list of every
+//! - a key's floor (docs/semantics.md S-30) is computed from the list of every
 //!   watermark and largest gap the run has had, kept whole.
 //!
 //! All arithmetic on times is done in `i128`, so no saturation questions arise.
@@ -57,7 +57,7 @@ pub enum RefOut {
         collect: Vec<i64>,
         first: Option<i64>,
         last: Option<i64>,
-        /// SPEC §3: an empty result is `null` (only collect and count-distinct differ).
+        /// S-17: an empty result is `null` (only collect and count-distinct differ).
         sum: Option<i64>,
         count_distinct: u64,
         min: Option<i64>,
@@ -114,7 +114,7 @@ struct KeyState {
     sessions: Vec<Sess>,
     /// Final sessions: only their bounds `(start, close)` are remembered.
     finals: Vec<(i128, i128)>,
-    /// SPEC §2: "a key with state also keeps a floor": set when the key's state is
+    /// S-30: a key with state keeps a floor, set when the key's state is
     /// created, raised to the close of every final session whose bounds are forgotten.
     /// `None` = minus infinity.
     floor: Option<i128>,
@@ -138,7 +138,7 @@ struct Model<'a> {
 }
 
 impl Model<'_> {
-    /// The floor of a key whose state is created now. SPEC §2 says `W - A - Gmax`; with
+    /// The floor of a key whose state is created now. Plainly `W - A - Gmax`; with
     /// per-event gaps `Gmax` may have grown since bounds of an earlier life of the key
     /// were forgotten (at `W' >= close + A + Gmax'`), so docs/semantics.md S-30 takes
     /// the largest `W - A - Gmax` of any step so far. Minus infinity while `W` is.

@@ -1,4 +1,4 @@
-//! The Kafka driver (SPEC §2 tasks, §3 Kafka output, §5): every input partition is a
+//! The Kafka driver (docs/semantics.md K-1 to K-7): every input partition is a
 //! task with its own session operator, watermark, offsets and counters.
 //!
 //! One loop on one thread: poll records into each task's batch, run every task's batch
@@ -1082,7 +1082,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     }
 
     /// Moves the watermark of every task whose partition has been quiet for `limit`
-    /// on with the wall clock (SPEC §2).
+    /// on with the wall clock (docs/semantics.md S-32).
     fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
         let limit = crate::engine::millis(limit);
         let due: Vec<(TopicPartition, Watermark)> = self

@@ -1,5 +1,5 @@
 //! Where a task's records go: Kafka topics (in the open transaction) or JSON-lines
-//! writers, and how a record becomes a Kafka message (SPEC §3).
+//! writers, and how a record becomes a Kafka message (docs/semantics.md K-7).
 
 use super::super::RunError;
 use super::op::{TaskFactory, TaskOp};

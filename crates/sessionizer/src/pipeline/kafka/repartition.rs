@@ -1,8 +1,8 @@
-//! `--repartition` (SPEC §5): an input topic that is not partitioned by the session key
-//! is re-keyed through an internal topic, `<group>-repartition`, and sessionized from
-//! there. Each record read from an input partition is written, as it was read, to the
-//! internal partition its session key gives (Kafka's murmur2 partitioner), with a
-//! `source` header naming where it was read, in the same transaction as the input
+//! `--repartition` (docs/semantics.md K-6): an input topic that is not partitioned by the
+//! session key is re-keyed through an internal topic, `<group>-repartition`, and
+//! sessionized from there. Each record read from an input partition is written, as it was
+//! read, to the internal partition its session key gives (Kafka's murmur2 partitioner),
+//! with a `source` header naming where it was read, in the same transaction as the input
 //! offsets: exactly once across both hops. The internal topic's partitions are the
 //! tasks. A record without a key (not JSON, no key field) is forwarded too, to the
 //! partition its bytes hash to, so that the task there dead-letters it with its reason

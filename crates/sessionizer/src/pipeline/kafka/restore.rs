@@ -1,5 +1,5 @@
-//! Restoring a task (SPEC §5): its state, watermark and counters are read back from its
-//! changelog partition — all of it, or only the tail after a local snapshot
+//! Restoring a task (docs/semantics.md K-3): its state, watermark and counters are read
+//! back from its changelog partition — all of it, or only the tail after a local snapshot
 //! (`--state-dir`) or a standby copy (`--standby-replicas`) that already holds the rest.
 
 use super::super::RunError;

@@ -1,5 +1,5 @@
-//! Local snapshots of the tasks (`--state-dir` with a Kafka job, SPEC §5): after a
-//! commit, now and then, each task's whole state is written to
+//! Local snapshots of the tasks (`--state-dir` with a Kafka job, docs/semantics.md K-3):
+//! after a commit, now and then, each task's whole state is written to
 //! `DIR/task-<changelog>-<partition>.snap` with the changelog offset it covers, so that
 //! a restart — or a partition coming back — reads only the changelog's tail. A snapshot
 //! is a cache: damaged, too old or not fitting the changelog, it is ignored.

@@ -1,7 +1,7 @@
-//! Standby replicas (`--standby-replicas N`, SPEC §5): warm copies of tasks that other
-//! processes of the group own, kept by following their changelog partitions, so that a
-//! process taking over a partition (its owner died or left) reads only the few records
-//! its copy has not seen yet instead of the whole changelog.
+//! Standby replicas (`--standby-replicas N`, docs/semantics.md K-3): warm copies of tasks
+//! that other processes of the group own, kept by following their changelog partitions,
+//! so that a process taking over a partition (its owner died or left) reads only the few
+//! records its copy has not seen yet instead of the whole changelog.
 //!
 //! Who keeps which copy is computed by every process alike from the group's membership
 //! (the coordinator's description of the members and their partitions): members are
