@@ -5,9 +5,10 @@
 #   scripts/test.sh               # everything
 #   scripts/test.sh -p sessionizer-cli --test kafka    # extra arguments go to cargo test
 #
-# Needs: Rust, a C/C++ compiler, cmake and libcurl's headers (librdkafka is built from
-# source), libclang (bindgen, for librocksdb, also built from source), Java 17 and Maven
-# (the broker). On Debian, as root, missing packages are installed.
+# Needs: Rust, a C/C++ compiler, cmake, pkg-config and OpenSSL's and libcurl's headers
+# (librdkafka is built from source, with TLS and SASL), libclang (bindgen, for
+# librocksdb, also built from source), Java 17, Maven and openssl (the brokers and their
+# test certificates). On Debian, as root, missing packages are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +17,10 @@ command -v cmake >/dev/null || need+=(cmake)
 command -v c++ >/dev/null || need+=(g++)
 command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
-# librdkafka's cmake build includes curl/curl.h.
+command -v openssl >/dev/null || need+=(openssl)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+# librdkafka with TLS, SASL and OAUTHBEARER's OIDC: OpenSSL's and libcurl's headers.
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need+=(libcurl4-openssl-dev)
 # The rocksdb feature: bindgen reads RocksDB's C header with libclang.
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)

@@ -53,6 +53,12 @@ pub struct InspectArgs {
     #[arg(long, value_name = "TOPIC")]
     pub kafka_topic: Option<String>,
 
+    /// Extra librdkafka client property KEY=VALUE (repeat), e.g. security settings;
+    /// also taken from SESSIONIZER_KAFKA_* environment variables
+    /// (SESSIONIZER_KAFKA_SASL_PASSWORD is sasl.password), the flag winning per key.
+    #[arg(long, value_name = "KEY=VALUE", requires = "kafka_group")]
+    pub kafka_config: Vec<String>,
+
     /// Only this partition of the Kafka job. [default: every partition]
     #[arg(long, value_name = "P", requires = "kafka_group")]
     pub partition: Option<i32>,

@@ -114,6 +114,12 @@ pub struct GenerateArgs {
     /// Kafka bootstrap servers for --kafka-topic.
     #[arg(long, value_name = "HOSTS", requires = "kafka_topic")]
     pub kafka_brokers: Option<String>,
+
+    /// Extra librdkafka client property KEY=VALUE for --kafka-topic (repeat), e.g.
+    /// security settings; also taken from SESSIONIZER_KAFKA_* environment variables
+    /// (SESSIONIZER_KAFKA_SASL_PASSWORD is sasl.password), the flag winning per key.
+    #[arg(long, value_name = "KEY=VALUE", requires = "kafka_topic")]
+    pub kafka_config: Vec<String>,
 }
 
 impl GenerateArgs {

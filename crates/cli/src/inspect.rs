@@ -414,7 +414,8 @@ fn inspect_kafka(
     use sessionizer_connectors::kafka::admin::Admin;
     use sessionizer_connectors::kafka::changelog::{Entry, read_to_end};
     use sessionizer_connectors::kafka::partitioner::partition_for;
-    let settings = KafkaSettings::new(brokers);
+    let settings = KafkaSettings::new(brokers)
+        .properties(crate::kafka::client_properties(&[], &args.kafka_config)?);
     let changelog = format!("{group}-{topic}-changelog");
     let admin = Admin::new(&settings)?;
     let Some(n) = admin.partitions(&changelog)? else {

@@ -188,11 +188,9 @@ pub fn resolve(
     let snapshot_interval = args.snapshot_interval.or(file.snapshot_interval);
     let repartition = args.repartition || file.repartition.unwrap_or(false);
     let partitioner = args.kafka_partitioner.or(file.kafka_partitioner);
-    let properties = if args.kafka_config.is_empty() {
-        file.kafka_config.unwrap_or_default()
-    } else {
-        args.kafka_config
-    };
+    let file_config = file.kafka_config.unwrap_or_default();
+    let config_given = !file_config.is_empty() || !args.kafka_config.is_empty();
+    let properties = client_properties(&file_config, &args.kafka_config)?;
     let brokers = args.kafka_brokers.or(file.kafka_brokers);
     let used = [
         ("--kafka-topic", !topics.is_empty()),
@@ -207,7 +205,7 @@ pub fn resolve(
         ("--kafka-timeout", timeout.is_some()),
         ("--standby-replicas", standby_replicas.is_some()),
         ("--snapshot-interval", snapshot_interval.is_some()),
-        ("--kafka-config", !properties.is_empty()),
+        ("--kafka-config", config_given),
         ("--kafka-partitioner", partitioner.is_some()),
     ];
     let Some(brokers) = brokers else {
@@ -286,17 +284,6 @@ pub fn resolve(
             "--keep-open with a Kafka input needs --kafka-output-topic: the sessions in progress are kept in the job's changelog",
         );
     }
-    let mut props = Vec::new();
-    for p in properties {
-        let Some((k, v)) = p.split_once('=') else {
-            return Err(ConfigError::Invalid {
-                option: "--kafka-config",
-                value: p,
-                reason: "expected KEY=VALUE, e.g. security.protocol=SSL".into(),
-            });
-        };
-        props.push((k.trim().to_string(), v.trim().to_string()));
-    }
     let transaction_timeout = at_least_1s("--kafka-transaction-timeout", txn_timeout, 10)?;
     let timeout = at_least_1s("--kafka-timeout", timeout, 30)?;
     let snapshot_interval = match snapshot_interval {
@@ -312,7 +299,7 @@ pub fn resolve(
     };
     Ok(Some(KafkaConfig {
         brokers,
-        properties: props,
+        properties: properties.into(),
         timeout,
         topics,
         group,
@@ -337,6 +324,38 @@ pub fn resolve(
             _ => Partitioner::Standard,
         },
     }))
+}
+
+/// The client properties of every Kafka client: the config file's `kafka-config`, then
+/// the environment's (`SESSIONIZER_KAFKA_SASL_PASSWORD=...` is `sasl.password`), then
+/// the `--kafka-config` flags, a later one winning per key — so a secret kept in the
+/// file or the environment stays when other flags are given, and never needs to be on
+/// the command line (where `ps` shows it).
+pub fn client_properties(
+    file: &[String],
+    flags: &[String],
+) -> Result<Vec<(String, String)>, ConfigError> {
+    use sessionizer_connectors::secrets;
+    let file = parse_properties(file)?;
+    let flags = parse_properties(flags)?;
+    let env = secrets::env_properties();
+    let merged = secrets::merge(&[&file, &env, &flags]);
+    secrets::register(&merged);
+    Ok(merged)
+}
+
+/// `KEY=VALUE` pairs of `--kafka-config`.
+fn parse_properties(list: &[String]) -> Result<Vec<(String, String)>, ConfigError> {
+    list.iter()
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) => Ok((k.trim().to_string(), v.trim().to_string())),
+            None => Err(ConfigError::Invalid {
+                option: "--kafka-config",
+                value: sessionizer_connectors::secrets::redact(p).into_owned(),
+                reason: "expected KEY=VALUE, e.g. security.protocol=SSL".into(),
+            }),
+        })
+        .collect()
 }
 
 /// A duration option of at least one second (`default_s` seconds when not given).
@@ -372,7 +391,8 @@ pub fn generate_into(
     topic: &str,
 ) -> anyhow::Result<crate::generate::GenerateReport> {
     use sessionizer_connectors::kafka::{KafkaSettings, admin::Admin, producer::LineProducer};
-    let settings = KafkaSettings::new(brokers);
+    let settings =
+        KafkaSettings::new(brokers).properties(client_properties(&[], &args.kafka_config)?);
     Admin::new(&settings)?.require(topic, "--kafka-topic")?;
     let mut out = LineWriter {
         producer: LineProducer::new(&settings, topic, "visit_id")?,

@@ -84,7 +84,8 @@ fn message(e: &anyhow::Error) -> String {
             text.push_str(&cause);
         }
     }
-    text
+    // A client's error may quote a property it was given: never a secret one.
+    sessionizer_connectors::secrets::redact(&text).into_owned()
 }
 
 /// The `--stats-file`, opened (created when missing, not yet truncated) before the run,
@@ -230,13 +231,14 @@ fn run(args: sessionizer_cli::args::RunArgs) -> ExitCode {
         // tells how far it got.
         Err(RunError::OutputClosed { stats, .. }) => *stats,
         Err(e) => {
-            eprintln!("sessionizer: {e}");
+            let text = sessionizer_connectors::secrets::redact(&e.to_string()).into_owned();
+            eprintln!("sessionizer: {text}");
             // The stats file tells how far a failed run got, and why it stopped; one
             // that failed before it started leaves none.
             match (stats_file, e.stats()) {
                 (Some(f), Some(stats)) => {
                     let mut stats = stats.clone();
-                    stats.error = Some(e.to_string());
+                    stats.error = Some(text);
                     if let Err(e) = f.write(&stats) {
                         eprintln!("sessionizer: {}", message(&e));
                     }

@@ -59,10 +59,9 @@ impl Topics {
 
     /// `run` arguments for a Kafka-in, Kafka-out job over these topics.
     fn args(&self) -> Vec<String> {
-        let mut a: Vec<String> = [
-            "run",
-            "--kafka-brokers",
-            broker(),
+        let mut a: Vec<String> = vec!["run".to_string()];
+        a.extend(kafka::job_args());
+        a.extend([
             "--kafka-topic",
             &self.input,
             "--kafka-group",
@@ -77,8 +76,7 @@ impl Topics {
             "never",
         ]
         .iter()
-        .map(|s| s.to_string())
-        .collect();
+        .map(|s| s.to_string()));
         a.extend(OPTIONS.iter().map(|s| s.to_string()));
         a
     }
@@ -1461,4 +1459,148 @@ fn a_quiet_partition_moves_on_with_the_clock_and_its_sessions_close() {
         .collect();
     got.sort();
     assert_eq!(got, [("a".to_string(), 2, 0), ("b".to_string(), 1, 0)]);
+}
+
+/// A cluster that wants TLS and SCRAM (the project's secure broker): the job's client
+/// settings come from a config file, the same exactly-once run killed with -9 again and
+/// again gives every partition the committed output of its file run, and `inspect`
+/// reads the job's changelogs through the same settings.
+#[test]
+fn exactly_once_over_sasl_ssl_with_scram_killed_and_restarted() {
+    let _one_at_a_time = kafka::exclusive();
+    let _secure = kafka::on_secure();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 30_000, 17);
+    let t = Topics::new(4);
+    let over = Duration::from_secs(8);
+    let stats = killed_while_producing(&t, dir.path(), &data, over, &[], (2025, 5, 400..1400));
+    assert_eq!(
+        stats["kafka"]["partitions"].as_array().map(Vec::len),
+        Some(4)
+    );
+    let mut inspect = vec!["inspect".to_string()];
+    inspect.extend(kafka::job_args().into_iter().filter(|a| a != "--config"));
+    inspect.retain(|a| !a.ends_with(".toml"));
+    for (k, v) in &kafka::secure().sasl_config {
+        inspect.extend(["--kafka-config".to_string(), format!("{k}={v}")]);
+    }
+    inspect.extend(["--kafka-group", &t.group, "--kafka-topic", &t.input].map(String::from));
+    let out = run_ok(&as_strs(&inspect));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("{}/3", t.input)), "{text}");
+}
+
+/// What a misconfigured client meets: each is an error naming its cause within
+/// seconds (librdkafka would retry it as if the brokers were down), and the password
+/// appears nowhere in what the run prints.
+#[test]
+fn a_wrong_password_an_unknown_ca_and_plaintext_on_tls_are_clear_errors_within_seconds() {
+    let _one_at_a_time = kafka::exclusive();
+    let secure = kafka::secure();
+    let base = |brokers: &str| -> Vec<String> {
+        [
+            "run",
+            "--kafka-brokers",
+            brokers,
+            "--kafka-topic",
+            "any-topic",
+            "--kafka-group",
+            "any-group",
+            "--kafka-output-topic",
+            "any-output",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let with = |args: &mut Vec<String>, props: &[(String, String)]| {
+        for (k, v) in props {
+            args.extend(["--kafka-config".to_string(), format!("{k}={v}")]);
+        }
+    };
+    let without = |key: &str| -> Vec<(String, String)> {
+        secure
+            .sasl_config
+            .iter()
+            .filter(|(k, _)| k != key)
+            .cloned()
+            .collect()
+    };
+    let wrong_password = "wr0ng-but-secret-pw";
+    // A wrong password, from the environment (how a service keeps it off `ps`).
+    let mut a = base(&secure.sasl);
+    with(&mut a, &without("sasl.password"));
+    let mut unknown_ca = base(&secure.sasl);
+    let mut props = without("ssl.ca.location");
+    props.push(("ssl.ca.location".into(), secure.other_ca.clone()));
+    with(&mut unknown_ca, &props);
+    let plaintext = base(&secure.sasl);
+    for (args, env, cause) in [
+        (a, Some(wrong_password), "authentication failed"),
+        (unknown_ca, None, "TLS handshake failed"),
+        (plaintext, None, "security.protocol"),
+    ] {
+        let began = Instant::now();
+        let mut cmd = bin();
+        cmd.args(as_strs(&args));
+        if let Some(pw) = env {
+            cmd.env("SESSIONIZER_KAFKA_SASL_PASSWORD", pw);
+        }
+        let out = cmd.output().expect("spawn");
+        let took = began.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cause}: {err}");
+        assert!(
+            err.contains(cause) && err.contains("refused this job's client"),
+            "{cause}: {err}"
+        );
+        assert!(
+            took < Duration::from_secs(15),
+            "{cause}: took {took:?} (the --kafka-timeout is 30 s)"
+        );
+        assert!(!err.contains(wrong_password), "{err}");
+        assert!(!err.contains("sessionizer-dev-secret"), "{err}");
+    }
+}
+
+/// A client certificate (mTLS) is enough for the job's clients too: `generate` writes
+/// into a topic through the SSL listener, and a run reads it back exactly once.
+#[test]
+fn a_client_certificate_reaches_the_mtls_listener() {
+    let _one_at_a_time = kafka::exclusive();
+    let _secure = kafka::on_secure();
+    let secure = kafka::secure();
+    let t = Topics::new(2);
+    let mut gen_args = [
+        "generate",
+        "--events",
+        "2000",
+        "--kafka-brokers",
+        &secure.mtls,
+        "--kafka-topic",
+        &t.input,
+    ]
+    .map(String::from)
+    .to_vec();
+    for (k, v) in &secure.mtls_config {
+        gen_args.extend(["--kafka-config".to_string(), format!("{k}={v}")]);
+    }
+    run_ok(&as_strs(&gen_args));
+    let mut job: Vec<String> = t
+        .args()
+        .into_iter()
+        .filter(|a| a != "--config" && !a.ends_with(".toml"))
+        .map(|a| if a == secure.sasl { secure.mtls.clone() } else { a })
+        .collect();
+    for (k, v) in &secure.mtls_config {
+        job.extend(["--kafka-config".to_string(), format!("{k}={v}")]);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stats_file = dir.path().join("stats.json");
+    job.extend(["--stop-at-end", "--stats-file", s(&stats_file)].map(String::from));
+    run_ok(&as_strs(&job));
+    let produced: i64 = high_watermarks(&t.input, 2).iter().sum();
+    assert!(produced >= 2000, "{produced} records");
+    assert_adds_up(&stats_of(&stats_file)["kafka"]["job"], produced as u64);
+    assert!(read_committed(&t.output).iter().any(|p| !p.is_empty()));
 }

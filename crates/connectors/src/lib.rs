@@ -14,6 +14,7 @@ pub mod input;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod output;
+pub mod secrets;
 
 pub use encode::{RecordWriter, SessionEncoder};
 pub use input::{Batch, InputSource, Inputs, LineSpan};

@@ -114,8 +114,10 @@ pub enum KafkaStart {
 pub struct KafkaConfig {
     /// `--kafka-brokers`: the bootstrap servers.
     pub brokers: String,
-    /// `--kafka-config KEY=VALUE`: extra librdkafka properties for every client.
-    pub properties: Vec<(String, String)>,
+    /// Extra librdkafka properties for every client (security settings among them):
+    /// the config file's `kafka-config`, the environment's `SESSIONIZER_KAFKA_*`, then
+    /// `--kafka-config KEY=VALUE`, the later winning per key. Its `Debug` hides secrets.
+    pub properties: KafkaProperties,
     /// How long a call to the cluster may take before it is an error.
     pub timeout: std::time::Duration,
     /// `--kafka-topic`: the input topics (empty: the input is files or stdin).
@@ -176,15 +178,49 @@ pub enum Partitioner {
     Custom,
 }
 
+/// Client properties, `KEY=VALUE`: their `Debug` shows the values of secret ones
+/// (`sasl.password`, `ssl.key.password`, `sasl.oauthbearer.client.secret`, ...) as
+/// `[redacted]`.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct KafkaProperties(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for KafkaProperties {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = sessionizer_connectors::secrets::shown(&self.0)
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"));
+        f.debug_list().entries(shown).finish()
+    }
+}
+
+impl std::ops::Deref for KafkaProperties {
+    type Target = Vec<(String, String)>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KafkaProperties {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl From<Vec<(String, String)>> for KafkaProperties {
+    fn from(v: Vec<(String, String)>) -> KafkaProperties {
+        KafkaProperties(v)
+    }
+}
+
 impl KafkaConfig {
-    /// The client settings every Kafka client of the run starts from.
+    /// The client settings every Kafka client of the run starts from (one value,
+    /// cloned for every client, so that a configuration error one of them meets stops
+    /// the others too).
     #[cfg(feature = "kafka")]
     pub fn settings(&self) -> sessionizer_connectors::kafka::KafkaSettings {
-        sessionizer_connectors::kafka::KafkaSettings {
-            brokers: self.brokers.clone(),
-            properties: self.properties.clone(),
-            timeout: self.timeout,
-        }
+        sessionizer_connectors::kafka::KafkaSettings::new(&self.brokers)
+            .properties(self.properties.0.clone())
+            .timeout(self.timeout)
     }
 
     /// Whether the input is Kafka topics.
@@ -294,5 +330,25 @@ impl PipelineConfig {
         .into_iter()
         .map(|(n, v)| (n.to_string(), v))
         .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The configuration derived `Debug` over its client properties: a password given
+    /// with `--kafka-config` or in the config file showed in any `{:?}`.
+    #[test]
+    fn the_debug_of_kafka_properties_hides_secrets() {
+        let props = KafkaProperties(vec![
+            ("security.protocol".into(), "SASL_SSL".into()),
+            ("sasl.password".into(), "hunter2-pw".into()),
+            ("sasl.oauthbearer.client.secret".into(), "oidc-s3cret".into()),
+        ]);
+        let shown = format!("{props:?}");
+        assert!(shown.contains("security.protocol=SASL_SSL"), "{shown}");
+        assert!(!shown.contains("hunter2-pw") && !shown.contains("oidc-s3cret"), "{shown}");
+        assert_eq!(shown.matches("[redacted]").count(), 2, "{shown}");
     }
 }

@@ -32,27 +32,141 @@ pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
 pub fn broker() -> &'static str {
     static BROKER: OnceLock<String> = OnceLock::new();
     BROKER.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-dev.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .output()
-            .expect("run scripts/kafka-dev.sh start");
-        assert!(
-            out.status.success(),
-            "scripts/kafka-dev.sh start failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .arg("brokers")
-            .output()
-            .expect("run scripts/kafka-dev.sh brokers");
-        String::from_utf8(out.stdout)
-            .expect("utf8")
-            .trim()
-            .to_string()
+        script(&["start"], false);
+        script(&["brokers"], false)
     })
+}
+
+/// Runs `scripts/kafka-dev.sh ARGS` (with `KAFKA_DEV_SECURE=1` when `secure`); its
+/// stdout, trimmed.
+fn script(args: &[&str], secure: bool) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-dev.sh");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(&path).args(args);
+    if secure {
+        cmd.env("KAFKA_DEV_SECURE", "1");
+    }
+    let out = cmd.output().expect("run scripts/kafka-dev.sh");
+    assert!(
+        out.status.success(),
+        "scripts/kafka-dev.sh {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .expect("utf8")
+        .trim()
+        .to_string()
+}
+
+/// The secure test broker (`KAFKA_DEV_SECURE=1`, a broker of its own): a plaintext
+/// listener for the tests' own admin work, a SASL_SSL one (SCRAM user `sessionizer`)
+/// and an SSL one that wants a client certificate.
+#[derive(Debug)]
+pub struct Secure {
+    /// The plaintext listener.
+    pub plain: String,
+    /// The SASL_SSL listener.
+    pub sasl: String,
+    /// The SSL listener with client certificates (mTLS).
+    pub mtls: String,
+    /// librdkafka properties for SASL_SSL with SCRAM-SHA-512, the password included.
+    pub sasl_config: Vec<(String, String)>,
+    /// librdkafka properties for the mTLS listener.
+    pub mtls_config: Vec<(String, String)>,
+    /// A CA that did not sign the broker's certificate.
+    pub other_ca: String,
+    /// A TOML config file for `sessionizer run --config` holding `sasl_config` as its
+    /// `kafka-config` (the password in a file, not on the command line).
+    pub config_file: std::path::PathBuf,
+}
+
+fn key_values(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The secure broker, started on first use.
+pub fn secure() -> &'static Secure {
+    static SECURE: OnceLock<Secure> = OnceLock::new();
+    SECURE.get_or_init(|| {
+        script(&["start"], true);
+        let sasl_config = key_values(&script(&["client-config", "SCRAM-SHA-512"], true));
+        let files = key_values(&script(&["tls-files"], true));
+        let other_ca = files
+            .iter()
+            .find(|(k, _)| k == "other-ca")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("tls-files names other-ca: {files:?}"));
+        let config_file = std::env::temp_dir().join(format!(
+            "sessionizer-secure-{}.toml",
+            std::process::id()
+        ));
+        let listed: Vec<String> = sasl_config
+            .iter()
+            .map(|(k, v)| format!("{:?}", format!("{k}={v}")))
+            .collect();
+        std::fs::write(&config_file, format!("kafka-config = [{}]\n", listed.join(", ")))
+            .expect("write the client config file");
+        Secure {
+            plain: script(&["brokers"], true),
+            sasl: script(&["secure-brokers"], true),
+            mtls: script(&["mtls-brokers"], true),
+            sasl_config,
+            mtls_config: key_values(&script(&["mtls-config"], true)),
+            other_ca,
+            config_file,
+        }
+    })
+}
+
+/// While it lives, the tests' own clients (topics, producing, reading back) talk to
+/// the secure broker's plaintext listener, and [`job_args`] point the job at its
+/// SASL_SSL listener with its config file.
+pub struct OnSecure(());
+
+impl Drop for OnSecure {
+    fn drop(&mut self) {
+        *on_secure_slot() = false;
+    }
+}
+
+fn on_secure_slot() -> std::sync::MutexGuard<'static, bool> {
+    static ON: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    ON.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Switches the helpers to the secure broker until the guard drops.
+pub fn on_secure() -> OnSecure {
+    secure();
+    *on_secure_slot() = true;
+    OnSecure(())
+}
+
+/// The broker the tests' own clients use.
+fn admin_broker() -> String {
+    if *on_secure_slot() {
+        secure().plain.clone()
+    } else {
+        broker().to_string()
+    }
+}
+
+/// `--kafka-brokers ...` for a job: the plain broker, or (with [`on_secure`]) the
+/// secure broker's SASL_SSL listener and `--config` with its client settings.
+pub fn job_args() -> Vec<String> {
+    if *on_secure_slot() {
+        let s = secure();
+        vec![
+            "--kafka-brokers".into(),
+            s.sasl.clone(),
+            "--config".into(),
+            s.config_file.display().to_string(),
+        ]
+    } else {
+        vec!["--kafka-brokers".into(), broker().to_string()]
+    }
 }
 
 /// A topic name no other test (or earlier run) uses.
@@ -72,7 +186,7 @@ pub fn unique(prefix: &str) -> String {
 
 fn config() -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", broker()).set("log_level", "3");
+    c.set("bootstrap.servers", admin_broker()).set("log_level", "3");
     c
 }
 

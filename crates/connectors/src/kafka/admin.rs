@@ -1,21 +1,25 @@
 //! Topic checks and creation.
 
+use super::security::Watched;
 use super::{KafkaError, KafkaSettings};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError as ClientError, RDKafkaErrorCode};
 use rdkafka::types::RDKafkaRespErr;
+
+/// How long one metadata request may wait before the job looks whether a client met
+/// a configuration error.
+const METADATA_SLICE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Metadata and topic management for one job.
 pub struct Admin {
     settings: KafkaSettings,
     /// A plain consumer (no group) used for metadata only, `read_committed`: a
     /// partition's end it is told is the last stable offset.
-    meta: BaseConsumer,
+    meta: BaseConsumer<Watched>,
     /// The same, `read_uncommitted`: told the high watermark.
-    uncommitted: BaseConsumer,
-    admin: AdminClient<DefaultClientContext>,
+    uncommitted: BaseConsumer<Watched>,
+    admin: AdminClient<Watched>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -30,17 +34,18 @@ impl Admin {
     /// Connects (lazily: the first call reaches the brokers).
     pub fn new(settings: &KafkaSettings) -> Result<Admin, KafkaError> {
         // librdkafka asks for a partition's end with the client's isolation level.
-        let client = |isolation: &str| -> Result<BaseConsumer, KafkaError> {
+        let watched = || Watched(settings.watch().clone());
+        let client = |isolation: &str| -> Result<BaseConsumer<Watched>, KafkaError> {
             let mut c = settings.finish(settings.client_config());
             c.set("isolation.level", isolation);
-            c.create()
+            c.create_with_context(watched())
                 .map_err(KafkaError::client("create a metadata client"))
         };
         let meta = client("read_committed")?;
         let uncommitted = client("read_uncommitted")?;
-        let admin: AdminClient<DefaultClientContext> = settings
+        let admin: AdminClient<Watched> = settings
             .finish(settings.client_config())
-            .create()
+            .create_with_context(watched())
             .map_err(KafkaError::client("create an admin client"))?;
         Ok(Admin {
             settings: settings.clone(),
@@ -52,14 +57,29 @@ impl Admin {
 
     /// The number of partitions of `topic`, or `None` when it does not exist.
     pub fn partitions(&self, topic: &str) -> Result<Option<usize>, KafkaError> {
-        let md = self
-            .meta
-            .fetch_metadata(Some(topic), self.settings.timeout)
-            .map_err(|source| KafkaError::Unreachable {
-                brokers: self.settings.brokers.clone(),
-                timeout: self.settings.timeout,
-                source,
-            })?;
+        // Asked in slices, so that a configuration error a client met (a wrong
+        // password, an unknown CA) ends the wait at once rather than after the whole
+        // timeout: librdkafka retries those as if the brokers were away.
+        let deadline = std::time::Instant::now() + self.settings.timeout;
+        let md = loop {
+            self.settings.check()?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self
+                .meta
+                .fetch_metadata(Some(topic), left.min(METADATA_SLICE))
+            {
+                Ok(md) => break md,
+                Err(_) if !left.is_zero() && left > METADATA_SLICE => continue,
+                Err(error) => {
+                    self.settings.check()?;
+                    return Err(KafkaError::Unreachable {
+                        brokers: self.settings.brokers.clone(),
+                        timeout: self.settings.timeout,
+                        error,
+                    });
+                }
+            }
+        };
         let Some(t) = md.topics().iter().find(|t| t.name() == topic) else {
             return Ok(None);
         };

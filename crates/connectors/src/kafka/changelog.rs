@@ -104,7 +104,7 @@ pub fn read_many(
         .set("max.partition.fetch.bytes", "16777216");
     let consumer: BaseConsumer<Reader> = settings
         .finish(c)
-        .create_with_context(Reader("changelog"))
+        .create_with_context(Reader("changelog", settings.watch().clone()))
         .map_err(KafkaError::client("create the changelog reader"))?;
     let mut tpl = TopicPartitionList::new();
     for &(partition, from) in parts {
@@ -146,7 +146,7 @@ pub fn read_many(
             Some(Err(e)) => {
                 return Err(KafkaError::Client {
                     what: format!("read the changelog {topic}"),
-                    source: e,
+                    error: e,
                 });
             }
             Some(Ok(m)) => {
@@ -215,7 +215,7 @@ impl Tail {
             .set("fetch.wait.max.ms", "100");
         let consumer: BaseConsumer<Reader> = settings
             .finish(c)
-            .create_with_context(Reader("changelog"))
+            .create_with_context(Reader("changelog", settings.watch().clone()))
             .map_err(KafkaError::client("create the standby reader"))?;
         Ok(Tail {
             consumer,
@@ -269,7 +269,7 @@ impl Tail {
                 Some(Err(e)) => {
                     return Err(KafkaError::Client {
                         what: "follow the standby changelogs".into(),
-                        source: e,
+                        error: e,
                     });
                 }
                 Some(Ok(m)) => {

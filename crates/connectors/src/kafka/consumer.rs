@@ -45,6 +45,7 @@ pub struct GroupContext {
     /// Set while the consumer closes: rebalances are then completed inside the callback
     /// (the job is no longer polling to do it).
     closing: AtomicBool,
+    watch: super::security::ClientWatch,
 }
 
 impl ClientContext for GroupContext {
@@ -57,7 +58,7 @@ impl ClientContext for GroupContext {
             ClientError::PartitionEOF(_) | ClientError::Global(RDKafkaErrorCode::PartitionEOF)
         );
         if !eof {
-            tracing::error!(%error, reason, "Kafka consumer");
+            super::security::log_error(&self.watch, &error, reason, "Kafka consumer");
         }
     }
 }
@@ -246,6 +247,7 @@ impl GroupConsumer {
             topics: topics.to_vec(),
             events: Mutex::new(VecDeque::new()),
             closing: AtomicBool::new(false),
+            watch: settings.watch().clone(),
         };
         let consumer: BaseConsumer<GroupContext> = settings
             .finish(c)
@@ -421,7 +423,7 @@ impl GroupConsumer {
                                 e.topic(),
                                 e.partition()
                             ),
-                            source,
+                            error: source,
                         });
                     }
                 }
@@ -479,13 +481,16 @@ impl GroupConsumer {
     /// The next record, an end-of-partition notice, or nothing within `timeout`.
     /// Rebalance events are queued during the call (see [`take_rebalances`](Self::take_rebalances)).
     pub fn poll(&self, timeout: Duration) -> Result<Polled<'_>, KafkaError> {
+        // A wrong password or certificate is retried by librdkafka as if the broker
+        // were away; it ends the job instead.
+        self.settings.check()?;
         match self.consumer.poll(timeout) {
             None => Ok(Polled::Nothing),
             Some(Ok(m)) => Ok(Polled::Record(self.record(m))),
             Some(Err(ClientError::PartitionEOF(_))) => Ok(Polled::End),
             Some(Err(e)) => Err(KafkaError::Client {
                 what: "read the input".into(),
-                source: e,
+                error: e,
             }),
         }
     }

@@ -22,6 +22,7 @@ pub mod consumer;
 pub mod partitioner;
 pub mod producer;
 pub mod progress;
+pub mod security;
 
 use rdkafka::ClientConfig;
 use std::time::Duration;
@@ -30,15 +31,36 @@ use std::time::Duration;
 pub use rdkafka;
 pub use rdkafka::error::KafkaError as ClientError;
 
-/// How to reach the cluster: shared by every client a job makes.
-#[derive(Debug, Clone)]
+/// How to reach the cluster: shared by every client a job makes. Its `Debug` hides the
+/// values of secret properties (`sasl.password`, `ssl.key.password`, ...).
+#[derive(Clone)]
 pub struct KafkaSettings {
     /// `bootstrap.servers`.
     pub brokers: String,
-    /// Extra librdkafka properties (`--kafka-config KEY=VALUE`), applied last.
-    pub properties: Vec<(String, String)>,
+    /// Extra librdkafka properties (`--kafka-config KEY=VALUE`, security settings),
+    /// applied last.
+    properties: Vec<(String, String)>,
     /// How long a metadata, commit or restore call may take before it is an error.
     pub timeout: Duration,
+    /// The first configuration error any client of the job met.
+    watch: security::ClientWatch,
+}
+
+impl std::fmt::Debug for KafkaSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSettings")
+            .field("brokers", &self.brokers)
+            .field("properties", &crate::secrets::shown(&self.properties))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// A broker list is enough to reach an unsecured cluster.
+impl From<&str> for KafkaSettings {
+    fn from(brokers: &str) -> KafkaSettings {
+        KafkaSettings::new(brokers)
+    }
 }
 
 impl KafkaSettings {
@@ -51,6 +73,57 @@ impl KafkaSettings {
             brokers: brokers.to_string(),
             properties: Vec::new(),
             timeout: KafkaSettings::DEFAULT_TIMEOUT,
+            watch: security::ClientWatch::default(),
+        }
+    }
+
+    /// Settings for `brokers` with the client properties set in the environment
+    /// (`SESSIONIZER_KAFKA_SASL_PASSWORD=...` is `sasl.password`, see
+    /// [`crate::secrets::ENV_PREFIX`]): how a service keeps its secrets off its command line.
+    pub fn from_env(brokers: &str) -> KafkaSettings {
+        KafkaSettings::new(brokers).properties(crate::secrets::env_properties())
+    }
+
+    /// Adds librdkafka properties (security settings, `session.timeout.ms`, ...); a
+    /// key given again replaces its earlier value.
+    pub fn properties(mut self, props: impl IntoIterator<Item = (String, String)>) -> Self {
+        let props: Vec<(String, String)> = props.into_iter().collect();
+        crate::secrets::register(&props);
+        self.properties = crate::secrets::merge(&[&self.properties, &props]);
+        self
+    }
+
+    /// Adds one librdkafka property.
+    pub fn property(self, key: &str, value: &str) -> Self {
+        self.properties([(key.to_string(), value.to_string())])
+    }
+
+    /// The extra properties, as given (secrets included: for clients, not for
+    /// printing).
+    pub fn extra_properties(&self) -> &[(String, String)] {
+        &self.properties
+    }
+
+    /// With `timeout` for every call to the cluster.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What every client's error callback reports to.
+    pub fn watch(&self) -> &security::ClientWatch {
+        &self.watch
+    }
+
+    /// The configuration error a client of the job met (a wrong password, an
+    /// unknown CA, a missing ACL), as an error that ends the job: no retry cures it.
+    pub fn check(&self) -> Result<(), KafkaError> {
+        match self.watch.fatal() {
+            None => Ok(()),
+            Some(cause) => Err(KafkaError::Refused {
+                brokers: self.brokers.clone(),
+                cause,
+            }),
         }
     }
 
@@ -73,21 +146,31 @@ impl KafkaSettings {
     }
 }
 
-/// An error from Kafka, with what we were doing.
+/// An error from Kafka, with what we were doing. What a client or broker said is
+/// quoted with the secrets' values hidden ([`crate::secrets::redact`]).
 #[derive(Debug, thiserror::Error)]
 pub enum KafkaError {
+    /// The cluster refused the job's clients for a reason no retry cures: a wrong
+    /// password, an unknown CA, a plaintext client on a TLS listener, a missing ACL.
+    #[error("the Kafka brokers at {brokers} refused this job's client: {cause}")]
+    Refused {
+        /// `--kafka-brokers`.
+        brokers: String,
+        /// What failed, and what to check.
+        cause: String,
+    },
     /// The brokers did not answer.
     #[error(
-        "cannot reach the Kafka brokers at {brokers} within {timeout:?} ({source}); check --kafka-brokers and that the cluster is up"
+        "cannot reach the Kafka brokers at {brokers} within {timeout:?} ({}); check --kafka-brokers and that the cluster is up",
+        crate::secrets::redact(&error.to_string())
     )]
     Unreachable {
         /// `--kafka-brokers`.
         brokers: String,
         /// How long we waited.
         timeout: Duration,
-        /// The client's error.
-        #[source]
-        source: ClientError,
+        /// The client's error (not a `source()`: its text may quote a secret).
+        error: ClientError,
     },
     /// A topic the job reads or writes does not exist.
     #[error("Kafka topic {topic} does not exist ({role}); create it first{hint}")]
@@ -100,16 +183,15 @@ pub enum KafkaError {
         hint: String,
     },
     /// Any other client error.
-    #[error("Kafka: {what}: {source}")]
+    #[error("Kafka: {what}: {}", crate::secrets::redact(&error.to_string()))]
     Client {
         /// What we were doing.
         what: String,
-        /// The client's error.
-        #[source]
-        source: ClientError,
+        /// The client's error (not a `source()`: its text may quote a secret).
+        error: ClientError,
     },
     /// Something the broker returned makes no sense for the job.
-    #[error("Kafka: {0}")]
+    #[error("Kafka: {}", crate::secrets::redact(.0))]
     Invalid(String),
 }
 
@@ -117,7 +199,7 @@ impl KafkaError {
     /// Wraps a client error with what we were doing.
     pub fn client(what: impl Into<String>) -> impl FnOnce(ClientError) -> KafkaError {
         let what = what.into();
-        move |source| KafkaError::Client { what, source }
+        move |error| KafkaError::Client { what, error }
     }
 }
 
@@ -131,10 +213,10 @@ pub struct TopicPartition {
 }
 
 /// The client context of the job's own readers (changelogs, progress records): the end
-/// of a partition is what they wait for, not an error to log. Its field names the
-/// reader in the logs.
+/// of a partition is what they wait for, not an error to log. Its first field names
+/// the reader in the logs.
 #[derive(Debug)]
-pub(crate) struct Reader(pub(crate) &'static str);
+pub(crate) struct Reader(pub(crate) &'static str, pub(crate) security::ClientWatch);
 
 impl rdkafka::ClientContext for Reader {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
@@ -146,7 +228,8 @@ impl rdkafka::ClientContext for Reader {
                 )
         );
         if !eof {
-            tracing::error!(%error, reason, reader = self.0, "Kafka reader");
+            let who = format!("Kafka reader ({})", self.0);
+            security::log_error(&self.1, &error, reason, &who);
         }
     }
 }

@@ -28,9 +28,25 @@ pub struct DeliveryContext {
     first_error: Mutex<Option<String>>,
     /// The offsets of delivered records sent with a tracking tag, by tag.
     tracked: Mutex<std::collections::HashMap<usize, i64>>,
+    watch: super::security::ClientWatch,
 }
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    fn error(&self, error: ClientError, reason: &str) {
+        super::security::log_error(&self.watch, &error, reason, "Kafka producer");
+    }
+}
+
+impl DeliveryContext {
+    fn new(settings: &KafkaSettings) -> DeliveryContext {
+        DeliveryContext {
+            failed: AtomicU64::new(0),
+            first_error: Mutex::new(None),
+            tracked: Mutex::new(std::collections::HashMap::new()),
+            watch: settings.watch().clone(),
+        }
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;
@@ -113,21 +129,22 @@ impl TxnProducer {
             .set("message.max.bytes", "10000000");
         let producer: BaseProducer<DeliveryContext> = settings
             .finish(c)
-            .create_with_context(DeliveryContext::default())
+            .create_with_context(DeliveryContext::new(settings))
             .map_err(KafkaError::client("create the transactional producer"))?;
         producer
             .init_transactions(settings.timeout)
             .map_err(|source| match &source {
+                _ if settings.check().is_err() => settings.check().expect_err("noted"),
                 ClientError::Transaction(e) if e.code() == RDKafkaErrorCode::MessageTimedOut => {
                     KafkaError::Unreachable {
                         brokers: settings.brokers.clone(),
                         timeout: settings.timeout,
-                        source,
+                        error: source,
                     }
                 }
                 _ => KafkaError::Client {
                     what: format!("register transactional id {transactional_id}"),
-                    source,
+                    error: source,
                 },
             })?;
         Ok(TxnProducer {
@@ -441,7 +458,7 @@ impl LineProducer {
             .set("queue.buffering.max.messages", "1000000");
         let producer: BaseProducer<DeliveryContext> = settings
             .finish(c)
-            .create_with_context(DeliveryContext::default())
+            .create_with_context(DeliveryContext::new(settings))
             .map_err(KafkaError::client("create the producer"))?;
         Ok(LineProducer {
             producer,
@@ -471,7 +488,7 @@ impl LineProducer {
                 Err((e, _)) => {
                     return Err(KafkaError::Client {
                         what: format!("produce to {}", self.topic),
-                        source: e,
+                        error: e,
                     });
                 }
             }

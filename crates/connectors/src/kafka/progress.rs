@@ -50,14 +50,14 @@ pub fn read_from(
         .set("fetch.wait.max.ms", "10");
     let consumer: BaseConsumer<Reader> = settings
         .finish(c)
-        .create_with_context(Reader("progress"))
+        .create_with_context(Reader("progress", settings.watch().clone()))
         .map_err(KafkaError::client("create the progress reader"))?;
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, settings.timeout)
         .map_err(|source| KafkaError::Unreachable {
             brokers: settings.brokers.clone(),
             timeout: settings.timeout,
-            source,
+            error: source,
         })?;
     let mut found = Found {
         low,
@@ -105,7 +105,7 @@ pub fn read_from(
             Some(Err(e)) => {
                 return Err(KafkaError::Client {
                     what: format!("read the progress topic {topic}"),
-                    source: e,
+                    error: e,
                 });
             }
             Some(Ok(m)) => {

@@ -97,7 +97,7 @@ impl KafkaGroup {
         KafkaGroup {
             kafka: KafkaConfig {
                 brokers: brokers.to_string(),
-                properties: Vec::new(),
+                properties: Default::default(),
                 timeout: Duration::from_secs(30),
                 topics: vec![topic.to_string()],
                 group: Some(group.to_string()),
@@ -256,11 +256,24 @@ impl KafkaGroup {
         self
     }
 
-    /// A librdkafka property for every client (`--kafka-config KEY=VALUE`).
+    /// A librdkafka property for every client (`--kafka-config KEY=VALUE`): security
+    /// settings (`security.protocol`, `sasl.mechanism`, `sasl.username`,
+    /// `sasl.password`, `ssl.ca.location`, ...) among them. A key given again replaces
+    /// its earlier value.
     pub fn kafka_property(mut self, key: &str, value: &str) -> Self {
-        self.kafka
-            .properties
-            .push((key.to_string(), value.to_string()));
+        let set = [(key.to_string(), value.to_string())];
+        self.kafka.properties.0 =
+            sessionizer_connectors::secrets::merge(&[&self.kafka.properties, &set]);
+        self
+    }
+
+    /// The client properties set in the environment (`SESSIONIZER_KAFKA_SASL_PASSWORD`
+    /// is `sasl.password`, and so on), over those given so far: how a service keeps its
+    /// secrets off its command line and out of its code.
+    pub fn kafka_properties_from_env(mut self) -> Self {
+        let env = sessionizer_connectors::secrets::env_properties();
+        self.kafka.properties.0 =
+            sessionizer_connectors::secrets::merge(&[&self.kafka.properties, &env]);
         self
     }
 

@@ -62,7 +62,7 @@ use sessionizer_checkpoint::{KafkaPosition, KafkaSource};
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, StartAt};
 use sessionizer_connectors::kafka::producer::{KeyField, LineProducer};
-use sessionizer_connectors::kafka::{KafkaSettings, TopicPartition};
+use sessionizer_connectors::kafka::TopicPartition;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -91,9 +91,11 @@ pub(crate) fn task_refusal(workers: bool, store: bool, used: bool) -> Option<&'s
     }
 }
 
-fn settings(brokers: &str) -> KafkaSettings {
-    KafkaSettings::new(brokers)
-}
+/// How the library's Kafka sources and sinks reach the cluster: a broker list (`&str`)
+/// for an unsecured one, or [`KafkaSettings`] with its security properties
+/// (`KafkaSettings::new(brokers).property("security.protocol", "SASL_SSL")...`, or
+/// [`KafkaSettings::from_env`] for secrets kept in the environment).
+pub use sessionizer_connectors::kafka::KafkaSettings;
 
 /// A Kafka topic's JSON records as events of type `E` (each record's value is one JSON
 /// document); a record that is not a valid `E` goes to the dead-letter sink `D` with
@@ -175,12 +177,12 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// the module's docs); [`open_partition`](Self::open_partition) gives each
     /// partition a job of its own.
     pub fn open(
-        brokers: &str,
+        brokers: impl Into<KafkaSettings>,
         topic: &str,
         checkpoints: &mut Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
-        Self::open_assigned(brokers, topic, None, checkpoints, dead_letters)
+        Self::open_assigned(brokers.into(), topic, None, checkpoints, dead_letters)
     }
 
     /// Reads partition `partition` of `topic` only, from where the checkpoint the job
@@ -192,17 +194,23 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// records alone. A checkpoint that read another topic or partition, or that was
     /// written with a source of every partition ([`open`](Self::open)), is refused.
     pub fn open_partition(
-        brokers: &str,
+        brokers: impl Into<KafkaSettings>,
         topic: &str,
         partition: i32,
         checkpoints: &mut Checkpoints,
         dead_letters: D,
     ) -> Result<Self, SourceError> {
-        Self::open_assigned(brokers, topic, Some(partition), checkpoints, dead_letters)
+        Self::open_assigned(
+            brokers.into(),
+            topic,
+            Some(partition),
+            checkpoints,
+            dead_letters,
+        )
     }
 
     fn open_assigned(
-        brokers: &str,
+        settings: KafkaSettings,
         topic: &str,
         only: Option<i32>,
         checkpoints: &mut Checkpoints,
@@ -238,7 +246,6 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             ))
             .into());
         }
-        let settings = settings(brokers);
         let partitions = Admin::new(&settings)?.require(topic, "the job's input")?;
         if let Some(p) = only
             && usize::try_from(p).map_or(true, |p| p >= partitions)
@@ -457,8 +464,12 @@ pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 impl KafkaJsonSink {
     /// A producer into `topic` (which must exist) at `brokers`, keying each record by
     /// its field `key_field` (a member name; dotted for a nested member).
-    pub fn open(brokers: &str, topic: &str, key_field: &str) -> Result<Self, KafkaError> {
-        let settings = settings(brokers);
+    pub fn open(
+        brokers: impl Into<KafkaSettings>,
+        topic: &str,
+        key_field: &str,
+    ) -> Result<Self, KafkaError> {
+        let settings = brokers.into();
         Admin::new(&settings)?.require(topic, "the job's output")?;
         Ok(KafkaJsonSink {
             out: Producer::Idempotent(LineProducer::new(&settings, topic, key_field)?),
@@ -484,13 +495,14 @@ impl KafkaJsonSink {
     /// A checkpoint written with this sink cannot be restored without it. Checkpoint
     /// at least every [`TRANSACTION_TIMEOUT`].
     pub fn exactly_once(
-        brokers: &str,
+        brokers: impl Into<KafkaSettings>,
         topic: &str,
         key_field: &str,
         checkpoints: &mut Checkpoints,
     ) -> Result<Self, StateError> {
         let key = KeyField::new(key_field).map_err(|e| StateError::Output(e.to_string()))?;
-        let sink = crate::pipeline::kafka_sink::open_library(brokers, topic, TRANSACTION_TIMEOUT)
+        let settings = brokers.into();
+        let sink = crate::pipeline::kafka_sink::open_library(settings, topic, TRANSACTION_TIMEOUT)
             .map_err(StateError::output)?;
         let shared = checkpoints.join_transaction(sink)?;
         Ok(KafkaJsonSink {

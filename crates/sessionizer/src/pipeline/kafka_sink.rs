@@ -133,12 +133,12 @@ pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSi
 /// `sessionizer-lib-<instance>` kept in the state directory.
 #[cfg(feature = "kafka")]
 pub(crate) fn open_library(
-    brokers: &str,
+    settings: sessionizer_connectors::kafka::KafkaSettings,
     topic: &str,
     transaction_timeout: std::time::Duration,
 ) -> Result<Box<dyn TopicSink + Send>, RunError> {
     let options = imp::SinkOptions {
-        settings: sessionizer_connectors::kafka::KafkaSettings::new(brokers),
+        settings,
         sessions: topic.to_string(),
         dead: None,
         late: None,
