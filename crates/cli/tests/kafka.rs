@@ -61,22 +61,24 @@ impl Topics {
     fn args(&self) -> Vec<String> {
         let mut a: Vec<String> = vec!["run".to_string()];
         a.extend(kafka::job_args());
-        a.extend([
-            "--kafka-topic",
-            &self.input,
-            "--kafka-group",
-            &self.group,
-            "--kafka-output-topic",
-            &self.output,
-            "--dead-letter-topic",
-            &self.dead,
-            "--late-topic",
-            &self.late,
-            "--progress",
-            "never",
-        ]
-        .iter()
-        .map(|s| s.to_string()));
+        a.extend(
+            [
+                "--kafka-topic",
+                &self.input,
+                "--kafka-group",
+                &self.group,
+                "--kafka-output-topic",
+                &self.output,
+                "--dead-letter-topic",
+                &self.dead,
+                "--late-topic",
+                &self.late,
+                "--progress",
+                "never",
+            ]
+            .iter()
+            .map(|s| s.to_string()),
+        );
         a.extend(OPTIONS.iter().map(|s| s.to_string()));
         a
     }
@@ -1590,7 +1592,13 @@ fn a_client_certificate_reaches_the_mtls_listener() {
         .args()
         .into_iter()
         .filter(|a| a != "--config" && !a.ends_with(".toml"))
-        .map(|a| if a == secure.sasl { secure.mtls.clone() } else { a })
+        .map(|a| {
+            if a == secure.sasl {
+                secure.mtls.clone()
+            } else {
+                a
+            }
+        })
         .collect();
     for (k, v) in &secure.mtls_config {
         job.extend(["--kafka-config".to_string(), format!("{k}={v}")]);

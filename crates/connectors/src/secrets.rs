@@ -78,9 +78,10 @@ pub const ENV_PREFIX: &str = "SESSIONIZER_KAFKA_";
 
 /// The client properties set in the environment ([`ENV_PREFIX`]), in name order.
 pub fn env_properties() -> Vec<(String, String)> {
-    properties_of(std::env::vars_os().filter_map(|(k, v)| {
-        Some((k.into_string().ok()?, v.into_string().ok()?))
-    }))
+    properties_of(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+    )
 }
 
 fn properties_of(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {

@@ -344,11 +344,17 @@ mod tests {
         let props = KafkaProperties(vec![
             ("security.protocol".into(), "SASL_SSL".into()),
             ("sasl.password".into(), "hunter2-pw".into()),
-            ("sasl.oauthbearer.client.secret".into(), "oidc-s3cret".into()),
+            (
+                "sasl.oauthbearer.client.secret".into(),
+                "oidc-s3cret".into(),
+            ),
         ]);
         let shown = format!("{props:?}");
         assert!(shown.contains("security.protocol=SASL_SSL"), "{shown}");
-        assert!(!shown.contains("hunter2-pw") && !shown.contains("oidc-s3cret"), "{shown}");
+        assert!(
+            !shown.contains("hunter2-pw") && !shown.contains("oidc-s3cret"),
+            "{shown}"
+        );
         assert_eq!(shown.matches("[redacted]").count(), 2, "{shown}");
     }
 }

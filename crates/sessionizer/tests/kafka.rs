@@ -597,3 +597,64 @@ fn a_stateful_job_resumed_with_an_exactly_once_sink_commits_one_runs_records() {
         "the committed records differ from one run's"
     );
 }
+
+/// A cluster that wants TLS and SCRAM: the library's source and sinks take the same
+/// security settings as the command line (`KafkaSettings`), and a job reads visits from
+/// the SASL_SSL listener and writes its sessions back through it exactly once.
+#[test]
+fn a_library_job_reads_and_writes_a_cluster_that_wants_tls_and_scram() {
+    let _one = kafka::exclusive();
+    let _secure = kafka::on_secure();
+    let secure = kafka::secure();
+    let settings =
+        sessionizer::kafka::KafkaSettings::new(&secure.sasl).properties(secure.sasl_config.clone());
+    // Its Debug never shows the password.
+    let shown = format!("{settings:?}");
+    assert!(
+        !shown.contains("sessionizer-dev-secret") && shown.contains("[redacted]"),
+        "{shown}"
+    );
+    let (input, output) = (
+        kafka::unique("lib-tls-visits"),
+        kafka::unique("lib-tls-sessions"),
+    );
+    kafka::create_topics(&[&input, &output], 1);
+    let lines = lines(0, 500, None);
+    produce(&input, &lines);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
+    let mut sink = KafkaJsonSink::exactly_once(&settings, &output, "key", &mut checkpoints)
+        .expect("an exactly-once sink over SASL_SSL");
+    let mut job = job();
+    job.restore(&mut checkpoints).expect("restore");
+    let mut source = KafkaJson::<Visit, _>::open(&settings, &input, &mut checkpoints, Vec::new())
+        .expect("a source over SASL_SSL");
+    let mut events = Vec::new();
+    read_until(&mut source, lines.len() as u64, &mut events);
+    job.push_batch(events.drain(..), &mut sink, &mut Vec::new())
+        .expect("push");
+    job.finish(&mut sink, &mut Vec::new()).expect("finish");
+    job.checkpoint(&mut checkpoints)
+        .expect("checkpoint and commit");
+    let got = session_lines(&output);
+    let mut want = Vec::new();
+    job_over(&lines, &mut want);
+    assert_eq!(got.len(), want.len());
+    assert!(!got.is_empty());
+}
+
+/// The sessions one job writes over `lines`, as JSON lines.
+fn job_over(lines: &[String], out: &mut Vec<String>) {
+    let mut j = job();
+    let events = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
+    let mut records = Vec::new();
+    j.run(events, &mut records, &mut Vec::new())
+        .expect("vectors");
+    out.extend(
+        records
+            .iter()
+            .map(|r| serde_json::to_string(r).expect("json")),
+    );
+}

@@ -99,16 +99,17 @@ pub fn secure() -> &'static Secure {
             .find(|(k, _)| k == "other-ca")
             .map(|(_, v)| v.clone())
             .unwrap_or_else(|| panic!("tls-files names other-ca: {files:?}"));
-        let config_file = std::env::temp_dir().join(format!(
-            "sessionizer-secure-{}.toml",
-            std::process::id()
-        ));
+        let config_file =
+            std::env::temp_dir().join(format!("sessionizer-secure-{}.toml", std::process::id()));
         let listed: Vec<String> = sasl_config
             .iter()
             .map(|(k, v)| format!("{:?}", format!("{k}={v}")))
             .collect();
-        std::fs::write(&config_file, format!("kafka-config = [{}]\n", listed.join(", ")))
-            .expect("write the client config file");
+        std::fs::write(
+            &config_file,
+            format!("kafka-config = [{}]\n", listed.join(", ")),
+        )
+        .expect("write the client config file");
         Secure {
             plain: script(&["brokers"], true),
             sasl: script(&["secure-brokers"], true),
@@ -186,7 +187,8 @@ pub fn unique(prefix: &str) -> String {
 
 fn config() -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", admin_broker()).set("log_level", "3");
+    c.set("bootstrap.servers", admin_broker())
+        .set("log_level", "3");
     c
 }
 

@@ -34,9 +34,12 @@ impl Admin {
     /// Connects (lazily: the first call reaches the brokers).
     pub fn new(settings: &KafkaSettings) -> Result<Admin, KafkaError> {
         // librdkafka asks for a partition's end with the client's isolation level.
-        let watched = || Watched(settings.watch().clone());
+        // What these clients pass on to the logs: the user's log level, or errors only.
+        let watched = || Watched(settings.watch().clone(), settings.user_log_level());
         let client = |isolation: &str| -> Result<BaseConsumer<Watched>, KafkaError> {
             let mut c = settings.finish(settings.client_config());
+            // Failed connections are logged at level 6: the watch reads them.
+            c.set_log_level(super::log_level(settings.user_log_level().max(6)));
             c.set("isolation.level", isolation);
             c.create_with_context(watched())
                 .map_err(KafkaError::client("create a metadata client"))
@@ -62,13 +65,21 @@ impl Admin {
         // timeout: librdkafka retries those as if the brokers were away.
         let deadline = std::time::Instant::now() + self.settings.timeout;
         let md = loop {
+            // The client's error events (where a failed authentication or handshake
+            // shows) are delivered to its context when it is polled.
+            if let Some(Err(e)) = self.meta.poll(std::time::Duration::ZERO) {
+                self.settings.watch().note(&e, &e.to_string());
+            }
             self.settings.check()?;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self
                 .meta
                 .fetch_metadata(Some(topic), left.min(METADATA_SLICE))
             {
-                Ok(md) => break md,
+                Ok(md) => {
+                    self.settings.watch().connected();
+                    break md;
+                }
                 Err(_) if !left.is_zero() && left > METADATA_SLICE => continue,
                 Err(error) => {
                     self.settings.check()?;
@@ -215,7 +226,7 @@ impl Admin {
     }
 
     fn ends_of(
-        client: &BaseConsumer,
+        client: &BaseConsumer<Watched>,
         settings: &KafkaSettings,
         topic: &str,
         partition: i32,

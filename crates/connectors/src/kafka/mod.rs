@@ -63,6 +63,18 @@ impl From<&str> for KafkaSettings {
     }
 }
 
+impl From<&String> for KafkaSettings {
+    fn from(brokers: &String) -> KafkaSettings {
+        KafkaSettings::new(brokers)
+    }
+}
+
+impl From<&KafkaSettings> for KafkaSettings {
+    fn from(settings: &KafkaSettings) -> KafkaSettings {
+        settings.clone()
+    }
+}
+
 impl KafkaSettings {
     /// How long a call may take by default (`--kafka-timeout`'s default).
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -142,7 +154,39 @@ impl KafkaSettings {
         for (k, v) in &self.properties {
             c.set(k, v);
         }
+        // The rdkafka crate sets the client's log level after creating it, from the
+        // log crate's level, over the `log_level` property: set it here instead.
+        let level = c
+            .get("log_level")
+            .and_then(|v| v.parse::<i32>().ok())
+            .unwrap_or(3);
+        c.set_log_level(log_level(level));
         c
+    }
+
+    /// The most verbose librdkafka log level the user asked for (`log_level`, default
+    /// 3: errors).
+    pub fn user_log_level(&self) -> i32 {
+        self.properties
+            .iter()
+            .find(|(k, _)| k == "log_level")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(3)
+    }
+}
+
+/// librdkafka's log level `n` (syslog numbers, 0 to 7).
+pub fn log_level(n: i32) -> rdkafka::config::RDKafkaLogLevel {
+    use rdkafka::config::RDKafkaLogLevel as L;
+    match n {
+        i32::MIN..=0 => L::Emerg,
+        1 => L::Alert,
+        2 => L::Critical,
+        3 => L::Error,
+        4 => L::Warning,
+        5 => L::Notice,
+        6 => L::Info,
+        _ => L::Debug,
     }
 }
 

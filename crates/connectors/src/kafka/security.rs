@@ -13,11 +13,35 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A client context that reports its errors to a [`ClientWatch`] and the logs: for the
-/// clients that need nothing else of a context (metadata, admin).
+/// clients that need nothing else of a context (metadata, admin). Its second field is
+/// the most verbose librdkafka log level passed on to the logs (the user's
+/// `log_level`, 3 by default): these clients are told to log their failed connections
+/// (level 6) so that a listener speaking another protocol shows.
 #[derive(Debug, Clone)]
-pub struct Watched(pub ClientWatch);
+pub struct Watched(pub ClientWatch, pub i32);
 
 impl rdkafka::ClientContext for Watched {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        // librdkafka 2.x words a plaintext client on a TLS listener (and a TLS client
+        // on a plaintext one) as a connection closed during its first request.
+        if fac == "FAIL" && message.contains("APIVERSION_QUERY") {
+            self.0.protocol_hint(message);
+        }
+        if level as i32 > self.1 {
+            return;
+        }
+        let message = redact(message);
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", "{fac} {message}")
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", "{fac} {message}"),
+            L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac} {message}"),
+            L::Debug => tracing::debug!(target: "librdkafka", "{fac} {message}"),
+        }
+    }
+
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         log_error(&self.0, &error, reason, "Kafka client");
     }
@@ -47,14 +71,19 @@ pub struct ClientWatch {
 #[derive(Debug, Default)]
 struct WatchState {
     fatal: Option<String>,
-    /// Disconnections that librdkafka attributes to a wrong `security.protocol`.
+    /// Connections closed by the brokers during their first request, before any call
+    /// to the cluster succeeded.
     protocol_hints: u32,
+    /// A call to the cluster succeeded: the clients speak the listener's protocol, and
+    /// a closed connection from now on is a broker going away.
+    connected: bool,
 }
 
-/// A client that connects and is dropped during the protocol's first request several
-/// times in a row is speaking the wrong protocol to that listener (a broker that is
-/// shutting down refuses connections instead).
-const PROTOCOL_HINTS: u32 = 3;
+/// A client that connects and is dropped during the protocol's first request again and
+/// again is speaking the wrong protocol to that listener (a broker that is shutting
+/// down refuses connections instead). librdkafka logs the second such failure within
+/// half a second, as "1 identical error(s) suppressed" (later ones only every 30 s).
+const PROTOCOL_HINTS: u32 = 2;
 
 impl ClientWatch {
     /// Called with every error a client reports; notes it when no retry can cure it.
@@ -67,9 +96,9 @@ impl ClientWatch {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let code = error.rdkafka_error_code();
         let cause = match code {
-            Some(Code::Authentication | Code::SaslAuthenticationFailed) => {
-                Some("authentication failed: check sasl.mechanism, sasl.username and sasl.password (or the client certificate)")
-            }
+            Some(Code::Authentication | Code::SaslAuthenticationFailed) => Some(
+                "authentication failed: check sasl.mechanism, sasl.username and sasl.password (or the client certificate)",
+            ),
             Some(Code::SSL) => Some(
                 "the TLS handshake failed: check ssl.ca.location (the CA that signed the brokers' certificates), the client certificate and key, and that the listener speaks TLS",
             ),
@@ -82,24 +111,51 @@ impl ClientWatch {
             ) => Some(
                 "not authorized: the principal needs ACLs to read the input topics, write the output topics, create and write the changelog topics, use the consumer group and the transactional id",
             ),
-            Some(Code::BrokerTransportFailure | Code::AllBrokersDown)
-                if reason.contains("security.protocol") =>
-            {
-                state.protocol_hints += 1;
-                (state.protocol_hints >= PROTOCOL_HINTS).then_some(
-                    "the brokers close the connection at once: the listener most likely expects another security.protocol (TLS or SASL) than the client's",
-                )
-            }
             _ => None,
         };
         let Some(cause) = cause else {
             return false;
         };
+        self.set_fatal(&mut state, cause, reason);
+        true
+    }
+
+    /// A connection the brokers closed during its first request (`reason`, as
+    /// librdkafka logs it). Several before any call succeeded mean the listener
+    /// speaks another protocol than the client (TLS, SASL or neither).
+    pub fn protocol_hint(&self, reason: &str) {
+        let mut state = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if state.connected {
+            return;
+        }
+        // "..., 3 identical error(s) suppressed)": those happened too.
+        let suppressed = reason
+            .split_once(" identical error(s) suppressed")
+            .and_then(|(before, _)| before.rsplit([' ', '(']).next()?.parse::<u32>().ok())
+            .unwrap_or(0);
+        state.protocol_hints += 1 + suppressed;
+        if state.protocol_hints >= PROTOCOL_HINTS {
+            let cause = "the brokers close every connection during its first request: the listener most likely expects another security.protocol (SSL, SASL_SSL, SASL_PLAINTEXT or PLAINTEXT) than the client's";
+            self.set_fatal(&mut state, cause, reason);
+        }
+    }
+
+    /// A call to the cluster succeeded.
+    pub fn connected(&self) {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .connected = true;
+    }
+
+    fn set_fatal(&self, state: &mut WatchState, cause: &str, reason: &str) {
         if state.fatal.is_none() {
             state.fatal = Some(format!("{cause} ({})", redact(reason)));
             self.noted.store(true, Ordering::Release);
         }
-        true
     }
 
     /// The error noted, if any.
@@ -119,3 +175,46 @@ impl ClientWatch {
 mod tests {
     use super::*;
 
+    #[test]
+    fn configuration_errors_are_noted_and_outages_are_not() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode as Code};
+        let watch = ClientWatch::default();
+        assert!(!watch.note(
+            &KafkaError::Global(Code::BrokerTransportFailure),
+            "127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: Connection refused"
+        ));
+        assert_eq!(watch.fatal(), None);
+        let hint = "127.0.0.1:39194/bootstrap: Disconnected: connection closed by peer: receive 0 after POLLIN (after 4ms in state APIVERSION_QUERY)";
+        for _ in 0..PROTOCOL_HINTS - 1 {
+            watch.protocol_hint(hint);
+        }
+        assert_eq!(watch.fatal(), None, "not after one");
+        watch.protocol_hint(hint);
+        assert!(
+            watch
+                .fatal()
+                .is_some_and(|f| f.contains("security.protocol"))
+        );
+        // librdkafka says the repeats once.
+        let watch = ClientWatch::default();
+        watch.protocol_hint(&hint.replace("QUERY)", "QUERY, 1 identical error(s) suppressed)"));
+        assert!(watch.fatal().is_some());
+        // Once a call succeeded, a closed connection is a broker going away.
+        let watch = ClientWatch::default();
+        watch.connected();
+        for _ in 0..PROTOCOL_HINTS {
+            watch.protocol_hint(hint);
+        }
+        assert_eq!(watch.fatal(), None);
+        let watch = ClientWatch::default();
+        assert!(watch.note(
+            &KafkaError::Global(Code::Authentication),
+            "SASL authentication error: invalid credentials"
+        ));
+        assert!(
+            watch
+                .fatal()
+                .is_some_and(|f| f.starts_with("authentication failed"))
+        );
+    }
+}
