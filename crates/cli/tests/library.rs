@@ -317,7 +317,7 @@ fn the_flink_style_example_and_the_cli_emit_the_same_sessions() {
         "--gap",
         "10m",
         "--watermark-delay",
-        "1m",
+        "20m",
         "--allowed-lateness",
         "15m",
         "--collect",

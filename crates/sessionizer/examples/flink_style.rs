@@ -1,7 +1,9 @@
 //! The seed's Flink job, in sessionizer's declarative API:
 //!
 //! ```java
-//! visits.keyBy(visit -> visit.visitId)
+//! visits.assignTimestampsAndWatermarks(
+//!         WatermarkStrategy.forBoundedOutOfOrderness(Duration.ofMinutes(20)))
+//!     .keyBy(visit -> visit.visitId)
 //!     .window(EventTimeSessionWindows.withGap(Time.minutes(10)))
 //!     .allowedLateness(Time.minutes(15))
 //!     .process(new VisitToSessionConverter());
@@ -86,7 +88,7 @@ pub fn run_on(input: &Path, out: &mut impl Write) -> Result<(), Box<dyn std::err
     let mut job = Stream::<Visit>::new()
         .key_by(|v| v.visit_id.clone())
         .event_time(|v| v.event_time)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .watermark(BoundedOutOfOrderness::new(minutes(20)))
         .session_windows(minutes(10))
         .allowed_lateness(minutes(15))
         .aggregate(VisitToSessionConverter)
