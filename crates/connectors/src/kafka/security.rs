@@ -23,10 +23,8 @@ pub struct Watched(pub ClientWatch, pub i32);
 impl rdkafka::ClientContext for Watched {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
         use rdkafka::config::RDKafkaLogLevel as L;
-        // librdkafka 2.x words a plaintext client on a TLS listener (and a TLS client
-        // on a plaintext one) as a connection closed during its first request.
-        if fac == "FAIL" && message.contains("APIVERSION_QUERY") {
-            self.0.protocol_hint(message);
+        if fac == "FAIL" {
+            self.0.failed_connection(message);
         }
         if level as i32 > self.1 {
             return;
@@ -79,6 +77,10 @@ struct WatchState {
     connected: bool,
 }
 
+const AUTH_FAILED: &str = "authentication failed: check sasl.mechanism, sasl.username and sasl.password (or the client certificate)";
+
+const TLS_FAILED: &str = "the TLS handshake failed: check ssl.ca.location (the CA that signed the brokers' certificates), the client certificate and key, and that the listener speaks TLS";
+
 /// A client that connects and is dropped during the protocol's first request again and
 /// again is speaking the wrong protocol to that listener (a broker that is shutting
 /// down refuses connections instead). librdkafka logs the second such failure within
@@ -96,12 +98,8 @@ impl ClientWatch {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let code = error.rdkafka_error_code();
         let cause = match code {
-            Some(Code::Authentication | Code::SaslAuthenticationFailed) => Some(
-                "authentication failed: check sasl.mechanism, sasl.username and sasl.password (or the client certificate)",
-            ),
-            Some(Code::SSL) => Some(
-                "the TLS handshake failed: check ssl.ca.location (the CA that signed the brokers' certificates), the client certificate and key, and that the listener speaks TLS",
-            ),
+            Some(Code::Authentication | Code::SaslAuthenticationFailed) => Some(AUTH_FAILED),
+            Some(Code::SSL) => Some(TLS_FAILED),
             Some(
                 Code::TopicAuthorizationFailed
                 | Code::GroupAuthorizationFailed
@@ -118,6 +116,32 @@ impl ClientWatch {
         };
         self.set_fatal(&mut state, cause, reason);
         true
+    }
+
+    /// A connection that failed, as librdkafka logs it (its `FAIL` lines, which come
+    /// at once from its own threads, where the error events wait for the client to be
+    /// polled): a failed TLS handshake or authentication is noted at once; a
+    /// connection closed during its first request counts toward a protocol mismatch.
+    pub fn failed_connection(&self, message: &str) {
+        if message.contains("SSL handshake failed") || message.contains("certificate verify failed")
+        {
+            let mut state = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.set_fatal(&mut state, TLS_FAILED, message);
+        } else if message.contains("SASL authentication error") {
+            let mut state = self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.set_fatal(&mut state, AUTH_FAILED, message);
+        } else if message.contains("APIVERSION_QUERY") {
+            // librdkafka 2.x words a plaintext client on a TLS listener (and a TLS
+            // client on a plaintext one) as a connection closed during its first
+            // request.
+            self.protocol_hint(message);
+        }
     }
 
     /// A connection the brokers closed during its first request (`reason`, as
@@ -211,6 +235,21 @@ mod tests {
             &KafkaError::Global(Code::Authentication),
             "SASL authentication error: invalid credentials"
         ));
+        assert!(
+            watch
+                .fatal()
+                .is_some_and(|f| f.starts_with("authentication failed"))
+        );
+        // The same, from the client's log lines (they come without a poll).
+        let watch = ClientWatch::default();
+        watch.failed_connection("sasl_ssl://127.0.0.1:39194/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed (after 9ms in state SSL_HANDSHAKE)");
+        assert!(
+            watch
+                .fatal()
+                .is_some_and(|f| f.starts_with("the TLS handshake failed"))
+        );
+        let watch = ClientWatch::default();
+        watch.failed_connection("sasl_ssl://127.0.0.1:39194/bootstrap: SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512");
         assert!(
             watch
                 .fatal()
