@@ -164,8 +164,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FIELD")]
     pub dedup_field: Option<String>,
 
-    /// on-close: emit complete sessions; on-update: also emit open sessions each time
-    /// they change (records then carry "complete"). [default: on-close]
+    /// on-close: emit complete sessions (again, with the next revision, when a late
+    /// event changes one within --allowed-lateness); on-update: also emit open sessions
+    /// each time they change (records then carry "complete"); final: emit each session
+    /// once, when it can no longer change (the watermark passed its close plus
+    /// --allowed-lateness): no revisions, no retractions, no "revision" field — plain
+    /// inserts for a table. [default: on-close]
     #[arg(long, value_enum)]
     pub emit: Option<EmitArg>,
 
@@ -275,6 +279,7 @@ pub enum TimeFormatArg {
 pub enum EmitArg {
     OnClose,
     OnUpdate,
+    Final,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]

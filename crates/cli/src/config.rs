@@ -497,6 +497,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     let emit = match args.emit.or(file.emit).unwrap_or(EmitArg::OnClose) {
         EmitArg::OnClose => EmitMode::OnClose,
         EmitArg::OnUpdate => EmitMode::OnUpdate,
+        EmitArg::Final => EmitMode::Final,
     };
     let on_invalid = match args
         .on_invalid

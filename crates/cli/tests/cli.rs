@@ -844,3 +844,84 @@ fn no_two_sessions_of_a_visit_are_closer_than_the_gap_on_late_generated_data() {
         );
     }
 }
+
+/// The latest record of every session of an output, retractions applied: `session_id`
+/// → the record without its `revision`.
+fn final_view_of(path: &Path) -> BTreeMap<String, Value> {
+    let mut latest = BTreeMap::new();
+    for mut r in json_lines(path) {
+        let id = r["session_id"].as_str().expect("session_id").to_string();
+        if r.get("retract").is_some() {
+            latest.remove(&id);
+        } else {
+            r.as_object_mut().expect("object").remove("revision");
+            latest.insert(id, r);
+        }
+    }
+    latest
+}
+
+/// `--emit final` writes each session once, when it can no longer change: the final
+/// view of the `on-close` run of the same input (revisions and retractions left out),
+/// without a `revision` field, byte for byte the same on any number of workers.
+#[test]
+fn emit_final_is_the_final_view_of_on_close_once_per_session_on_any_workers() {
+    let options = [
+        "--dedup",
+        "--gap",
+        "20s",
+        "--watermark-delay",
+        "5s",
+        "--allowed-lateness",
+        "2m",
+        "--last",
+        "last_page=page",
+    ];
+    let on_close = dirty_run(&options);
+    let want = final_view_of(&on_close.out);
+    let revised = lines(&on_close.out)
+        .iter()
+        .filter(|l| l.contains("\"retract\":true") || !l.contains("\"revision\":0"))
+        .count();
+    assert!(revised > 0, "the data makes on-close revise some sessions");
+    let mut first: Option<Vec<u8>> = None;
+    for workers in ["1", "2", "3"] {
+        let mut args = options.to_vec();
+        args.extend(["--emit", "final", "--workers", workers]);
+        let fin = dirty_run(&args);
+        let records = json_lines(&fin.out);
+        let ids: HashSet<&str> = records
+            .iter()
+            .map(|r| r["session_id"].as_str().expect("id"))
+            .collect();
+        assert_eq!(ids.len(), records.len(), "each session once");
+        for r in &records {
+            assert!(
+                r.get("revision").is_none() && r.get("retract").is_none(),
+                "{r}"
+            );
+        }
+        assert_eq!(final_view_of(&fin.out), want, "workers {workers}");
+        // The same late verdicts and accounting.
+        assert_eq!(lines(&fin.late), lines(&on_close.late));
+        let (a, b) = (stats(&fin.stats), stats(&on_close.stats));
+        for k in [
+            "records_read",
+            "in_sessions",
+            "duplicates",
+            "late",
+            "invalid",
+        ] {
+            assert_eq!(a[k], b[k], "{k}");
+        }
+        assert_eq!(a["retractions"], 0);
+        let bytes = std::fs::read(&fin.out).expect("output");
+        match &first {
+            None => first = Some(bytes),
+            Some(f) => assert!(
+                f == &bytes,
+                "workers {workers}: not the bytes of one worker"
+            ),
+        }
+    }
+}

@@ -1612,3 +1612,38 @@ fn a_client_certificate_reaches_the_mtls_listener() {
     assert_adds_up(&stats_of(&stats_file)["kafka"]["job"], produced as u64);
     assert!(read_committed(&t.output).iter().any(|p| !p.is_empty()));
 }
+
+/// `--emit final` on Kafka: no tombstone, each `session_id` once, and the sessions are
+/// the final view of an `on-close` run over the same records.
+#[test]
+fn emit_final_on_kafka_is_the_final_view_of_on_close_without_tombstones() {
+    let _one_at_a_time = kafka::exclusive();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 8_000, 23);
+    let (on_close, fin) = (Topics::new(3), Topics::new(3));
+    let produced = produce_lines(&on_close.input, &data, "visit_id");
+    assert_eq!(produce_lines(&fin.input, &data, "visit_id"), produced);
+    for (t, extra) in [(&on_close, &[][..]), (&fin, &["--emit", "final"][..])] {
+        let mut a = t.args();
+        a.extend(["--stop-at-end"].iter().chain(extra).map(|s| s.to_string()));
+        run_ok(&as_strs(&a));
+    }
+    let revised = read_committed(&on_close.output)
+        .iter()
+        .flatten()
+        .filter(|r| r.value.is_none() || !text(r).contains("\"revision\":0"))
+        .count();
+    assert!(revised > 0, "on-close revised or retracted some sessions");
+    let records = read_committed(&fin.output);
+    let mut ids = std::collections::HashSet::new();
+    for r in records.iter().flatten() {
+        assert!(r.value.is_some(), "a tombstone");
+        assert!(!text(r).contains("\"revision\""), "{}", text(r));
+        assert!(ids.insert(r.key.clone()), "a session_id twice");
+    }
+    assert_eq!(
+        final_sessions(&records),
+        final_sessions(&read_committed(&on_close.output))
+    );
+}

@@ -278,13 +278,17 @@ pub struct SessionEncoder {
     /// `,"name":` of each aggregate, pre-encoded.
     agg_prefixes: Vec<Vec<u8>>,
     with_complete: bool,
+    with_revision: bool,
     retractions: u64,
 }
 
 impl SessionEncoder {
-    /// `agg_names` are the output names of the aggregates in order; `with_complete` adds
-    /// the `complete` field (`--emit on-update`).
-    pub fn new(agg_names: &[String], with_complete: bool) -> Self {
+    /// `agg_names` are the output names of the aggregates in order. The record's fields
+    /// follow the emit mode, and are the same for every record of a run: `--emit
+    /// on-update` adds `complete`; `--emit final` leaves out `revision` (a session is
+    /// written once, when it can no longer change).
+    pub fn new(agg_names: &[String], emit: sessionizer_window::EmitMode) -> Self {
+        use sessionizer_window::EmitMode;
         let agg_prefixes = agg_names
             .iter()
             .map(|n| {
@@ -298,7 +302,8 @@ impl SessionEncoder {
             buf: Vec::with_capacity(FLUSH_AT),
             records: 0,
             agg_prefixes,
-            with_complete,
+            with_complete: emit == EmitMode::OnUpdate,
+            with_revision: emit != EmitMode::Final,
             retractions: 0,
         }
     }
@@ -340,8 +345,10 @@ impl Emit for SessionEncoder {
         out.extend_from_slice(num.format(s.end.millis() - s.start.millis()).as_bytes());
         out.extend_from_slice(b",\"event_count\":");
         out.extend_from_slice(num.format(s.event_count).as_bytes());
-        out.extend_from_slice(b",\"revision\":");
-        out.extend_from_slice(num.format(s.revision).as_bytes());
+        if self.with_revision {
+            out.extend_from_slice(b",\"revision\":");
+            out.extend_from_slice(num.format(s.revision).as_bytes());
+        }
         if self.with_complete {
             out.extend_from_slice(if s.complete {
                 b",\"complete\":true"

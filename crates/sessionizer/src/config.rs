@@ -305,6 +305,7 @@ impl PipelineConfig {
         let emit = match self.emit {
             EmitMode::OnClose => "on-close",
             EmitMode::OnUpdate => "on-update",
+            EmitMode::Final => "final",
         };
         [
             ("--key", self.key.to_string()),

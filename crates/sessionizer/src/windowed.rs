@@ -164,7 +164,9 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
         self
     }
 
-    /// When sessions are emitted (default: once complete).
+    /// When sessions are emitted (default: once complete). `EmitMode::Final` emits each
+    /// session once, when the watermark passes its close plus the allowed lateness: no
+    /// revision (its `revision` is always 0) and no retraction — what a table wants.
     pub fn emit(mut self, mode: EmitMode) -> Self {
         self.emit = mode;
         self
@@ -307,7 +309,8 @@ pub struct SessionRecord<O> {
     pub end: EventTime,
     /// Events in the session.
     pub event_count: u64,
-    /// 0, then 1, 2, ... when late events change an emitted session.
+    /// 0, then 1, 2, ... when late events change an emitted session (always 0 with
+    /// `EmitMode::Final`).
     pub revision: u32,
     /// False for `EmitMode::OnUpdate` records of a session still open.
     pub complete: bool,
@@ -746,6 +749,7 @@ fn state_options<A: Aggregator<E>, E>(
             match cfg.emit {
                 EmitMode::OnClose => "on-close",
                 EmitMode::OnUpdate => "on-update",
+                EmitMode::Final => "final",
             }
             .into(),
         ),

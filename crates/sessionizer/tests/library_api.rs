@@ -264,3 +264,48 @@ fn a_tuple_aggregate_comes_out_as_named_fields() {
     assert_eq!(tail_of(Count), r#","value":2}"#);
     assert_eq!(tail_of(()), "}");
 }
+
+/// `EmitMode::Final`: each session once, when the watermark passes its close plus the
+/// allowed lateness, with every event a late one brought (revision 0, no retraction);
+/// `OnClose` emits the same session twice.
+#[test]
+fn final_emission_writes_each_session_once_when_it_can_no_longer_change() {
+    let run = |mode: EmitMode| {
+        let mut job = Stream::<(&str, EventTime)>::new()
+            .key_by(|e| e.0)
+            .event_time(|e| e.1)
+            .session_windows(minutes(10))
+            .allowed_lateness(minutes(15))
+            .emit(mode)
+            .aggregate(Count)
+            .build();
+        let mut out = Vec::new();
+        // a@0 closes at 10; b@11 moves W past it; a@5 is late but within the
+        // lateness (a's close is 15 now); b@40 moves W to 40, past a's close +
+        // lateness (30) and b@11's (21 + 15 = 36).
+        for e in [("a", at(0)), ("b", at(11)), ("a", at(5)), ("b", at(40))] {
+            job.push(e, &mut out, &mut Vec::new()).expect("vectors");
+        }
+        let before_end = out.len();
+        job.finish(&mut out, &mut Vec::new()).expect("vectors");
+        let records: Vec<(String, u64, u32)> = out
+            .iter()
+            .map(|r: &WindowOutput<u64>| {
+                let s = r.session().expect("no retraction");
+                (s.key.clone(), s.event_count, s.revision)
+            })
+            .collect();
+        (records, before_end)
+    };
+    let (on_close, _) = run(EmitMode::OnClose);
+    assert_eq!(on_close.len(), 4, "{on_close:?}"); // a twice, b@11, b@40
+    let (fin, before_end) = run(EmitMode::Final);
+    assert_eq!(
+        before_end, 2,
+        "a and b@11 were final before the end: {fin:?}"
+    );
+    assert_eq!(fin[0].0, "a");
+    assert_eq!((fin[0].1, fin[0].2), (2, 0), "both events, revision 0");
+    assert_eq!(fin.len(), 3);
+    assert!(fin.iter().all(|r| r.2 == 0));
+}

@@ -30,6 +30,9 @@ pub enum EmitMode {
     OnClose,
     /// Also after every step that changed an open session.
     OnUpdate,
+    /// Once, when the session can no longer change: when the watermark passes its close
+    /// plus the allowed lateness (it becomes final then). Never revised, never retracted.
+    Final,
 }
 
 /// What shapes the window's state.
@@ -47,6 +50,17 @@ pub struct WindowConfig {
     pub aggregates: Vec<AggKind>,
     /// Whether events carry a dedup value to check ([`Event::dedup`]).
     pub dedup: bool,
+}
+
+impl WindowConfig {
+    /// How long after its close a changed session is emitted: at once (`on-close`,
+    /// `on-update`), or once it can no longer change (`final`: the allowed lateness).
+    pub fn emit_delay(&self) -> i64 {
+        match self.emit {
+            EmitMode::Final => self.allowed_lateness.millis(),
+            EmitMode::OnClose | EmitMode::OnUpdate => 0,
+        }
+    }
 }
 
 /// One valid event of the JSON pipeline, as the operator needs it.
@@ -198,6 +212,7 @@ struct SessionCosts<'a, A: SessionAggregate> {
     agg: &'a A,
     lateness: i64,
     retention: i64,
+    delay: i64,
 }
 
 impl<'a, A: SessionAggregate> SessionCosts<'a, A> {
@@ -208,6 +223,7 @@ impl<'a, A: SessionAggregate> SessionCosts<'a, A> {
             agg,
             lateness,
             retention: lateness.saturating_add(largest_gap),
+            delay: cfg.emit_delay(),
         }
     }
 }
@@ -226,20 +242,31 @@ impl<A: SessionAggregate> KeyCosts<KeySessions<A::Acc>> for SessionCosts<'_, A> 
     }
 
     fn deadlines(&self, state: &KeySessions<A::Acc>) -> Deadlines {
-        Deadlines::event(next_deadline(state, self.lateness, self.retention))
+        Deadlines::event(next_deadline(
+            state,
+            self.lateness,
+            self.retention,
+            self.delay,
+        ))
     }
 }
 
 /// When the operator next acts on a key with `sessions` (see
-/// [`SessionOperator::restore_key`]), `i64::MAX` for none.
-fn next_deadline<Acc>(sessions: &KeySessions<Acc>, lateness: i64, retention: i64) -> i64 {
+/// [`SessionOperator::restore_key`]), `i64::MAX` for none; a changed session is due
+/// `delay` after its close ([`WindowConfig::emit_delay`]).
+fn next_deadline<Acc>(
+    sessions: &KeySessions<Acc>,
+    lateness: i64,
+    retention: i64,
+    delay: i64,
+) -> i64 {
     sessions
         .sessions()
         .map(|s| {
             if s.is_final() {
                 s.close().saturating_add(retention)
             } else if s.is_dirty() {
-                s.close()
+                s.close().saturating_add(delay)
             } else {
                 s.close().saturating_add(lateness)
             }
@@ -724,7 +751,8 @@ impl<A: SessionAggregate> SessionOperator<A> {
             }
         };
         let (start, close) = self.apply(id, &arrival, out);
-        self.store.schedule(id, EventTime(close));
+        let due = close.saturating_add(self.cfg.emit_delay());
+        self.store.schedule(id, EventTime(due));
         self.changed = Some((id, start));
         self.check_budget(Some(id));
         Verdict::Applied
@@ -958,11 +986,14 @@ impl<A: SessionAggregate> SessionOperator<A> {
         // The earliest due session (close, start) and the close of the next one.
         let mut first: Option<(i64, i64)> = None;
         let mut second: Option<i64> = None;
+        let delay = self.cfg.emit_delay();
         for s in self.store.state(id).sessions() {
-            if s.is_final() || !s.is_dirty() || !w.has_reached(EventTime(s.close())) {
+            // When the session is due: its close, or with `final` emission its close
+            // plus the lateness (always later by the same amount: the order of closes).
+            let c = s.close().saturating_add(delay);
+            if s.is_final() || !s.is_dirty() || !w.has_reached(EventTime(c)) {
                 continue;
             }
-            let c = s.close();
             match first {
                 Some((fc, _)) if fc <= c => second = Some(second.map_or(c, |x| x.min(c))),
                 _ => {
@@ -974,10 +1005,11 @@ impl<A: SessionAggregate> SessionOperator<A> {
         match first {
             None => self.retire(id, w),
             // The timer was early (the session grew since it was set).
-            Some((close, _)) if close > deadline => self.store.schedule(id, EventTime(close)),
-            Some((close, start)) => {
+            Some((due, _)) if due > deadline => self.store.schedule(id, EventTime(due)),
+            Some((due, start)) => {
                 // Two live sessions of one key never close at the same time (they would
                 // touch), so the next due one closes later.
+                let close = due.saturating_sub(delay);
                 if let Some(next) = second {
                     self.store.schedule(id, EventTime(next));
                 } else if w.millis() >= close.saturating_add(self.retention()) {
@@ -1004,34 +1036,36 @@ impl<A: SessionAggregate> SessionOperator<A> {
     fn retire(&mut self, id: SlotId, w: Watermark) {
         let lateness = self.cfg.allowed_lateness.millis();
         let retention = self.retention();
+        let delay = self.cfg.emit_delay();
         let state = self.store.state_mut(id);
-        let (next, finalized, empty) = match state.retire_one(w.millis(), lateness, retention) {
-            Some((next, finalized, empty)) => (next, usize::from(finalized), empty),
-            None => state.edit(|sessions, floor| {
-                let mut next = i64::MAX;
-                let mut finalized = 0;
-                sessions.retain(|s| {
-                    if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
-                        s.finalize();
-                        finalized += 1;
-                    }
-                    if s.is_final() {
-                        let forget_at = s.close().saturating_add(retention);
-                        if w.millis() >= forget_at {
-                            *floor = (*floor).max(s.close());
-                            return false;
+        let (next, finalized, empty) =
+            match state.retire_one(w.millis(), lateness, retention, delay) {
+                Some((next, finalized, empty)) => (next, usize::from(finalized), empty),
+                None => state.edit(|sessions, floor| {
+                    let mut next = i64::MAX;
+                    let mut finalized = 0;
+                    sessions.retain(|s| {
+                        if !s.is_final() && w.millis() >= s.close().saturating_add(lateness) {
+                            s.finalize();
+                            finalized += 1;
                         }
-                        next = next.min(forget_at);
-                    } else if s.is_dirty() {
-                        next = next.min(s.close());
-                    } else {
-                        next = next.min(s.close().saturating_add(lateness));
-                    }
-                    true
-                });
-                (next, finalized, sessions.is_empty())
-            }),
-        };
+                        if s.is_final() {
+                            let forget_at = s.close().saturating_add(retention);
+                            if w.millis() >= forget_at {
+                                *floor = (*floor).max(s.close());
+                                return false;
+                            }
+                            next = next.min(forget_at);
+                        } else if s.is_dirty() {
+                            next = next.min(s.close().saturating_add(delay));
+                        } else {
+                            next = next.min(s.close().saturating_add(lateness));
+                        }
+                        true
+                    });
+                    (next, finalized, sessions.is_empty())
+                }),
+            };
         self.open_sessions -= finalized;
         if empty {
             self.store.remove(id);

@@ -904,15 +904,17 @@ impl<Acc> KeySessions<Acc> {
     /// What [`SessionOperator`](crate::SessionOperator) does to a key once its due
     /// sessions are out, in place for a single compact session: finalizes it once the
     /// watermark `w` passed its close plus `lateness`, forgets its bounds once it passed
-    /// `retention` more (the key then has nothing left). Returns the key's next
-    /// deadline, whether a session became final, and whether nothing is left; `None`
-    /// when the state is not a single compact session.
+    /// `retention` more (the key then has nothing left); a changed session is due
+    /// `delay` after its close. Returns the key's next deadline, whether a session
+    /// became final, and whether nothing is left; `None` when the state is not a single
+    /// compact session.
     #[inline]
     pub(crate) fn retire_one(
         &mut self,
         w: i64,
         lateness: i64,
         retention: i64,
+        delay: i64,
     ) -> Option<(i64, bool, bool)> {
         let Repr::One(c) = &mut self.repr else {
             return None;
@@ -935,7 +937,7 @@ impl<Acc> KeySessions<Acc> {
             }
             forget_at
         } else if flags & DIRTY != 0 {
-            close
+            close.saturating_add(delay)
         } else {
             close.saturating_add(lateness)
         };

@@ -488,3 +488,58 @@ fn bounds_only(run: &mut RefRun) {
         }
     }
 }
+
+/// The final view of a run: each session's latest record, retracted ones removed,
+/// in `(close, key, start)` order.
+fn latest_records(run: &RefRun) -> Vec<RefOut> {
+    let mut latest: std::collections::BTreeMap<(String, i64), RefOut> = Default::default();
+    for o in &run.out {
+        match o {
+            RefOut::Session { key, start, .. } => {
+                latest.insert((key.clone(), *start), o.clone());
+            }
+            RefOut::Retract { key, start } => {
+                latest.remove(&(key.clone(), *start));
+            }
+        }
+    }
+    let mut out: Vec<RefOut> = latest.into_values().collect();
+    out.sort_by_key(|o| match o {
+        RefOut::Session {
+            key, start, close, ..
+        } => (*close, key.clone(), *start),
+        RefOut::Retract { .. } => unreachable!("removed"),
+    });
+    out
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// docs/semantics.md S-18a: `--emit final` writes each session once, when it can no
+    /// longer change, in `(close, key, start)` order: exactly the final view of an
+    /// `on-close` run (revision 0, no retraction), with the same late verdicts — in
+    /// memory and with keys evicted to a spill store.
+    #[test]
+    fn final_emission_is_the_final_view_of_on_close(events in stream(), p in params_strategy()) {
+        let p = RefParams { on_update: false, ..p };
+        let on_close = run_engine(&events, &p);
+        let want: Vec<RefOut> = latest_records(&on_close)
+            .into_iter()
+            .map(|o| match o {
+                RefOut::Session { key, start, end, close, count, complete, collect, first, last, sum, count_distinct, min, max, .. } =>
+                    RefOut::Session { key, start, end, close, count, revision: 0, complete, collect, first, last, sum, count_distinct, min, max },
+                r => r,
+            })
+            .collect();
+        for backend in [Backend::Memory, Backend::Map(2)] {
+            let got = run_engine_final(&events, &p, backend);
+            prop_assert_eq!(&got.out, &want, "params: {:?}\nevents: {:?}", p, events);
+            prop_assert_eq!(&got.late, &on_close.late);
+            prop_assert_eq!(
+                (got.applied, got.duplicates, got.late_count),
+                (on_close.applied, on_close.duplicates, on_close.late_count)
+            );
+        }
+    }
+}

@@ -537,10 +537,7 @@ impl<'c> Job<'c> {
         pool: Workers,
         topics: Option<Box<dyn TopicSink>>,
     ) -> Job<'c> {
-        let encoder = SessionEncoder::new(
-            &cfg.aggregate_names(),
-            cfg.emit == sessionizer_window::EmitMode::OnUpdate,
-        );
+        let encoder = SessionEncoder::new(&cfg.aggregate_names(), cfg.emit);
         let shards = (0..workers)
             .map(|i| {
                 Shard::new(

@@ -84,7 +84,7 @@ impl Tagged {
     #[cfg(feature = "kafka")]
     pub fn for_records() -> Tagged {
         Tagged {
-            encoder: SessionEncoder::new(&[], false),
+            encoder: SessionEncoder::new(&[], sessionizer_window::EmitMode::OnClose),
             tags: Vec::new(),
             keys: Vec::new(),
             completed: 0,

@@ -6,7 +6,8 @@
 pub mod reference;
 
 pub use engine::{
-    Backend, run_engine, run_engine_in_parts, run_engine_on, run_engine_without_aggregates,
+    Backend, run_engine, run_engine_final, run_engine_in_parts, run_engine_on,
+    run_engine_without_aggregates,
 };
 pub use reference::{RefEvent, RefLate, RefOut, RefParams, RefRun, run_reference};
 
@@ -1086,6 +1087,12 @@ pub mod engine {
         run_engine_with_backend(events, p, parts, aggregates, Backend::Memory)
     }
 
+    /// The engine's run with `--emit final`: each session once, when it can no longer
+    /// change (`p.on_update` is ignored).
+    pub fn run_engine_final(events: &[RefEvent], p: &RefParams, backend: Backend) -> RefRun {
+        run_engine_emitting(events, p, &[], &AGGS, backend, EmitMode::Final)
+    }
+
     fn run_engine_with_backend(
         events: &[RefEvent],
         p: &RefParams,
@@ -1093,14 +1100,26 @@ pub mod engine {
         aggregates: &[AggKind],
         backend: Backend,
     ) -> RefRun {
+        let emit = if p.on_update {
+            EmitMode::OnUpdate
+        } else {
+            EmitMode::OnClose
+        };
+        run_engine_emitting(events, p, parts, aggregates, backend, emit)
+    }
+
+    fn run_engine_emitting(
+        events: &[RefEvent],
+        p: &RefParams,
+        parts: &[usize],
+        aggregates: &[AggKind],
+        backend: Backend,
+        emit: EmitMode,
+    ) -> RefRun {
         let cfg = WindowConfig {
             gap: DurationMs(p.gap),
             allowed_lateness: DurationMs(p.lateness),
-            emit: if p.on_update {
-                EmitMode::OnUpdate
-            } else {
-                EmitMode::OnClose
-            },
+            emit,
             aggregates: aggregates.to_vec(),
             dedup: p.dedup,
         };

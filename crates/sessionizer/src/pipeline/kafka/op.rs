@@ -190,7 +190,7 @@ impl<'c> JsonTasks<'c> {
     pub(crate) fn new(cfg: &'c PipelineConfig) -> JsonTasks<'c> {
         JsonTasks {
             cfg,
-            encoder: SessionEncoder::new(&cfg.aggregate_names(), cfg.emit == EmitMode::OnUpdate),
+            encoder: SessionEncoder::new(&cfg.aggregate_names(), cfg.emit),
         }
     }
 }
