@@ -766,11 +766,10 @@ impl<'c> Job<'c> {
             (Some(tick), true) => Some(tick.min(QUERY_TICK)),
             (tick, serving) => tick.or(serving.then_some(QUERY_TICK)),
         };
-        if live {
-            // A quiet live input still commits its Kafka transactions on time, and
-            // still hears a request to stop.
-            wait = Some(wait.map_or(QUERY_TICK, |w| w.min(QUERY_TICK)));
-        }
+        // A quiet live input still commits its Kafka transactions on time; and any
+        // input hears a request to stop while the reader is busy (a record of
+        // gigabytes being read past, /dev/zero).
+        wait = Some(wait.map_or(QUERY_TICK, |w| w.min(QUERY_TICK)));
         let mut consumed = 0;
         let mut stopped = false;
         loop {
