@@ -22,7 +22,6 @@ use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_connectors::{Batch, SessionEncoder};
 use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
-use sessionizer_window::EmitMode;
 use sessionizer_window::spill::{SpillCounts, SpillError};
 
 pub(crate) use crate::engine::state::PutChange;
