@@ -204,7 +204,8 @@ impl StateDir {
 
     /// Makes the `n`-th file write (1-based, counting state files and manifests) fail
     /// half-way with an injected "storage full" error, as a full disk would. For the
-    /// tests of write failures; the binary sets it from an environment variable.
+    /// tests of write failures; the binary sets it from an environment variable when it
+    /// is built with its cargo feature `fault-injection` (never in a release build).
     pub fn fail_write_at(&mut self, n: Option<u64>) {
         self.fail_write_at = n;
     }

@@ -179,12 +179,16 @@ mod imp {
     /// The delivery tag of the progress record.
     const PROGRESS_TAG: usize = 1;
 
-    /// Test hook: with `=N`, the process exits (code [`EXIT_BEFORE_COMMIT_CODE`],
-    /// without cleaning up) after writing its N-th checkpoint and before committing
-    /// its Kafka transaction — the one instant a `kill -9` rarely hits.
+    /// Test hook (cargo feature `fault-injection` only): with `=N`, the process exits
+    /// (code [`EXIT_BEFORE_COMMIT_CODE`], without cleaning up) after writing its N-th
+    /// checkpoint and before committing its Kafka transaction — the one instant a
+    /// `kill -9` rarely hits. A build without the feature has no such exit.
+    #[cfg(feature = "fault-injection")]
     const EXIT_BEFORE_COMMIT_ENV: &str = "SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT";
+    #[cfg(feature = "fault-injection")]
     const EXIT_BEFORE_COMMIT_CODE: i32 = 86;
 
+    #[cfg(feature = "fault-injection")]
     fn exit_before_commit() -> Option<u64> {
         std::env::var(EXIT_BEFORE_COMMIT_ENV).ok()?.parse().ok()
     }
@@ -473,6 +477,7 @@ mod imp {
 
         fn commit_prepared(&mut self, epoch: u64) -> Result<(), RunError> {
             self.prepared += 1;
+            #[cfg(feature = "fault-injection")]
             if exit_before_commit() == Some(self.prepared) {
                 // The test hook: a crash between the checkpoint and the commit. Nothing
                 // is cleaned up, the transaction stays open, as after `kill -9`.
