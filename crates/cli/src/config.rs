@@ -345,7 +345,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             crate::http::parse_addr(&a).map_err(|reason| ConfigError::Invalid {
                 option: "--http-addr",
                 value: a.clone(),
-                reason,
+                reason: reason.to_string(),
             })
         })
         .transpose()?;
