@@ -113,7 +113,7 @@ pub(crate) trait TopicSink {
 pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSink>, RunError> {
     let Some(sessions) = kafka.output_topic.clone() else {
         return Err(RunError::Unsupported(
-            "a Kafka output needs --kafka-output-topic".into(),
+            crate::error::Unsupported::NoOutputTopic,
         ));
     };
     let options = imp::SinkOptions {
@@ -441,9 +441,8 @@ mod imp {
 
         fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
             let Some((topic, partition)) = self.progress.clone() else {
-                return Err(RunError::Unsupported(
-                    "internal error: a checkpoint of a Kafka output without a progress topic"
-                        .into(),
+                return Err(RunError::Internal(
+                    "a checkpoint of a Kafka output without a progress topic",
                 ));
             };
             let id = self.transactional_id.clone();
