@@ -204,7 +204,8 @@ impl StateDir {
 
     /// Makes the `n`-th file write (1-based, counting state files and manifests) fail
     /// half-way with an injected "storage full" error, as a full disk would. For the
-    /// tests of write failures; the binary sets it from an environment variable.
+    /// tests of write failures; the binary sets it from an environment variable when it
+    /// is built with its cargo feature `fault-injection` (never in a release build).
     pub fn fail_write_at(&mut self, n: Option<u64>) {
         self.fail_write_at = n;
     }
@@ -378,7 +379,7 @@ impl StateDir {
             return Err(frame_damage(crate::error::FrameError::Checksum));
         }
         frame::check_identity(&head, FileKind::Base, epoch).map_err(frame_damage)?;
-        structure.map_err(damage)?;
+        structure.map_err(|e| damage(e.to_string()))?;
         Ok((version, len))
     }
 
@@ -904,19 +905,18 @@ mod tests {
             fs::remove_file(tmp.path().join(name)).expect("remove");
         }
 
-        let seen: Vec<(u64, Result<u64, String>)> = reader
+        let seen: Vec<(u64, Result<u64, Damage>)> = reader
             .checkpoints_of(&listing)
             .into_iter()
-            .map(|c| {
-                (
-                    c.epoch,
-                    c.status.map(|m| m.epoch).map_err(|d| d.to_string()),
-                )
-            })
+            .map(|c| (c.epoch, c.status.map(|m| m.epoch)))
             .collect();
+        let missing = Damage {
+            file: lost.clone(),
+            reason: "missing".into(),
+        };
         assert_eq!(
             seen,
-            vec![(4, Err(format!("{lost}: missing"))), (3, Ok(3)),],
+            vec![(4, Err(missing)), (3, Ok(3)),],
             "checkpoint 2 was pruned, not damaged; checkpoint 4 lost a file"
         );
     }

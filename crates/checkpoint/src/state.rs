@@ -154,11 +154,11 @@ pub fn entries(payload: &[u8]) -> Entries<'_> {
 pub struct Entries<'a> {
     cursor: Cursor<'a>,
     left: u64,
-    error: Option<String>,
+    error: Option<EntryError>,
 }
 
 impl<'a> Entries<'a> {
-    fn entry(&mut self) -> Result<Entry<'a>, String> {
+    fn entry(&mut self) -> Result<Entry<'a>, EntryError> {
         let r = &mut self.cursor;
         let key_len = r.u32()?;
         let key = r.take(key_len as usize)?;
@@ -173,7 +173,7 @@ impl<'a> Entries<'a> {
 }
 
 impl<'a> Iterator for Entries<'a> {
-    type Item = Result<Entry<'a>, String>;
+    type Item = Result<Entry<'a>, EntryError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if let Some(e) = self.error.take() {
@@ -184,7 +184,7 @@ impl<'a> Iterator for Entries<'a> {
             if !self.cursor.bytes.is_empty() {
                 let extra = self.cursor.bytes.len();
                 self.cursor.bytes = &[];
-                return Some(Err(format!("{extra} bytes after the last entry")));
+                return Some(Err(EntryError::Trailing(extra as u64)));
             }
             return None;
         }
@@ -201,7 +201,7 @@ impl<'a> Iterator for Entries<'a> {
 }
 
 /// Every entry of a payload, or the first problem.
-pub fn collect_entries(payload: &[u8]) -> Result<Vec<Entry<'_>>, String> {
+pub fn collect_entries(payload: &[u8]) -> Result<Vec<Entry<'_>>, EntryError> {
     entries(payload).collect()
 }
 
@@ -211,24 +211,24 @@ struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], EntryError> {
         if self.bytes.len() < n {
-            return Err(format!(
-                "entry runs past the end of the payload ({n} bytes wanted, {} left)",
-                self.bytes.len()
-            ));
+            return Err(EntryError::PastEnd {
+                wanted: n as u64,
+                left: self.bytes.len() as u64,
+            });
         }
         let (head, rest) = self.bytes.split_at(n);
         self.bytes = rest;
         Ok(head)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, EntryError> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, EntryError> {
         let b = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
@@ -329,10 +329,10 @@ impl LoadedState {
                         }
                     }
                 })
-                .map_err(|reason| {
+                .map_err(|e| {
                     LiveError::Damaged(Damage {
                         file: store.path.display().to_string(),
-                        reason,
+                        reason: e.to_string(),
                     })
                 })?;
             if let Some(e) = failed {
@@ -365,7 +365,7 @@ impl LoadedState {
                 return Err(damaged(name, "a delta read as a base".into()));
             };
             for entry in entries(payload) {
-                let (key, value) = entry.map_err(|r| damaged(name, r))?;
+                let (key, value) = entry.map_err(|r| damaged(name, r.to_string()))?;
                 if seen.insert(key) {
                     f(key, value).map_err(LiveError::Apply)?;
                 }
@@ -375,7 +375,7 @@ impl LoadedState {
             None => {}
             Some((name, Payload::Bytes(payload))) => {
                 for entry in entries(payload) {
-                    let (key, value) = entry.map_err(|r| damaged(name, r))?;
+                    let (key, value) = entry.map_err(|r| damaged(name, r.to_string()))?;
                     if let Some(v) = value.filter(|_| !seen.contains(key)) {
                         f(key, Some(v)).map_err(LiveError::Apply)?;
                     }
@@ -387,8 +387,11 @@ impl LoadedState {
                 let mut head = [0u8; crate::frame::HEADER_LEN];
                 file.read_exact(&mut head).map_err(cannot)?;
                 let reader = std::io::BufReader::with_capacity(READ_BUFFER, file.take(*len));
-                let mut stream = StreamEntries::new(reader, *len).map_err(|r| damaged(name, r))?;
-                while let Some(has_value) = stream.next().map_err(|r| damaged(name, r))? {
+                let mut stream =
+                    StreamEntries::new(reader, *len).map_err(|r| damaged(name, r.to_string()))?;
+                while let Some(has_value) =
+                    stream.next().map_err(|r| damaged(name, r.to_string()))?
+                {
                     if has_value && !seen.contains(&stream.key[..]) {
                         f(&stream.key, Some(&stream.value)).map_err(LiveError::Apply)?;
                     }
@@ -408,7 +411,7 @@ impl LoadedState {
             for entry in entries(payload) {
                 entry.map_err(|reason| Damage {
                     file: name.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 })?;
             }
         }
@@ -436,7 +439,7 @@ pub(crate) struct StreamEntries<R> {
 
 impl<R: Read> StreamEntries<R> {
     /// Reads the count of a payload of `len` bytes.
-    pub(crate) fn new(r: R, len: u64) -> Result<Self, String> {
+    pub(crate) fn new(r: R, len: u64) -> Result<Self, EntryError> {
         let mut s = StreamEntries {
             r,
             left: 0,
@@ -451,19 +454,20 @@ impl<R: Read> StreamEntries<R> {
     }
 
     /// Fails unless `n` more bytes are left in the payload.
-    fn room(bytes_left: u64, n: u64) -> Result<(), String> {
+    fn room(bytes_left: u64, n: u64) -> Result<(), EntryError> {
         if n > bytes_left {
-            return Err(format!(
-                "entry runs past the end of the payload ({n} bytes wanted, {bytes_left} left)"
-            ));
+            return Err(EntryError::PastEnd {
+                wanted: n,
+                left: bytes_left,
+            });
         }
         Ok(())
     }
 
     /// Reads `out.len()` payload bytes.
-    fn fill(r: &mut R, bytes_left: &mut u64, out: &mut [u8]) -> Result<(), String> {
+    fn fill(r: &mut R, bytes_left: &mut u64, out: &mut [u8]) -> Result<(), EntryError> {
         Self::room(*bytes_left, out.len() as u64)?;
-        r.read_exact(out).map_err(|e| format!("cannot read: {e}"))?;
+        r.read_exact(out).map_err(EntryError::Read)?;
         *bytes_left -= out.len() as u64;
         Ok(())
     }
@@ -475,14 +479,14 @@ impl<R: Read> StreamEntries<R> {
         bytes_left: &mut u64,
         buf: &mut Vec<u8>,
         len: u32,
-    ) -> Result<(), String> {
+    ) -> Result<(), EntryError> {
         Self::room(*bytes_left, u64::from(len))?;
         buf.clear();
         buf.resize(len as usize, 0);
         Self::fill(r, bytes_left, buf)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, EntryError> {
         let mut b = [0u8; 4];
         Self::fill(&mut self.r, &mut self.bytes_left, &mut b)?;
         Ok(u32::from_le_bytes(b))
@@ -490,10 +494,10 @@ impl<R: Read> StreamEntries<R> {
 
     /// The next entry into `key` and `value`: `Some(true)` a put, `Some(false)` a
     /// tombstone, `None` after the last.
-    pub(crate) fn next(&mut self) -> Result<Option<bool>, String> {
+    pub(crate) fn next(&mut self) -> Result<Option<bool>, EntryError> {
         if self.left == 0 {
             if self.bytes_left > 0 {
-                return Err(format!("{} bytes after the last entry", self.bytes_left));
+                return Err(EntryError::Trailing(self.bytes_left));
             }
             return Ok(None);
         }
@@ -513,6 +517,28 @@ impl<R: Read> StreamEntries<R> {
         )?;
         Ok(Some(true))
     }
+}
+
+/// Why the entries of a state payload cannot be read: the file holding them is damaged
+/// (its checksum passed, so it was written by something else, or by a bug), or could
+/// not be read. A checkpoint reports it as a [`Damage`] of that file and falls back to
+/// the one before.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    /// A length points past the payload's end.
+    #[error("entry runs past the end of the payload ({wanted} bytes wanted, {left} left)")]
+    PastEnd {
+        /// Bytes the entry needs.
+        wanted: u64,
+        /// Bytes the payload has left.
+        left: u64,
+    },
+    /// Bytes follow the last entry the count announces.
+    #[error("{0} bytes after the last entry")]
+    Trailing(u64),
+    /// The file could not be read (a base read from its file).
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
 }
 
 /// Why [`LoadedState::for_each_live`] stopped.
@@ -630,12 +656,12 @@ mod tests {
             &self,
             dir: &std::path::Path,
             f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-        ) -> Result<(), String> {
+        ) -> Result<(), crate::stores::StoreReadError> {
             let (_, keys) = self
                 .0
                 .iter()
                 .find(|(p, _)| p == dir)
-                .ok_or("no such store")?;
+                .ok_or_else(|| crate::stores::StoreReadError("no such store".into()))?;
             for (k, v) in keys {
                 if !f(k.as_bytes(), v.as_bytes()) {
                     break;

@@ -78,8 +78,21 @@ pub struct LoadedStore {
 /// returns `false`. The error says why the store cannot be read.
 pub trait StoreReader {
     /// Reads the store checkpoint in `dir`.
-    fn for_each(&self, dir: &Path, f: &mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), String>;
+    fn for_each(
+        &self,
+        dir: &Path,
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreReadError>;
 }
+
+/// Why a [`StoreReader`] could not read a store checkpoint: the store's own error (the
+/// checkpoint crate knows no store). The checkpoint reports it as a [`Damage`] of the
+/// store's directory.
+///
+/// [`Damage`]: crate::Damage
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StoreReadError(pub Box<dyn std::error::Error + Send + Sync>);
 
 /// What [`StateDir::adopt_stores`] did.
 #[derive(Debug, Default)]

@@ -93,7 +93,7 @@ impl StateDir {
             state_at: 4 + len,
         };
         if let Some(Err(e)) = snapshot.entries().find(Result::is_err) {
-            return Err(damage(e));
+            return Err(damage(e.to_string()));
         }
         Ok(Some(snapshot))
     }

@@ -345,7 +345,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             crate::http::parse_addr(&a).map_err(|reason| ConfigError::Invalid {
                 option: "--http-addr",
                 value: a.clone(),
-                reason,
+                reason: reason.to_string(),
             })
         })
         .transpose()?;
@@ -752,8 +752,31 @@ fn same_output(output: &str, other: &str) -> ConfigError {
 }
 
 /// The environment variable of the write-failure test hook: the n-th checkpoint file
-/// write of the run fails as on a full disk. For tests only.
+/// write of the run fails as on a full disk. For tests only: read only by a build with
+/// the cargo feature `fault-injection`.
+#[cfg(feature = "fault-injection")]
 pub const FAIL_WRITE_ENV: &str = "SESSIONIZER_TEST_FAIL_CHECKPOINT_WRITE";
+
+/// The write-failure test hook's `N`, if its variable is set.
+#[cfg(feature = "fault-injection")]
+fn fail_write_at() -> Result<Option<u64>, ConfigError> {
+    match std::env::var(FAIL_WRITE_ENV) {
+        Ok(v) => Ok(Some(v.parse::<u64>().map_err(|e| {
+            ConfigError::Invalid {
+                option: FAIL_WRITE_ENV,
+                value: v.clone(),
+                reason: e.to_string(),
+            }
+        })?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Without the feature `fault-injection` no write is made to fail.
+#[cfg(not(feature = "fault-injection"))]
+fn fail_write_at() -> Result<Option<u64>, ConfigError> {
+    Ok(None)
+}
 
 fn checkpoint_config(
     state_dir: Option<PathBuf>,
@@ -788,14 +811,7 @@ fn checkpoint_config(
             reason: "give a number of records above 0".into(),
         });
     }
-    let fail_write_at = match std::env::var(FAIL_WRITE_ENV) {
-        Ok(v) => Some(v.parse::<u64>().map_err(|e| ConfigError::Invalid {
-            option: FAIL_WRITE_ENV,
-            value: v.clone(),
-            reason: e.to_string(),
-        })?),
-        Err(_) => None,
-    };
+    let fail_write_at = fail_write_at()?;
     Ok(Some(CheckpointConfig {
         state_dir,
         interval: std::time::Duration::from_millis(interval_ms.millis().max(0) as u64),

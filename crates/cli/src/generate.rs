@@ -137,7 +137,7 @@ impl GenerateArgs {
         args
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), GenerateError> {
         let fractions = [
             ("--return-fraction", self.return_fraction),
             ("--late-fraction", self.late_fraction),
@@ -146,17 +146,14 @@ impl GenerateArgs {
         ];
         for (name, f) in fractions {
             if !(0.0..=1.0).contains(&f) {
-                return Err(format!("{name} must be between 0 and 1, got {f}"));
+                return Err(GenerateError::Fraction { name, value: f });
             }
         }
         if self.keys == 0 {
-            return Err("--keys must be at least 1".into());
+            return Err(GenerateError::NoKeys);
         }
         if !(self.session_length >= 1.0 && self.session_length.is_finite()) {
-            return Err(format!(
-                "--session-length must be at least 1, got {}",
-                self.session_length
-            ));
+            return Err(GenerateError::SessionLength(self.session_length));
         }
         let durations = [
             ("--mean-interval", self.mean_interval),
@@ -165,11 +162,54 @@ impl GenerateArgs {
         ];
         for (name, d) in durations {
             if d < 0 {
-                return Err(format!("{name} must not be negative"));
+                return Err(GenerateError::NegativeDuration(name));
             }
         }
         Ok(())
     }
+}
+
+/// Why `generate`'s options are refused (each names the option and what it takes).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GenerateError {
+    /// A fraction outside 0..=1.
+    #[error("{name} must be between 0 and 1, got {value}")]
+    Fraction {
+        /// The option.
+        name: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// `--keys 0`.
+    #[error("--keys must be at least 1")]
+    NoKeys,
+    /// A session length below 1 (or not finite).
+    #[error("--session-length must be at least 1, got {0}")]
+    SessionLength(f64),
+    /// A negative duration.
+    #[error("{0} must not be negative")]
+    NegativeDuration(&'static str),
+}
+
+/// A `generate` option's value that does not parse (clap shows the text with the
+/// option's name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// The next option where a duration was expected.
+    #[error("that is an option, not a duration: give a value such as 30s")]
+    OptionNotDuration,
+    /// Not a duration.
+    #[error(transparent)]
+    Duration(#[from] sessionizer_core::timefmt::DurationError),
+    /// Not an RFC 3339 time.
+    #[error("{0}; write RFC 3339, e.g. 2024-01-01T00:00:00Z")]
+    Timestamp(#[source] sessionizer_core::timefmt::TimeError),
+    /// Not a number between 0 and 1.
+    #[error("invalid fraction {0:?} (expected a number between 0 and 1)")]
+    Fraction(String),
+    /// Not a number of at least 1.
+    #[error("invalid session length {0:?} (expected a number >= 1)")]
+    SessionLength(String),
 }
 
 /// What [`generate`] wrote. The output has `events + duplicates + invalid` lines.
@@ -805,27 +845,25 @@ const GREGORIAN_CYCLE_MS: i64 = 146_097 * MS_PER_DAY;
 
 /// clap value parser for durations ([`parse_duration`]): `20s`, `1h30m`, `250ms`, `2d`, and
 /// a bare `0`.
-fn parse_duration_arg(s: &str) -> Result<i64, String> {
+fn parse_duration_arg(s: &str) -> Result<i64, ArgError> {
     if s.trim() == "0" {
         return Ok(0);
     }
     // Values may start with '-' (so that `-5m` is refused as negative, not taken for
     // an unknown option); a missing value then takes the next option.
     if s.starts_with("--") {
-        return Err("that is an option, not a duration: give a value such as 30s".into());
+        return Err(ArgError::OptionNotDuration);
     }
-    parse_duration(s)
-        .map(DurationMs::millis)
-        .map_err(|e| e.to_string())
+    Ok(parse_duration(s).map(DurationMs::millis)?)
 }
 
 /// clap value parser for times ([`parse_timestamp`]): `2024-01-01T00:00:00Z`,
 /// `2024-01-01T01:00:00.5+01:00`, a space instead of `T`, no zone meaning UTC. Returns
 /// milliseconds since the epoch.
-fn parse_timestamp_arg(s: &str) -> Result<i64, String> {
+fn parse_timestamp_arg(s: &str) -> Result<i64, ArgError> {
     parse_timestamp(s.as_bytes())
         .map(EventTime::millis)
-        .map_err(|e| format!("{e}; write RFC 3339, e.g. 2024-01-01T00:00:00Z"))
+        .map_err(ArgError::Timestamp)
 }
 
 /// Formats RFC 3339 times exactly as core's [`write_rfc3339_ms`], which writes the date part
@@ -898,21 +936,17 @@ fn in_year_2500(t: i64) -> i64 {
     t - year_start(&text[..4]) + year_start(b"2500")
 }
 
-fn parse_fraction(s: &str) -> Result<f64, String> {
+fn parse_fraction(s: &str) -> Result<f64, ArgError> {
     match s.parse::<f64>() {
         Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
-        _ => Err(format!(
-            "invalid fraction {s:?} (expected a number between 0 and 1)"
-        )),
+        _ => Err(ArgError::Fraction(s.to_string())),
     }
 }
 
-fn parse_session_length(s: &str) -> Result<f64, String> {
+fn parse_session_length(s: &str) -> Result<f64, ArgError> {
     match s.parse::<f64>() {
         Ok(f) if f >= 1.0 && f.is_finite() => Ok(f),
-        _ => Err(format!(
-            "invalid session length {s:?} (expected a number >= 1)"
-        )),
+        _ => Err(ArgError::SessionLength(s.to_string())),
     }
 }
 

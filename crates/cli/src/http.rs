@@ -28,33 +28,53 @@ use std::time::Duration;
 /// How long `/sessions` waits for the pipeline to come between two batches.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The forms `--http-addr` takes, for its errors.
+const EXPECTED: &str =
+    "expected HOST:PORT (such as 127.0.0.1:9464), or PORT / :PORT for 127.0.0.1:PORT";
+
+/// Why an `--http-addr` is refused; each text ends with the forms it takes.
+#[derive(Debug, thiserror::Error)]
+pub enum AddrError {
+    /// A port number above 65535.
+    #[error("the port must be at most 65535; {EXPECTED}")]
+    PortRange,
+    /// Neither a port nor `HOST:PORT`.
+    #[error("{EXPECTED}")]
+    Form,
+    /// A host without a port.
+    #[error("no port given; {EXPECTED}")]
+    NoPort,
+    /// A host name that resolves to no address.
+    #[error("the host has no address; {EXPECTED}")]
+    NoAddress,
+    /// A host name that does not resolve.
+    #[error("{0}; {EXPECTED}")]
+    Resolve(#[source] std::io::Error),
+}
+
 /// Reads `--http-addr`: `HOST:PORT` (an IP address or a name), or `PORT` / `:PORT` for
 /// `127.0.0.1:PORT` — the endpoint is local unless a host is named.
-pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
-    const EXPECTED: &str =
-        "expected HOST:PORT (such as 127.0.0.1:9464), or PORT / :PORT for 127.0.0.1:PORT";
+pub fn parse_addr(text: &str) -> Result<SocketAddr, AddrError> {
     let t = text.trim();
     let port = t.strip_prefix(':').unwrap_or(t);
     if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) {
         return port
             .parse::<u16>()
             .map(|p| SocketAddr::new(Ipv4Addr::LOCALHOST.into(), p))
-            .map_err(|_| format!("the port must be at most 65535; {EXPECTED}"));
+            .map_err(|_| AddrError::PortRange);
     }
     if t.is_empty() || t.starts_with(':') {
-        return Err(EXPECTED.into());
+        return Err(AddrError::Form);
     }
     if let Ok(a) = t.parse::<SocketAddr>() {
         return Ok(a);
     }
     if !t.contains(':') {
-        return Err(format!("no port given; {EXPECTED}"));
+        return Err(AddrError::NoPort);
     }
     match t.to_socket_addrs() {
-        Ok(mut addrs) => addrs
-            .next()
-            .ok_or_else(|| format!("the host has no address; {EXPECTED}")),
-        Err(e) => Err(format!("{e}; {EXPECTED}")),
+        Ok(mut addrs) => addrs.next().ok_or(AddrError::NoAddress),
+        Err(e) => Err(AddrError::Resolve(e)),
     }
 }
 
@@ -436,7 +456,7 @@ mod tests {
     #[test]
     fn bad_addresses_are_refused_with_the_expected_forms() {
         for bad in ["", ":", "70000", ":x", "localhost", "1.2.3.4", "a b:1"] {
-            let e = parse_addr(bad).unwrap_err();
+            let e = parse_addr(bad).unwrap_err().to_string();
             assert!(e.contains("HOST:PORT"), "{bad:?}: {e}");
         }
     }

@@ -247,13 +247,13 @@ fn collect_stateful(state: &LoadedState, only: Option<&str>) -> anyhow::Result<V
                 return Ok(());
             }
             let record = sessionizer_window::stateful::describe_record(key, value)
-                .map_err(|e| format!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
+                .map_err(|e| anyhow::anyhow!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
             let mut entry = json!({"key": String::from_utf8_lossy(key)});
             if let (Some(e), Some(r)) = (entry.as_object_mut(), record.as_object()) {
                 e.extend(r.clone());
             }
             all.push(entry);
-            Ok::<(), String>(())
+            anyhow::Ok(())
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     all.sort_by(|a, b| a["key"].as_str().cmp(&b["key"].as_str()));
@@ -325,9 +325,9 @@ fn collect_sessions(
                 return Ok(());
             }
             let (floor, sessions) = describe_sessions(key, value, format)
-                .map_err(|e| format!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
+                .map_err(|e| anyhow::anyhow!("key {:?}: {e}", String::from_utf8_lossy(key)))?;
             all.push((String::from_utf8_lossy(key).into_owned(), floor, sessions));
-            Ok::<(), String>(())
+            anyhow::Ok(())
         })
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -336,9 +336,12 @@ fn collect_sessions(
 
 /// One key's floor (`null` when its checkpoint format stored none) and sessions as JSON:
 /// bounds, count, revision, status and the aggregates so far.
-fn describe_sessions(key: &[u8], value: &[u8], format: u16) -> Result<(Value, Vec<Value>), String> {
-    let sessions =
-        sessionizer_window::codec::decode_sessions_any(value, format).map_err(|e| e.to_string())?;
+fn describe_sessions(
+    key: &[u8],
+    value: &[u8],
+    format: u16,
+) -> Result<(Value, Vec<Value>), sessionizer_window::codec::CodecError> {
+    let sessions = sessionizer_window::codec::decode_sessions_any(value, format)?;
     let floor = if format == 1 {
         Value::Null
     } else {
@@ -449,10 +452,10 @@ fn inspect_kafka(
                     states.remove(key);
                 }
                 Entry::Meta(m) => {
-                    meta = Some(serde_json::from_slice(m).map_err(|e| e.to_string())?);
+                    meta = Some(serde_json::from_slice(m)?);
                 }
             }
-            Ok(())
+            Ok::<(), serde_json::Error>(())
         })?;
         let format =
             meta.as_ref()

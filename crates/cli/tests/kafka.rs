@@ -632,12 +632,15 @@ fn three_processes_one_killed_one_restarted_give_the_single_process_output() {
 
 /// The same with every assignment and revocation preceded by an aborted transaction
 /// (the commit a rebalance fences): every task rewinds in the middle of each hand-over.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn three_processes_with_a_commit_aborted_at_every_rebalance_give_the_single_process_output() {
     three_processes_one_killed_one_restarted(&[(ABORT_ON_REBALANCE, "1")]);
 }
 
-/// The test hook that aborts the open transaction at each rebalance.
+/// The test hook that aborts the open transaction at each rebalance (cargo feature
+/// `fault-injection`).
+#[cfg(feature = "fault-injection")]
 const ABORT_ON_REBALANCE: &str = "SESSIONIZER_TEST_ABORT_ON_REBALANCE";
 
 fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
@@ -911,6 +914,7 @@ fn a_standby_takes_over_a_killed_owners_partitions_without_a_full_restore() {
 /// The same with a transaction aborted at every assignment and revocation: the
 /// survivor's own tasks rewind from their changelogs while it takes over the dead
 /// owner's partitions from its copies.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_standby_takes_over_with_a_commit_aborted_at_every_rebalance() {
     standby_takes_over(&[(ABORT_ON_REBALANCE, "1")]);

@@ -352,6 +352,7 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
     assert_eq!(stats["records_read"].as_u64(), Some(expected.records_read));
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_before() {
     let _one_at_a_time = kafka::exclusive();

@@ -11,8 +11,11 @@ mod process;
 use outputs::{KillDelays, assert_same_outputs, done_fraction, run_or_kill, stats};
 use process::{bin, run, run_ok, s};
 use rand::{Rng, SeedableRng};
+#[cfg(feature = "fault-injection")]
+use sessionizer_checkpoint::FileKind;
+#[cfg(feature = "fault-injection")]
 use sessionizer_checkpoint::dir::file_name;
-use sessionizer_checkpoint::{FileKind, Manifest, StateDir};
+use sessionizer_checkpoint::{Manifest, StateDir};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -324,7 +327,9 @@ fn newest(state: &Path) -> Manifest {
 }
 
 /// Starts a durable job over `input` that stops (as a crash would) when its `nth`
-/// checkpoint file write fails; returns the stderr of that run.
+/// checkpoint file write fails; returns the stderr of that run. Through the test hook
+/// of the cargo feature `fault-injection`, as every test that calls it.
+#[cfg(feature = "fault-injection")]
 fn stop_at_write(input: &Path, dir: &Path, nth: u64) -> String {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("mkdir");
@@ -343,12 +348,14 @@ fn stop_at_write(input: &Path, dir: &Path, nth: u64) -> String {
     stderr(&out)
 }
 
+#[cfg(feature = "fault-injection")]
 #[derive(Debug, Clone, Copy)]
 enum Damage {
     FlipByte,
     Truncate,
 }
 
+#[cfg(feature = "fault-injection")]
 fn damage(path: &Path, how: Damage) {
     let mut bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     match how {
@@ -364,6 +371,7 @@ fn damage(path: &Path, how: Damage) {
 /// Flipping a byte in, or truncating, each kind of checkpoint file (manifest, base,
 /// delta) of the newest checkpoint is detected and reported; the job resumes from the
 /// checkpoint before it and its outputs are still exact.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_damaged_newest_checkpoint_of_each_kind_falls_back_and_the_output_stays_exact() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -421,6 +429,7 @@ fn a_damaged_newest_checkpoint_of_each_kind_falls_back_and_the_output_stays_exac
 }
 
 /// None valid: the run refuses to start, says so, and leaves the outputs alone.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn no_valid_checkpoint_refuses_to_start_over_existing_output() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -458,6 +467,7 @@ fn no_valid_checkpoint_refuses_to_start_over_existing_output() {
 /// A failure while writing a checkpoint (here an injected "no space left on device" in
 /// the middle of a file) stops the run with a message naming the file and saying the
 /// previous checkpoint is intact; the next run resumes from it and the output is exact.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_failed_checkpoint_write_is_a_clear_error_and_the_previous_checkpoint_resumes() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -492,6 +502,7 @@ fn a_failed_checkpoint_write_is_a_clear_error_and_the_previous_checkpoint_resume
 /// Resuming with other options is refused, naming each difference; an input file that
 /// changed under the checkpoint is refused, naming it; stdin and stray checkpoint flags
 /// are refused up front.
+#[cfg(feature = "fault-injection")]
 #[test]
 fn changed_options_and_changed_inputs_are_refused_by_name() {
     let tmp = tempfile::tempdir().expect("tempdir");

@@ -40,6 +40,7 @@
 //! assert_eq!(counts, [1, 2, 1]); // v2 [0], v1 [0, 1 min], v1 [1 h]
 //! ```
 
+use crate::error::{RestoreError, StateFailure};
 use crate::sink::SharedWriter;
 use crate::source::{SharedPosition, SourceError};
 use sessionizer_checkpoint::{
@@ -256,7 +257,9 @@ impl Checkpoints {
             // Prevented by next_is_base; the writer labels the file, so they must agree.
             return Err(StateError::State {
                 dir: self.path.clone(),
-                reason: "internal error: the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written".into(),
+                reason: Box::new(StateFailure::Internal(
+                    "the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written",
+                )),
             });
         }
         let state = EncodedState {
@@ -490,12 +493,12 @@ impl Checkpoints {
     pub(crate) fn keep_found(
         &mut self,
         found: (Manifest, LoadedState),
-        reason: String,
+        reason: impl Into<RestoreError>,
     ) -> StateError {
         self.found = Some(found);
         StateError::State {
             dir: self.path.clone(),
-            reason,
+            reason: Box::new(StateFailure::Restore(reason.into())),
         }
     }
 
@@ -587,13 +590,14 @@ pub enum StateError {
         differences: Vec<String>,
     },
     /// A key's state in the checkpoint could not be read (a changed accumulator type,
-    /// say).
+    /// say), or a key's state could not be written to it.
     #[error("cannot resume from {dir}: {reason}")]
     State {
         /// The state directory.
         dir: PathBuf,
-        /// What could not be read, naming the key.
-        reason: String,
+        /// What could not be read or written, naming the key.
+        #[source]
+        reason: Box<StateFailure>,
     },
     /// The directory holds a checkpoint that this job did not restore: checkpointing
     /// over it would mix two jobs' state.
@@ -705,9 +709,11 @@ mod tests {
         fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
             self.prepared += 1;
             if self.prepared > 1 {
-                return Err(RunError::Unsupported(format!(
-                    "the brokers did not answer (checkpoint {epoch})"
-                )));
+                return Err(RunError::Kafka(
+                    sessionizer_connectors::kafka::KafkaError::Invalid(format!(
+                        "the brokers did not answer (checkpoint {epoch})"
+                    )),
+                ));
             }
             Ok(KafkaTxn {
                 transactional_id: "sessionizer-lib-test".into(),

@@ -278,7 +278,9 @@ pub struct CheckpointConfig {
     /// At the end of the input, keep the sessions in progress in the state (no
     /// +infinity watermark) for a later run over the next input.
     pub keep_open: bool,
-    /// Test hook: the n-th checkpoint file write of the run fails as on a full disk.
+    /// Test hook: the n-th checkpoint file write of the run fails as on a full disk
+    /// (the binary sets it from `SESSIONIZER_TEST_FAIL_CHECKPOINT_WRITE` only when built
+    /// with its cargo feature `fault-injection`). `None` in every real job.
     pub fail_write_at: Option<u64>,
 }
 

@@ -85,6 +85,7 @@ pub mod aggregators;
 pub mod checkpoints;
 pub mod config;
 mod engine;
+pub mod error;
 mod flatten;
 #[cfg(feature = "kafka")]
 pub mod kafka;

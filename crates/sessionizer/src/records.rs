@@ -4,8 +4,8 @@
 //! ...`, `not a JSON object (found an array)`, `missing field visit_id`, `field page is
 //! not a string (found an integer)` — never serde's own positions and type names.
 
+use crate::error::RecordError;
 use serde::de::DeserializeOwned;
-use sessionizer_connectors::input::too_large_reason;
 use sessionizer_core::decode::Invalid;
 use sessionizer_core::json::Extractor;
 
@@ -16,11 +16,14 @@ pub(crate) fn decode<E: DeserializeOwned>(
     raw: &[u8],
     oversized: Option<u64>,
     max_record: usize,
-) -> Result<E, String> {
+) -> Result<E, RecordError> {
     if let Some(len) = oversized {
-        return Err(too_large_reason(len, max_record));
+        return Err(RecordError::TooLarge {
+            len,
+            limit: max_record,
+        });
     }
-    serde_json::from_slice(raw).map_err(|_| refusal::<E>(raw))
+    serde_json::from_slice(raw).map_err(|_| RecordError::Undecodable(refusal::<E>(raw)))
 }
 
 /// Why `raw` is not an `E` (it failed to decode), in the command line's words.
@@ -148,7 +151,9 @@ mod tests {
     }
 
     fn reason(raw: &str) -> String {
-        decode::<Visit>(raw.as_bytes(), None, 1 << 20).expect_err("refused")
+        decode::<Visit>(raw.as_bytes(), None, 1 << 20)
+            .expect_err("refused")
+            .to_string()
     }
 
     #[test]
@@ -184,12 +189,16 @@ mod tests {
             "field context is not an object (found a string)"
         );
         assert_eq!(
-            decode::<Timed>(br#"{"at":"24-01-01"}"#, None, 1 << 20).expect_err("refused"),
+            decode::<Timed>(br#"{"at":"24-01-01"}"#, None, 1 << 20)
+                .expect_err("refused")
+                .to_string(),
             "field at is not a valid timestamp: expected a 4-digit year"
         );
         assert_eq!(
-            decode::<Visit>(b"{\"visit_id\":", Some(20_000_000), 16 << 20).expect_err("big"),
-            too_large_reason(20_000_000, 16 << 20)
+            decode::<Visit>(b"{\"visit_id\":", Some(20_000_000), 16 << 20)
+                .expect_err("big")
+                .to_string(),
+            sessionizer_connectors::input::too_large_reason(20_000_000, 16 << 20)
         );
     }
 }

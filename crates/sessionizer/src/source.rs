@@ -416,7 +416,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                     let span = self.batch.lines[i];
                     let source =
                         format!("{}:{}", self.inputs.name(span.input as usize), span.line_no);
-                    let letter = DeadLetter::of(reason, source, line);
+                    let letter = DeadLetter::of(reason.to_string(), source, line);
                     if let Err(e) = self.dead.send(letter) {
                         self.error = Some(e.into());
                         return None;

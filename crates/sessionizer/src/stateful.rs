@@ -8,6 +8,7 @@
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
 use crate::engine::{shard_of, state};
+use crate::error::RestoreError;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
@@ -781,7 +782,7 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
     #[cfg(not(feature = "rocksdb"))]
     fn open_rocks(&mut self, _: u64, _: Option<&std::path::Path>) -> Result<(), StateError> {
         Err(StateError::Backend(
-            crate::pipeline::backend::NO_ROCKSDB_LIBRARY.into(),
+            crate::error::Unsupported::NoRocksDbLibrary.to_string(),
         ))
     }
 }
@@ -845,7 +846,7 @@ where
         });
         encoded.map_err(|e| StateError::State {
             dir: checkpoints.path().to_path_buf(),
-            reason: e.to_string(),
+            reason: Box::new(e.into()),
         })?;
         let c = self.counts;
         let manifest = Manifest {
@@ -897,19 +898,14 @@ where
         // Every key is decoded once before anything changes, then again to be put in
         // (the engine's restore, as the session windows'): no copy of the whole state.
         let op = &self.op;
-        let checked = state::check_keys(&state, None, |key, value| {
-            op.check_key(key, value).map_err(|e| e.to_string())
-        });
-        let restored = checked.map_err(state::stopped).and_then(|_| {
+        let checked = state::check_keys(&state, None, |key, value| Ok(op.check_key(key, value)?));
+        let restored = checked.map_err(RestoreError::from).and_then(|_| {
             // Every operator emptied at the checkpoint's watermark, then the keys.
             let watermark = Watermark(manifest.watermark.watermark_ms);
             let none = std::iter::empty::<(&[u8], &[u8])>;
-            self.op
-                .restore_state(watermark, 0, none())
-                .map_err(|e| e.to_string())?;
+            self.op.restore_state(watermark, 0, none())?;
             for w in &mut self.workers {
-                w.op.restore_state(watermark, 0, none())
-                    .map_err(|e| e.to_string())?;
+                w.op.restore_state(watermark, 0, none())?;
             }
             let shards = 1 + self.workers.len();
             let ops = (&mut self.op, &mut self.workers);
@@ -920,15 +916,14 @@ where
                 &mut { ops },
                 |_, _, _| {},
                 |(lead, workers), i, key, value| {
-                    match i {
+                    Ok(match i {
                         0 => lead.restore_key(key, value),
                         i => workers[i - 1].op.restore_key(key, value),
-                    }
-                    .map_err(|e| e.to_string())
+                    }?)
                 },
                 |_| {},
             )
-            .map_err(state::stopped)
+            .map_err(RestoreError::from)
         });
         if let Err(reason) = restored {
             // Nothing of it stays: every operator back to no state.
@@ -1011,7 +1006,7 @@ where
     R::Item: 'static,
 {
     /// Why the job cannot be a task of a group, if it cannot.
-    pub(crate) fn task_refusal(&self) -> Option<&'static str> {
+    pub(crate) fn task_refusal(&self) -> Option<crate::error::GroupJobRefusal> {
         crate::kafka::task_refusal(
             !self.workers.is_empty(),
             self.spill_root.is_some(),
@@ -1088,11 +1083,12 @@ where
     }
 
     /// Puts event time back and empties the state, before any key.
-    pub(crate) fn restore_task_progress(&mut self, w: &WatermarkState) -> Result<(), String> {
+    pub(crate) fn restore_task_progress(
+        &mut self,
+        w: &WatermarkState,
+    ) -> Result<(), SnapshotError> {
         let none = std::iter::empty::<(&[u8], &[u8])>();
-        self.op
-            .restore_state(Watermark(w.watermark_ms), 0, none)
-            .map_err(|e| e.to_string())?;
+        self.op.restore_state(Watermark(w.watermark_ms), 0, none)?;
         self.checkpointed = true;
         Ok(())
     }
@@ -1103,8 +1099,12 @@ where
     }
 
     /// Puts one key back from its record.
-    pub(crate) fn restore_task_key(&mut self, key: &[u8], record: &[u8]) -> Result<(), String> {
-        self.op.restore_key(key, record).map_err(|e| e.to_string())
+    pub(crate) fn restore_task_key(
+        &mut self,
+        key: &[u8],
+        record: &[u8],
+    ) -> Result<(), crate::error::KeyStateError> {
+        Ok(self.op.restore_key(key, record)?)
     }
 
     /// Starts remembering which keys change.
@@ -1117,8 +1117,8 @@ where
     pub(crate) fn drain_task_changes(
         &mut self,
         f: &mut crate::pipeline::kafka::PutChange<'_>,
-    ) -> Result<(), String> {
-        self.op.encode_state(false, f).map_err(|e| e.to_string())
+    ) -> Result<(), SnapshotError> {
+        self.op.encode_state(false, f)
     }
 
     /// Calls `f` with every key and its record.
@@ -1131,12 +1131,11 @@ where
             SnapshotError::Spill(e) => e,
             SnapshotError::State { key, source } => SpillError::Encode {
                 key,
-                reason: source.to_string(),
+                reason: source.into(),
             },
-            other => SpillError::Encode {
-                key: String::new(),
-                reason: other.to_string(),
-            },
+            other => {
+                unreachable!("a key record is refused only by its state or the store: {other}")
+            }
         })
     }
 }

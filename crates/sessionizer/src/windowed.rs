@@ -9,6 +9,7 @@
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
 use crate::engine::state;
+use crate::error::{RestoreError, StateEncodeError};
 use crate::late::Late;
 use crate::pipeline::backend::SpillRoot;
 use crate::sink::{Sink, SinkError};
@@ -21,7 +22,7 @@ use sessionizer_window::aggregate::{Aggregator, Custom};
 use sessionizer_window::clock::{Clock, ProcessingTime, SystemClock};
 use sessionizer_window::codec;
 use sessionizer_window::session::KeySessions;
-use sessionizer_window::spill::{SpillError, StateCodec};
+use sessionizer_window::spill::{EncodeError, SpillError, StateCodec, StateDecodeError};
 use sessionizer_window::{EmitMode, LateReason, SessionOperator, WatermarkStrategy, WindowConfig};
 use std::fmt;
 use std::path::Path;
@@ -704,32 +705,30 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
 struct JsonAcc<Acc>(std::marker::PhantomData<fn() -> Acc>);
 
 impl<Acc: Serialize + DeserializeOwned> StateCodec<KeySessions<Acc>> for JsonAcc<Acc> {
-    fn encode(&self, sessions: &KeySessions<Acc>, out: &mut Vec<u8>) -> Result<(), String> {
+    fn encode(&self, sessions: &KeySessions<Acc>, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         let refused = std::cell::RefCell::new(None);
         codec::encode_sessions_with(sessions, out, |acc, out| {
             if let Err(e) = serde_json::to_writer(out, acc) {
-                refused.borrow_mut().get_or_insert(e.to_string());
+                refused.borrow_mut().get_or_insert(EncodeError(e));
             }
         });
         refused.into_inner().map_or(Ok(()), Err)
     }
 
-    fn decode(&self, bytes: &[u8]) -> Result<KeySessions<Acc>, String> {
-        codec::decode_sessions_with(bytes, |b| {
-            serde_json::from_slice::<Acc>(b).map_err(|e| e.to_string())
-        })
-        .map_err(|e| e.to_string())
+    fn decode(&self, bytes: &[u8]) -> Result<KeySessions<Acc>, StateDecodeError> {
+        Ok(codec::decode_sessions_with(bytes, |b| {
+            serde_json::from_slice::<Acc>(b)
+        })?)
     }
 }
 
-/// What a refusal of an accumulator's JSON writer says (another store error says its
-/// own).
-pub(crate) fn unwritable(e: &SpillError) -> String {
+/// The error of a key an accumulator's JSON writer refused (`Err`: another store error,
+/// the store's own).
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+pub(crate) fn unwritable(e: SpillError) -> Result<StateEncodeError, SpillError> {
     match e {
-        SpillError::Encode { key, reason } => {
-            format!("the accumulator state of key {key:?} cannot be written as JSON: {reason}")
-        }
-        other => other.to_string(),
+        SpillError::Encode { key, reason } => Ok(StateEncodeError::Accumulator { key, reason }),
+        other => Err(other),
     }
 }
 
@@ -798,10 +797,10 @@ where
             let mut encode = |s: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(s, buf);
             match state::encode_keys(op, base, &mut entries, &mut encode) {
                 Ok(image) => images.extend(image),
-                Err(e @ SpillError::Encode { .. }) => {
+                Err(SpillError::Encode { key, reason }) => {
                     return Err(StateError::State {
                         dir: checkpoints.path().to_path_buf(),
-                        reason: unwritable(&e),
+                        reason: Box::new(StateEncodeError::Accumulator { key, reason }.into()),
                     });
                 }
                 Err(e) => return Err(e.into()),
@@ -931,7 +930,7 @@ where
     #[cfg(not(feature = "rocksdb"))]
     fn open_rocks(&mut self, _: u64, _: Option<&Path>) -> Result<(), StateError> {
         Err(StateError::Backend(
-            crate::pipeline::backend::NO_ROCKSDB_LIBRARY.into(),
+            crate::error::Unsupported::NoRocksDbLibrary.to_string(),
         ))
     }
 
@@ -950,11 +949,10 @@ where
             return Ok(None);
         };
         if state.format_version() != codec::FORMAT {
-            let reason = format!(
-                "its state is of checkpoint format {}, a library job reads format {}",
-                state.format_version(),
-                codec::FORMAT
-            );
+            let reason = RestoreError::Format {
+                found: state.format_version(),
+                reads: codec::FORMAT,
+            };
             return Err(checkpoints.keep_found((manifest, state), reason));
         }
         // Every key is decoded once before anything changes (a refused checkpoint
@@ -963,7 +961,9 @@ where
         // RocksDB with the base's number of workers, the stores start as the base's
         // copies of them, and only the keys in its files are read.
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
-        let decodes = |_: &[u8], value: &[u8]| json.decode(value).map(drop);
+        let decodes = |_: &[u8], value: &[u8]| -> Result<(), crate::error::KeyStateError> {
+            Ok(json.decode(value).map(drop)?)
+        };
         let workers = 1 + self.workers.len();
         let linked = self.spill_root.is_some() && state.stores().len() == workers;
         let reader = crate::pipeline::store_reader();
@@ -974,7 +974,7 @@ where
         };
         let keys = match checked {
             Ok(keys) => usize::try_from(keys).unwrap_or(usize::MAX),
-            Err(e) => return Err(checkpoints.keep_found((manifest, state), state::stopped(e))),
+            Err(e) => return Err(checkpoints.keep_found((manifest, state), e)),
         };
         let keys_linked: u64 = if linked {
             state.stores().iter().map(|s| s.keys).sum()
@@ -982,7 +982,9 @@ where
             0
         };
         if linked && let Err(e) = self.link_stores(state.stores()) {
-            return Err(checkpoints.keep_found((manifest, state), e.to_string()));
+            return Err(
+                checkpoints.keep_found((manifest, state), RestoreError::Stores(Box::new(e)))
+            );
         }
         let w = &manifest.watermark;
         for op in self.operators_mut() {
@@ -995,9 +997,7 @@ where
         let restored = if linked {
             state::restore_over_files(&state, workers, &mut ops[..], |ops, i, key, value| {
                 let sessions = value.map(|v| json.decode(v)).transpose()?;
-                ops[i]
-                    .restore_over(key, sessions)
-                    .map_err(|e| e.to_string())
+                Ok(ops[i].restore_over(key, sessions)?)
             })
         } else {
             state::restore_keys(
@@ -1014,7 +1014,7 @@ where
             )
         };
         if let Err(e) = restored {
-            return Err(checkpoints.keep_found((manifest, state), state::stopped(e)));
+            return Err(checkpoints.keep_found((manifest, state), e));
         }
         self.store_error()?;
         let c = &manifest.counters;
@@ -1081,7 +1081,7 @@ where
     }
 
     /// Why the job cannot be a task of a group, if it cannot.
-    pub(crate) fn task_refusal(&self) -> Option<&'static str> {
+    pub(crate) fn task_refusal(&self) -> Option<crate::error::GroupJobRefusal> {
         crate::kafka::task_refusal(
             !self.workers.is_empty(),
             self.spill_root.is_some(),
@@ -1151,7 +1151,11 @@ where
     }
 
     /// Puts one key's sessions back from their encoding (the checkpoints').
-    pub(crate) fn restore_task_key(&mut self, key: &[u8], value: &[u8]) -> Result<(), String> {
+    pub(crate) fn restore_task_key(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), crate::error::KeyStateError> {
         let sessions = JsonAcc::<A::Acc>(std::marker::PhantomData).decode(value)?;
         self.op.restore_key(key, sessions);
         Ok(())

@@ -220,6 +220,7 @@ fn a_service_killed_at_random_instants_commits_every_record_once() {
     );
 }
 
+#[cfg(feature = "fault-injection")]
 #[test]
 fn a_crash_between_a_checkpoint_and_its_commit_resumes_from_the_checkpoint_before() {
     let _one = kafka::exclusive();

@@ -16,7 +16,7 @@ use crate::session::{KeySessions, Session, SessionList};
 use sessionizer_core::Watermark;
 
 /// Why a value cannot be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum CodecError {
     /// The value ends before its last field.
     #[error("session state is truncated")]
@@ -59,9 +59,10 @@ pub enum CodecError {
         "session state of checkpoint format {0}, which this build does not read (it reads formats 1 to {FORMAT})"
     )]
     Format(u16),
-    /// A user accumulator ([`decode_sessions_with`]) could not be read.
+    /// A user accumulator ([`decode_sessions_with`]) could not be read: its JSON
+    /// does not decode as the job's accumulator type (serde's reason).
     #[error("cannot read a session's aggregate state: {0}")]
-    Accumulator(String),
+    Accumulator(#[source] serde_json::Error),
 }
 
 /// Appends little-endian integers and length-prefixed bytes.
@@ -263,10 +264,10 @@ pub fn encode_sessions_with<Acc>(
 }
 
 /// Reads one key's state written by [`encode_sessions_with`], each accumulator from its
-/// bytes by `acc` (whose error becomes [`CodecError::Accumulator`]).
+/// bytes by `acc` (whose error, its JSON reader's, becomes [`CodecError::Accumulator`]).
 pub fn decode_sessions_with<Acc>(
     bytes: &[u8],
-    mut acc: impl FnMut(&[u8]) -> Result<Acc, String>,
+    mut acc: impl FnMut(&[u8]) -> Result<Acc, serde_json::Error>,
 ) -> Result<KeySessions<Acc>, CodecError> {
     let mut r = Reader(bytes);
     let floor = r.i64()?;
@@ -391,10 +392,10 @@ mod tests {
             decode_sessions_any(format_1, 1).expect("decodes").floor(),
             i64::MIN
         );
-        assert_eq!(
+        assert!(matches!(
             decode_value(&bytes, &cfg, 3, w).map(|s| s.floor()),
             Err(CodecError::Format(3))
-        );
+        ));
         assert!(
             CodecError::Format(3).to_string().contains("formats 1 to 2"),
             "{}",

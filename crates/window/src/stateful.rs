@@ -86,7 +86,10 @@
 use crate::clock::{Clock, ProcessingTime};
 use crate::keyed::{KeyBytes, KeyedStore, SlotId, Timed, key_hash};
 use crate::spill::tier::{KeyCosts, Tier};
-use crate::spill::{Deadlines, Domain, SpillCounts, SpillError, SpillStore, StateCodec};
+use crate::spill::{
+    Deadlines, Domain, EncodeError, SpillCounts, SpillError, SpillStore, StateCodec,
+    StateDecodeError,
+};
 use crate::watermark::WatermarkStrategy;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -674,18 +677,15 @@ impl<S> Default for KeyRecordCodec<S> {
 }
 
 impl<S: Serialize + DeserializeOwned> StateCodec<KeyState<S>> for KeyRecordCodec<S> {
-    fn encode(&self, ks: &KeyState<S>, out: &mut Vec<u8>) -> Result<(), String> {
-        encode_key_record(b"", ks, out).map_err(|e| match e {
-            SnapshotError::State { source, .. } => source.to_string(),
-            other => other.to_string(),
-        })
+    fn encode(&self, ks: &KeyState<S>, out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        Ok(write_key_record(ks, out)?)
     }
 
-    fn decode(&self, bytes: &[u8]) -> Result<KeyState<S>, String> {
+    fn decode(&self, bytes: &[u8]) -> Result<KeyState<S>, StateDecodeError> {
         let mut r = Reader { bytes, at: 0 };
-        let ks = decode_key_record(b"", &mut r).map_err(|e| e.to_string())?;
+        let ks = decode_key_record(b"", &mut r)?;
         if r.at != bytes.len() {
-            return Err(SnapshotError::Truncated.to_string());
+            return Err(SnapshotError::Truncated.into());
         }
         Ok(ks)
     }
@@ -1771,6 +1771,18 @@ fn encode_key_record<S: Serialize>(
     ks: &KeyState<S>,
     out: &mut Vec<u8>,
 ) -> Result<(), SnapshotError> {
+    write_key_record(ks, out).map_err(|source| SnapshotError::State {
+        key: String::from_utf8_lossy(key).into_owned(),
+        source,
+    })
+}
+
+/// [`encode_key_record`] without the key: the error is the state's JSON writer's, the
+/// only thing that can refuse.
+fn write_key_record<S: Serialize>(
+    ks: &KeyState<S>,
+    out: &mut Vec<u8>,
+) -> Result<(), serde_json::Error> {
     let flags = u8::from(ks.state.is_some())
         | u8::from(ks.event_timeout.is_some()) << 1
         | u8::from(ks.proc_timeout.is_some()) << 2
@@ -1796,10 +1808,7 @@ fn encode_key_record<S: Serialize>(
     if let Some(s) = &ks.state {
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
-        serde_json::to_writer(&mut *out, s).map_err(|source| SnapshotError::State {
-            key: String::from_utf8_lossy(key).into_owned(),
-            source,
-        })?;
+        serde_json::to_writer(&mut *out, s)?;
         let len = u32::try_from(out.len() - at - 4).unwrap_or(u32::MAX);
         out[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }

@@ -614,7 +614,8 @@ pub fn kill_repeatedly(
 /// Runs `job` with the test hook `SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT=n`: it writes
 /// its `n`-th checkpoint, then exits (code 86, cleaning nothing up) before committing
 /// that checkpoint's Kafka transaction, as a kill at that instant would. Returns its
-/// stderr.
+/// stderr. The hook is in builds with the cargo feature `fault-injection` only.
+#[cfg(feature = "fault-injection")]
 pub fn exit_before_commit(job: &mut std::process::Command, n: u32) -> String {
     let out = job
         .env("SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT", n.to_string())

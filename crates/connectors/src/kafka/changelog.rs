@@ -58,14 +58,18 @@ pub struct ReadStats {
 /// Reads partition `partition` of changelog `topic` from `from` to its end — its last
 /// stable offset, so records of a transaction still open are not read (and a restore
 /// that follows a crashed owner sees only what that owner committed) — calling `apply`
-/// for every record in order.
-pub fn read_to_end(
+/// for every record in order. An error of `apply` (a record the job cannot use) stops
+/// the read: [`KafkaError::ChangelogDamaged`], naming the record.
+pub fn read_to_end<E>(
     settings: &KafkaSettings,
     topic: &str,
     partition: i32,
     from: Option<i64>,
-    mut apply: impl FnMut(Entry<'_>) -> Result<(), String>,
-) -> Result<ReadStats, KafkaError> {
+    mut apply: impl FnMut(Entry<'_>) -> Result<(), E>,
+) -> Result<ReadStats, KafkaError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     let mut stats = read_many(settings, topic, &[(partition, from)], |_, e| apply(e))?;
     Ok(stats.remove(0))
 }
@@ -76,12 +80,15 @@ pub fn read_to_end(
 /// partitions waits for the end of the slowest, not for the sum of them. Give `from`
 /// as an offset when it is known (the partition's low watermark for a full read):
 /// `None` makes librdkafka look the beginning up first, about half a second.
-pub fn read_many(
+pub fn read_many<E>(
     settings: &KafkaSettings,
     topic: &str,
     parts: &[(i32, Option<i64>)],
-    mut apply: impl FnMut(usize, Entry<'_>) -> Result<(), String>,
-) -> Result<Vec<ReadStats>, KafkaError> {
+    mut apply: impl FnMut(usize, Entry<'_>) -> Result<(), E>,
+) -> Result<Vec<ReadStats>, KafkaError>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     let mut stats: Vec<ReadStats> = parts
         .iter()
         .map(|&(_, from)| ReadStats {
@@ -173,11 +180,11 @@ pub fn read_many(
                         )));
                     }
                 };
-                apply(i, entry).map_err(|reason| {
-                    KafkaError::Invalid(format!(
-                        "the changelog {topic}/{partition} is damaged at offset {}: {reason}",
-                        m.offset()
-                    ))
+                apply(i, entry).map_err(|reason| KafkaError::ChangelogDamaged {
+                    topic: topic.to_string(),
+                    partition,
+                    offset: m.offset(),
+                    reason: Box::new(reason),
                 })?;
             }
         }

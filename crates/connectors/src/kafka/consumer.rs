@@ -546,11 +546,10 @@ impl GroupConsumer {
                     .assignment()
                     .map(decode_assignment)
                     .transpose()
-                    .map_err(|e| {
-                        KafkaError::Invalid(format!(
-                            "the assignment of member {} of group {group} does not decode: {e}",
-                            m.client_id()
-                        ))
+                    .map_err(|reason| KafkaError::Assignment {
+                        member: m.client_id().to_string(),
+                        group: group.clone(),
+                        reason,
                     })?
                     .unwrap_or_default();
                 out.push(Member {
@@ -612,24 +611,35 @@ pub struct Member {
     pub partitions: Vec<TopicPartition>,
 }
 
+/// Why a consumer protocol assignment does not decode ([`decode_assignment`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssignmentError {
+    /// The bytes end before the last field.
+    #[error("truncated")]
+    Truncated,
+    /// A topic name is not UTF-8.
+    #[error("topic name is not UTF-8")]
+    TopicName,
+}
+
 /// Decodes a consumer protocol assignment (versions 0 to 3 share the layout):
 /// `version:i16, [topic:string, [partition:i32]], user_data:bytes`.
-pub fn decode_assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, String> {
+pub fn decode_assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, AssignmentError> {
     struct R<'a>(&'a [u8]);
     impl R<'_> {
-        fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        fn take(&mut self, n: usize) -> Result<&[u8], AssignmentError> {
             if self.0.len() < n {
-                return Err("truncated".into());
+                return Err(AssignmentError::Truncated);
             }
             let (a, b) = self.0.split_at(n);
             self.0 = b;
             Ok(a)
         }
-        fn i16(&mut self) -> Result<i16, String> {
+        fn i16(&mut self) -> Result<i16, AssignmentError> {
             let b = self.take(2)?;
             Ok(i16::from_be_bytes([b[0], b[1]]))
         }
-        fn i32(&mut self) -> Result<i32, String> {
+        fn i32(&mut self) -> Result<i32, AssignmentError> {
             let b = self.take(4)?;
             Ok(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
         }
@@ -644,7 +654,7 @@ pub fn decode_assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, String> {
     for _ in 0..topics.max(0) {
         let len = r.i16()?;
         let name = String::from_utf8(r.take(len.max(0) as usize)?.to_vec())
-            .map_err(|_| "topic name is not UTF-8".to_string())?;
+            .map_err(|_| AssignmentError::TopicName)?;
         let n = r.i32()?;
         for _ in 0..n.max(0) {
             out.push((name.clone(), r.i32()?));
@@ -672,7 +682,10 @@ mod tests {
                 ("c".to_string(), 2)
             ]
         );
-        assert!(decode_assignment(&b[..9]).is_err());
+        assert_eq!(
+            decode_assignment(&b[..9]),
+            Err(super::AssignmentError::Truncated)
+        );
         assert_eq!(decode_assignment(&[]).expect("empty"), vec![]);
     }
 }

@@ -237,6 +237,31 @@ pub enum KafkaError {
     /// Something the broker returned makes no sense for the job.
     #[error("Kafka: {}", crate::secrets::redact(.0))]
     Invalid(String),
+    /// A changelog record the job cannot use (its state or progress record does not
+    /// decode): the changelog was written by another build or job, or damaged.
+    #[error("Kafka: the changelog {topic}/{partition} is damaged at offset {offset}: {reason}")]
+    ChangelogDamaged {
+        /// The changelog topic.
+        topic: String,
+        /// Its partition.
+        partition: i32,
+        /// The record's offset.
+        offset: i64,
+        /// Why the job cannot use it.
+        #[source]
+        reason: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The coordinator described a member's assignment in bytes that do not decode.
+    #[error("Kafka: the assignment of member {member} of group {group} does not decode: {reason}")]
+    Assignment {
+        /// The member's client id.
+        member: String,
+        /// The consumer group.
+        group: String,
+        /// What is wrong with the bytes.
+        #[source]
+        reason: consumer::AssignmentError,
+    },
 }
 
 impl KafkaError {

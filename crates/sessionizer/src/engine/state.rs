@@ -4,29 +4,30 @@
 //! the user's accumulator as JSON).
 
 use super::shard_of;
+pub(crate) use crate::error::KeyStateError;
 use sessionizer_checkpoint::state::LiveError;
 use sessionizer_checkpoint::stores::StoreReader;
 use sessionizer_checkpoint::{LoadedState, StateEntries, StoreImageDir, WatermarkState};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::keyed::key_hash;
 use sessionizer_window::session::KeySessions;
-use sessionizer_window::spill::{BaseImage, SpillError};
+use sessionizer_window::spill::{BaseImage, EncodeError, SpillError};
 use sessionizer_window::{SessionAggregate, SessionOperator};
 use std::collections::VecDeque;
 
 /// Encodes one key's sessions into a buffer, or says why it cannot (a user's
 /// accumulator its JSON writer refuses).
 pub(crate) type Encode<'a, Acc> =
-    dyn FnMut(&KeySessions<Acc>, &mut Vec<u8>) -> Result<(), String> + 'a;
+    dyn FnMut(&KeySessions<Acc>, &mut Vec<u8>) -> Result<(), EncodeError> + 'a;
 
 /// The built-in aggregates' encoder (the command line's jobs): it refuses nothing.
-pub(crate) fn encode_builtin(sessions: &KeySessions, buf: &mut Vec<u8>) -> Result<(), String> {
+pub(crate) fn encode_builtin(sessions: &KeySessions, buf: &mut Vec<u8>) -> Result<(), EncodeError> {
     sessionizer_window::codec::encode_sessions(sessions, buf);
     Ok(())
 }
 
 /// Keeps the first refusal of an [`Encode`], naming its key.
-fn refusal(first: &mut Option<SpillError>, key: &[u8], encoded: Result<(), String>) -> bool {
+fn refusal(first: &mut Option<SpillError>, key: &[u8], encoded: Result<(), EncodeError>) -> bool {
     match encoded {
         Ok(()) => true,
         Err(reason) => {
@@ -155,18 +156,7 @@ pub(crate) fn for_each_encoded<A: SessionAggregate>(
 
 /// Why putting a checkpoint's keys back stopped: a damaged file, no reader of its
 /// store copies, or a key (named) whose value was refused.
-pub(crate) type Stopped = LiveError<(Vec<u8>, String)>;
-
-/// Why a checkpoint's keys could not be read or put back, for a refusal.
-pub(crate) fn stopped(e: Stopped) -> String {
-    match e {
-        LiveError::Damaged(d) => d.to_string(),
-        LiveError::Apply((key, reason)) => {
-            format!("key {}: {reason}", String::from_utf8_lossy(&key))
-        }
-        LiveError::NoStoreReader => sessionizer_checkpoint::stores::NO_READER.into(),
-    }
-}
+pub(crate) type Stopped = LiveError<(Vec<u8>, KeyStateError)>;
 
 /// Reads every live key of `state` (its base file, deltas and — with `reader` — its
 /// store copies) and checks it with `check` alone, changing nothing: a job that must
@@ -175,7 +165,7 @@ pub(crate) fn stopped(e: Stopped) -> String {
 pub(crate) fn check_keys(
     state: &LoadedState,
     reader: Option<&dyn StoreReader>,
-    mut check: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
+    mut check: impl FnMut(&[u8], &[u8]) -> Result<(), KeyStateError>,
 ) -> Result<u64, Stopped> {
     let mut keys = 0u64;
     state.for_each_live_with(reader, |key, value| {
@@ -190,7 +180,7 @@ pub(crate) fn check_keys(
 /// key of them. Returns the number of keys with a value.
 pub(crate) fn check_files(
     state: &LoadedState,
-    mut check: impl FnMut(&[u8], &[u8]) -> Result<(), String>,
+    mut check: impl FnMut(&[u8], &[u8]) -> Result<(), KeyStateError>,
 ) -> Result<u64, Stopped> {
     let mut keys = 0u64;
     state.for_each_newest_in_files(|key, value| match value {
@@ -212,7 +202,7 @@ pub(crate) fn restore_over_files<T: ?Sized>(
     state: &LoadedState,
     shards: usize,
     target: &mut T,
-    mut put: impl FnMut(&mut T, usize, &[u8], Option<&[u8]>) -> Result<(), String>,
+    mut put: impl FnMut(&mut T, usize, &[u8], Option<&[u8]>) -> Result<(), KeyStateError>,
 ) -> Result<u64, Stopped> {
     let mut keys = 0u64;
     state.for_each_newest_in_files(|key, value| {
@@ -235,7 +225,7 @@ pub(crate) fn restore_keys<T: ?Sized>(
     shards: usize,
     target: &mut T,
     prefetch: impl Fn(&T, usize, u64),
-    mut put: impl FnMut(&mut T, usize, &[u8], &[u8]) -> Result<(), String>,
+    mut put: impl FnMut(&mut T, usize, &[u8], &[u8]) -> Result<(), KeyStateError>,
     mut progress: impl FnMut(u64),
 ) -> Result<u64, Stopped> {
     const AHEAD: usize = 16;
@@ -247,7 +237,7 @@ pub(crate) fn restore_keys<T: ?Sized>(
     let mut spare: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(AHEAD + 1);
     let mut put_one = |target: &mut T, (s, k, v): (usize, Vec<u8>, Vec<u8>)| {
         put(target, s, &k, &v).map_err(|reason| (k.clone(), reason))?;
-        Ok::<_, (Vec<u8>, String)>((k, v))
+        Ok::<_, (Vec<u8>, KeyStateError)>((k, v))
     };
     state.for_each_live_with(reader, |key, value| {
         let s = shard_of(key, shards) as usize;

@@ -21,6 +21,7 @@
 //! of the call that returned them.
 
 use crate::config::{KafkaConfig, KafkaStart, Partitioner, StateBackend};
+use crate::error::KeyStateError;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::pipeline::backend::TaskStores;
 use crate::pipeline::kafka::{
@@ -376,17 +377,21 @@ impl KafkaGroup {
 
     /// The driver's settings: outputs that are not topics go to stderr.
     fn settings(&self) -> Result<DriverSettings, RunError> {
-        let rekey_field =
-            match &self.rekey_field {
-                Some(field) => Some(FieldPath::parse(field).map_err(|e| {
-                    RunError::Unsupported(format!("repartition_by({field:?}): {e}"))
-                })?),
-                None => None,
-            };
+        let rekey_field = match &self.rekey_field {
+            Some(field) => {
+                Some(
+                    FieldPath::parse(field).map_err(|source| RunError::RepartitionField {
+                        field: field.clone(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
         #[cfg(not(feature = "rocksdb"))]
         if let StateBackend::RocksDb { .. } = self.state_backend {
             return Err(RunError::Unsupported(
-                crate::pipeline::backend::NO_ROCKSDB_LIBRARY.into(),
+                crate::error::Unsupported::NoRocksDbLibrary,
             ));
         }
         Ok(DriverSettings {
@@ -595,12 +600,15 @@ where
         self.job.restore_task_progress(w);
     }
 
-    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String> {
+    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), KeyStateError> {
         if format != codec::FORMAT {
-            return Err(format!(
-                "its state is of checkpoint format {format}, a library job reads format {}",
-                codec::FORMAT
-            ));
+            return Err(KeyStateError::Version {
+                what: "checkpoint format",
+                what_short: "format",
+                job: "library job",
+                found: format,
+                reads: codec::FORMAT,
+            });
         }
         self.job.restore_task_key(key, value)
     }
@@ -611,7 +619,10 @@ where
 
     fn drain_changes(&mut self, f: &mut PutChange<'_>) {
         if let Err(e) = self.job.drain_task_changes(f) {
-            self.failed(RunError::Unsupported(crate::windowed::unwritable(&e)));
+            self.failed(match crate::windowed::unwritable(e) {
+                Ok(refused) => refused.into(),
+                Err(store) => store.into(),
+            });
         }
     }
 
@@ -731,7 +742,7 @@ fn decode_batch<E: DeserializeOwned>(
             }
             Err(reason) => {
                 p.invalid += 1;
-                outputs.undecodable(batch, names, i, &reason);
+                outputs.undecodable(batch, names, i, &reason.to_string());
             }
         }
     }
@@ -940,16 +951,20 @@ where
     }
 
     fn restore_progress(&mut self, w: &WatermarkState) {
-        if let Err(reason) = self.job.restore_task_progress(w) {
-            self.failed(RunError::Unsupported(reason));
+        if let Err(e) = self.job.restore_task_progress(w) {
+            self.failed(RunError::Stateful(Box::new(e)));
         }
     }
 
-    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String> {
+    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), KeyStateError> {
         if format != SNAPSHOT_VERSION {
-            return Err(format!(
-                "its state is of record version {format}, a stateful job reads version {SNAPSHOT_VERSION}"
-            ));
+            return Err(KeyStateError::Version {
+                what: "record version",
+                what_short: "version",
+                job: "stateful job",
+                found: format,
+                reads: SNAPSHOT_VERSION,
+            });
         }
         self.job.restore_task_key(key, value)
     }
@@ -959,10 +974,10 @@ where
     }
 
     fn drain_changes(&mut self, f: &mut PutChange<'_>) {
-        if let Err(reason) = self.job.drain_task_changes(f) {
-            self.failed(RunError::Unsupported(format!(
-                "a task's state could not be encoded for its changelog: {reason}"
-            )));
+        if let Err(e) = self.job.drain_task_changes(f) {
+            self.failed(RunError::StateEncode(
+                crate::error::StateEncodeError::TaskState(e),
+            ));
         }
     }
 

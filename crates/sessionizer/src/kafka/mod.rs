@@ -75,17 +75,18 @@ mod group;
 
 /// Why a library job cannot be a task of a [`KafkaGroup`], if it cannot: it has
 /// `workers`, a state `store` of its own, or was `used` (events pushed, or restored).
-pub(crate) fn task_refusal(workers: bool, store: bool, used: bool) -> Option<&'static str> {
+pub(crate) fn task_refusal(
+    workers: bool,
+    store: bool,
+    used: bool,
+) -> Option<crate::error::GroupJobRefusal> {
+    use crate::error::GroupJobRefusal;
     if workers {
-        Some(
-            "a job in a Kafka group runs on one worker per partition: do not call set_workers() on it (the group's workers() runs partitions in parallel)",
-        )
+        Some(GroupJobRefusal::Workers)
     } else if store {
-        Some(
-            "a job in a Kafka group gets its state store from the group: do not call set_state_backend() on it (call KafkaGroup::state_backend)",
-        )
+        Some(GroupJobRefusal::OwnStore)
     } else if used {
-        Some("a job in a Kafka group must be new: no events pushed, nothing restored")
+        Some(GroupJobRefusal::NotNew)
     } else {
         None
     }
@@ -380,7 +381,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
                             Some(_) => sessionizer_connectors::input::record_head(bytes),
                             None => bytes,
                         };
-                        self.dead.send(DeadLetter::of(reason, source, raw))?;
+                        self.dead
+                            .send(DeadLetter::of(reason.to_string(), source, raw))?;
                     }
                 }
             }

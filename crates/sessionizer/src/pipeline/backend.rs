@@ -13,6 +13,7 @@
 use super::RunError;
 use super::shard::Shard;
 use crate::config::{PipelineConfig, StateBackend};
+use crate::error::Unsupported;
 use sessionizer_checkpoint::{LoadedState, LoadedStore, StoreReader};
 use std::path::{Path, PathBuf};
 
@@ -78,15 +79,6 @@ pub(crate) fn rocks_budget(
     (memory, total / 2 / parts.max(1))
 }
 
-/// A library job's refusal of `StateBackend::RocksDb` in a build without the `rocksdb`
-/// feature.
-#[cfg(not(feature = "rocksdb"))]
-pub(crate) const NO_ROCKSDB_LIBRARY: &str = "this build of the sessionizer crate has no RocksDB state backend: enable its cargo feature `rocksdb`";
-
-/// The refusal of a build without the `rocksdb` feature.
-#[cfg(not(feature = "rocksdb"))]
-pub(crate) const NO_ROCKSDB: &str = "this sessionizer was built without the RocksDB state backend; build it with `cargo build --release --features rocksdb`, or use --state-backend memory";
-
 /// Updates `seen` with what a run's spill stores did: `live`, the counts of the stores
 /// open now, and `released`, the keys evicted and taken back by stores already dropped
 /// (Kafka tasks given up).
@@ -131,9 +123,7 @@ pub(crate) fn attach(
 ) -> Result<Attached, RunError> {
     let stores = restoring.map_or(&[][..], LoadedState::stores);
     if !stores.is_empty() && store_reader().is_none() {
-        return Err(RunError::Unsupported(
-            sessionizer_checkpoint::stores::NO_READER.into(),
-        ));
+        return Err(RunError::Unsupported(Unsupported::NoStoreReader));
     }
     match &cfg.state_backend {
         StateBackend::Memory => Ok(Attached::default()),
@@ -222,7 +212,7 @@ fn open_rocks(
     _: u64,
     _: Option<&[LoadedStore]>,
 ) -> Result<(), RunError> {
-    Err(RunError::Unsupported(NO_ROCKSDB.into()))
+    Err(RunError::Unsupported(Unsupported::NoRocksDb))
 }
 
 /// Reads the keys of a base's RocksDB store copies ([`LoadedState::stores`]);
@@ -236,8 +226,9 @@ pub fn store_reader() -> Option<&'static dyn StoreReader> {
                 &self,
                 dir: &Path,
                 f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
-            ) -> Result<(), String> {
-                sessionizer_window::spill::RocksImage::read(dir, f).map_err(|e| e.to_string())
+            ) -> Result<(), sessionizer_checkpoint::stores::StoreReadError> {
+                sessionizer_window::spill::RocksImage::read(dir, f)
+                    .map_err(|e| sessionizer_checkpoint::stores::StoreReadError(Box::new(e)))
             }
         }
         Some(&Rocks)
@@ -282,7 +273,7 @@ impl TaskStores {
             #[cfg(not(feature = "rocksdb"))]
             StateBackend::RocksDb { .. } => {
                 let _ = (state_dir, partitions);
-                Err(RunError::Unsupported(NO_ROCKSDB.into()))
+                Err(RunError::Unsupported(Unsupported::NoRocksDb))
             }
         }
     }
@@ -303,7 +294,7 @@ impl TaskStores {
         #[cfg(not(feature = "rocksdb"))]
         {
             let _ = (task, codec, &self.root);
-            Err(RunError::Unsupported(NO_ROCKSDB.into()))
+            Err(RunError::Unsupported(Unsupported::NoRocksDb))
         }
     }
 
@@ -328,7 +319,7 @@ impl TaskStores {
         #[cfg(not(feature = "rocksdb"))]
         {
             let _ = (cfg, shard, task, &self.root);
-            Err(RunError::Unsupported(NO_ROCKSDB.into()))
+            Err(RunError::Unsupported(Unsupported::NoRocksDb))
         }
     }
 }

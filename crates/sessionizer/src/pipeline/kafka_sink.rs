@@ -113,7 +113,7 @@ pub(crate) trait TopicSink {
 pub(crate) fn open(kafka: &crate::config::KafkaConfig) -> Result<Box<dyn TopicSink>, RunError> {
     let Some(sessions) = kafka.output_topic.clone() else {
         return Err(RunError::Unsupported(
-            "a Kafka output needs --kafka-output-topic".into(),
+            crate::error::Unsupported::NoOutputTopic,
         ));
     };
     let options = imp::SinkOptions {
@@ -179,12 +179,16 @@ mod imp {
     /// The delivery tag of the progress record.
     const PROGRESS_TAG: usize = 1;
 
-    /// Test hook: with `=N`, the process exits (code [`EXIT_BEFORE_COMMIT_CODE`],
-    /// without cleaning up) after writing its N-th checkpoint and before committing
-    /// its Kafka transaction — the one instant a `kill -9` rarely hits.
+    /// Test hook (cargo feature `fault-injection` only): with `=N`, the process exits
+    /// (code [`EXIT_BEFORE_COMMIT_CODE`], without cleaning up) after writing its N-th
+    /// checkpoint and before committing its Kafka transaction — the one instant a
+    /// `kill -9` rarely hits. A build without the feature has no such exit.
+    #[cfg(feature = "fault-injection")]
     const EXIT_BEFORE_COMMIT_ENV: &str = "SESSIONIZER_TEST_EXIT_BEFORE_KAFKA_COMMIT";
+    #[cfg(feature = "fault-injection")]
     const EXIT_BEFORE_COMMIT_CODE: i32 = 86;
 
+    #[cfg(feature = "fault-injection")]
     fn exit_before_commit() -> Option<u64> {
         std::env::var(EXIT_BEFORE_COMMIT_ENV).ok()?.parse().ok()
     }
@@ -437,9 +441,8 @@ mod imp {
 
         fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
             let Some((topic, partition)) = self.progress.clone() else {
-                return Err(RunError::Unsupported(
-                    "internal error: a checkpoint of a Kafka output without a progress topic"
-                        .into(),
+                return Err(RunError::Internal(
+                    "a checkpoint of a Kafka output without a progress topic",
                 ));
             };
             let id = self.transactional_id.clone();
@@ -473,6 +476,7 @@ mod imp {
 
         fn commit_prepared(&mut self, epoch: u64) -> Result<(), RunError> {
             self.prepared += 1;
+            #[cfg(feature = "fault-injection")]
             if exit_before_commit() == Some(self.prepared) {
                 // The test hook: a crash between the checkpoint and the commit. Nothing
                 // is cleaned up, the transaction stays open, as after `kill -9`.

@@ -137,8 +137,28 @@ pub enum RunError {
     #[error(transparent)]
     Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
     /// The run asks for something this build or this mode cannot do.
-    #[error("{0}")]
-    Unsupported(String),
+    #[error(transparent)]
+    Unsupported(#[from] crate::error::Unsupported),
+    /// A library job's state could not be written (its serde implementation refused
+    /// it): the job stops before anything of that step is committed.
+    #[error(transparent)]
+    StateEncode(#[from] crate::error::StateEncodeError),
+    /// The field of a group's `repartition_by` is not a field path.
+    #[error("repartition_by({field:?}): {source}")]
+    RepartitionField {
+        /// The field as given.
+        field: String,
+        /// Why it is not a path.
+        #[source]
+        source: sessionizer_core::json::PathError,
+    },
+    /// A stateful job's operator refused what the run asked of it (emptied for a
+    /// restore while a batch is open, its state store failed).
+    #[error(transparent)]
+    Stateful(Box<sessionizer_window::stateful::SnapshotError>),
+    /// A bug: something that cannot happen did.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
     /// The state backend's store (RocksDB) failed.
     #[error(transparent)]
     StateStore(#[from] sessionizer_window::spill::SpillError),
@@ -187,7 +207,8 @@ pub enum RunError {
         /// The key, as text.
         key: String,
         /// What is wrong with it.
-        reason: String,
+        #[source]
+        reason: Box<crate::error::KeyStateError>,
     },
 }
 
@@ -310,8 +331,8 @@ fn start_workers(workers: usize) -> Result<Workers, RunError> {
 }
 
 #[cfg(not(feature = "kafka"))]
-fn without_kafka(_: &crate::config::KafkaConfig) -> String {
-    "this sessionizer was built without Kafka support; build it with `cargo build --release --features kafka`".into()
+fn without_kafka(_: &crate::config::KafkaConfig) -> crate::error::Unsupported {
+    crate::error::Unsupported::NoKafka
 }
 
 /// Reads batches on a thread of its own, one batch ahead of the workers, so that reading
@@ -953,7 +974,7 @@ impl<'c> Job<'c> {
     /// The error of a restore that failed.
     fn restore_failed<T>(
         &self,
-        restored: Result<T, LiveError<(Vec<u8>, String)>>,
+        restored: Result<T, LiveError<(Vec<u8>, crate::error::KeyStateError)>>,
         manifest: &sessionizer_checkpoint::Manifest,
         dir: &str,
     ) -> Result<T, RunError> {
@@ -968,10 +989,10 @@ impl<'c> Job<'c> {
             Err(LiveError::Apply((key, reason))) => Err(RunError::RestoreState {
                 dir: dir.to_string(),
                 key: String::from_utf8_lossy(&key).into_owned(),
-                reason,
+                reason: Box::new(reason),
             }),
             Err(LiveError::NoStoreReader) => Err(RunError::Unsupported(
-                sessionizer_checkpoint::stores::NO_READER.into(),
+                crate::error::Unsupported::NoStoreReader,
             )),
         }
     }

@@ -14,6 +14,7 @@
 
 use super::parse::{Kind, Parsed};
 use crate::engine::{Place, Walked, Walker, state, walk};
+use crate::error::KeyStateError;
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
@@ -421,9 +422,13 @@ impl Shard {
     /// Puts one key's state back from a checkpoint of format `format` (after
     /// [`restore_progress`](Self::restore_progress): a format-1 value gets the floor its
     /// state implies at the restored watermark).
-    pub fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String> {
-        let sessions = codec::decode_value(value, self.op.config(), format, self.op.watermark())
-            .map_err(|e| e.to_string())?;
+    pub fn restore_key(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        format: u16,
+    ) -> Result<(), KeyStateError> {
+        let sessions = codec::decode_value(value, self.op.config(), format, self.op.watermark())?;
         self.op.restore_key(key, sessions);
         Ok(())
     }
@@ -435,14 +440,11 @@ impl Shard {
         key: &[u8],
         value: Option<&[u8]>,
         format: u16,
-    ) -> Result<(), String> {
+    ) -> Result<(), KeyStateError> {
         let sessions = value
             .map(|v| codec::decode_value(v, self.op.config(), format, self.op.watermark()))
-            .transpose()
-            .map_err(|e| e.to_string())?;
-        self.op
-            .restore_over(key, sessions)
-            .map_err(|e| e.to_string())
+            .transpose()?;
+        Ok(self.op.restore_over(key, sessions)?)
     }
 
     /// Starts remembering which keys change, for incremental checkpoints.

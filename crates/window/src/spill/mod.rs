@@ -59,7 +59,8 @@ pub enum SpillError {
         /// The key, as text.
         key: String,
         /// What the state's writer said.
-        reason: String,
+        #[source]
+        reason: EncodeError,
     },
     /// The store's directory could not be made ready.
     #[error("cannot prepare the state store directory {dir}: {source}")]
@@ -78,8 +79,63 @@ pub enum SpillError {
         /// The key, as text.
         key: String,
         /// What is wrong with it.
-        reason: String,
+        #[source]
+        reason: Box<StoreDamage>,
     },
+}
+
+/// Why a key's state cannot be written: its serde implementation refused it (a user's
+/// state or accumulator type; the built-in sessions are always written). Its text is
+/// serde's; what to do is to fix the type's `Serialize` (a map with non-string keys, a
+/// failing custom implementation).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct EncodeError(#[source] pub serde_json::Error);
+
+impl From<serde_json::Error> for EncodeError {
+    fn from(e: serde_json::Error) -> Self {
+        EncodeError(e)
+    }
+}
+
+/// Why a key's state read back does not decode ([`StateCodec::decode`]): the codec's
+/// own error. The files or records it came from are damaged, or were written by a job
+/// with another state type.
+#[derive(Debug, thiserror::Error)]
+pub enum StateDecodeError {
+    /// One key's sessions ([`crate::codec`], the checkpoint codec).
+    #[error(transparent)]
+    Sessions(#[from] crate::codec::CodecError),
+    /// A stateful function's key record
+    /// ([`KeyRecordCodec`](crate::stateful::KeyRecordCodec)).
+    #[error(transparent)]
+    Record(Box<crate::stateful::SnapshotError>),
+}
+
+impl From<crate::stateful::SnapshotError> for StateDecodeError {
+    fn from(e: crate::stateful::SnapshotError) -> Self {
+        StateDecodeError::Record(Box::new(e))
+    }
+}
+
+/// What is wrong with an entry a spill store read back ([`SpillError::Damaged`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreDamage {
+    /// A key's value is shorter than the deadlines that lead it.
+    #[error("shorter than its deadlines")]
+    Short,
+    /// A timer entry is too short to hold a deadline.
+    #[error("a timer entry without its deadline")]
+    TimerWithoutDeadline,
+    /// A timer entry is empty.
+    #[error("an empty timer entry")]
+    EmptyTimer,
+    /// A timer entry names a key that has no state.
+    #[error("a timer entry without its state")]
+    TimerWithoutState,
+    /// The state after the deadlines does not decode.
+    #[error(transparent)]
+    State(#[from] StateDecodeError),
 }
 
 /// The clock a timer runs on: the watermark's event time, or the processing time of the
@@ -207,9 +263,9 @@ pub struct BaseImage {
 pub trait StateCodec<S>: Send {
     /// Appends the bytes of `state` to `out`; the error says why it cannot be written
     /// (a user type that its JSON writer refuses).
-    fn encode(&self, state: &S, out: &mut Vec<u8>) -> Result<(), String>;
+    fn encode(&self, state: &S, out: &mut Vec<u8>) -> Result<(), EncodeError>;
     /// Reads back what [`encode`](Self::encode) wrote; the error says what is wrong.
-    fn decode(&self, bytes: &[u8]) -> Result<S, String>;
+    fn decode(&self, bytes: &[u8]) -> Result<S, StateDecodeError>;
 }
 
 /// The command line's sessions in the checkpoint codec ([`crate::codec`]) of a window
@@ -218,13 +274,17 @@ pub trait StateCodec<S>: Send {
 pub struct SessionsCodec(pub crate::operator::WindowConfig);
 
 impl StateCodec<crate::session::KeySessions> for SessionsCodec {
-    fn encode(&self, state: &crate::session::KeySessions, out: &mut Vec<u8>) -> Result<(), String> {
+    fn encode(
+        &self,
+        state: &crate::session::KeySessions,
+        out: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
         crate::codec::encode_sessions(state, out);
         Ok(())
     }
 
-    fn decode(&self, bytes: &[u8]) -> Result<crate::session::KeySessions, String> {
-        crate::codec::decode_sessions(bytes, &self.0).map_err(|e| e.to_string())
+    fn decode(&self, bytes: &[u8]) -> Result<crate::session::KeySessions, StateDecodeError> {
+        Ok(crate::codec::decode_sessions(bytes, &self.0)?)
     }
 }
 

@@ -13,7 +13,7 @@
 //! table files.
 
 use super::{
-    Deadlines, Domain, SessionsCodec, SpillError, SpillStore, StateCodec, StoreImage,
+    Deadlines, Domain, SessionsCodec, SpillError, SpillStore, StateCodec, StoreDamage, StoreImage,
     deadline_bytes, deadline_of,
 };
 use crate::keyed::KeyBytes;
@@ -220,14 +220,17 @@ impl<S> RocksSpill<S> {
         }
     }
 
-    fn damaged(&self, key: &[u8], reason: impl fmt::Display) -> SpillError {
+    fn damaged(&self, key: &[u8], reason: StoreDamage) -> SpillError {
         damaged(&self.dir, key, reason)
     }
 
     /// A `sessions` value: the deadlines, then the state.
     fn decode(&self, key: &[u8], value: &[u8]) -> Result<(S, Deadlines), SpillError> {
         let (deadlines, state) = split_value(&self.dir, key, value)?;
-        let state = self.codec.decode(state).map_err(|e| self.damaged(key, e))?;
+        let state = self
+            .codec
+            .decode(state)
+            .map_err(|e| self.damaged(key, e.into()))?;
         Ok((state, deadlines))
     }
 
@@ -277,16 +280,16 @@ fn split_value<'v>(
             };
             Ok((deadlines, state))
         }
-        None => Err(damaged(dir, key, "shorter than its deadlines")),
+        None => Err(damaged(dir, key, StoreDamage::Short)),
     }
 }
 
 /// The value of `key` in the store in `dir` does not decode.
-fn damaged(dir: &Path, key: &[u8], reason: impl fmt::Display) -> SpillError {
+fn damaged(dir: &Path, key: &[u8], reason: StoreDamage) -> SpillError {
     SpillError::Damaged {
         dir: dir.display().to_string(),
         key: String::from_utf8_lossy(key).into_owned(),
-        reason: reason.to_string(),
+        reason: Box::new(reason),
     }
 }
 
@@ -478,7 +481,7 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         let first = match it.key() {
             Some(k) if k.first() == Some(&(domain as u8)) => match k[1..].first_chunk::<8>() {
                 Some(d) => deadline_of(*d),
-                None => return Err(self.damaged(k, "a timer entry without its deadline")),
+                None => return Err(self.damaged(k, StoreDamage::TimerWithoutDeadline)),
             },
             _ => i64::MAX,
         };
@@ -505,14 +508,14 @@ impl<S> SpillStore<S> for RocksSpill<S> {
             while it.valid() {
                 let Some(k) = it.key() else { break };
                 let Some((&clock, k)) = k.split_first() else {
-                    return Err(self.damaged(k, "an empty timer entry"));
+                    return Err(self.damaged(k, StoreDamage::EmptyTimer));
                 };
                 if clock != domain as u8 {
                     // Past this clock's entries.
                     break;
                 }
                 let Some((d, key)) = k.split_first_chunk::<8>() else {
-                    return Err(self.damaged(k, "a timer entry without its deadline"));
+                    return Err(self.damaged(k, StoreDamage::TimerWithoutDeadline));
                 };
                 let deadline = deadline_of(*d);
                 if deadline > upto
@@ -532,7 +535,7 @@ impl<S> SpillStore<S> for RocksSpill<S> {
         for ((_, key), value) in due.iter().zip(values) {
             let value = value.map_err(|e| self.error(e))?;
             let Some(value) = value else {
-                return Err(self.damaged(key, "a timer entry without its state"));
+                return Err(self.damaged(key, StoreDamage::TimerWithoutState));
             };
             let (state, deadlines) = self.decode(key, &value)?;
             states.push((state, deadlines));

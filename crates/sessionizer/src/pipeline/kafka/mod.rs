@@ -64,14 +64,23 @@ struct Restored {
 /// Transactions aborted one after the other before the job gives up.
 const MAX_ABORTS_IN_ROW: u32 = 5;
 
-/// Test hook: when set, the open transaction is aborted and every task rewound at
-/// each assignment and revocation, before it is handled — as when the group moving on
-/// fences a commit made in the middle of a rebalance (the tests of scale-out run with
-/// it to make that path happen every time, not once in a while).
+/// Test hook (cargo feature `fault-injection` only): when set, the open transaction is
+/// aborted and every task rewound at each assignment and revocation, before it is
+/// handled — as when the group moving on fences a commit made in the middle of a
+/// rebalance (the tests of scale-out run with it to make that path happen every time,
+/// not once in a while).
+#[cfg(feature = "fault-injection")]
 const ABORT_ON_REBALANCE_ENV: &str = "SESSIONIZER_TEST_ABORT_ON_REBALANCE";
 
+#[cfg(feature = "fault-injection")]
 fn abort_on_rebalance() -> bool {
     std::env::var_os(ABORT_ON_REBALANCE_ENV).is_some()
+}
+
+/// Without the feature `fault-injection` there is no hook: never.
+#[cfg(not(feature = "fault-injection"))]
+fn abort_on_rebalance() -> bool {
+    false
 }
 
 /// The offset metadata of a task that emitted every session at the end of a

@@ -14,6 +14,7 @@ use super::super::parse::{self, Kind, ParseSettings, Parsed};
 use super::super::shard::{Shard, Tagged};
 use crate::config::{OnInvalid, PipelineConfig};
 use crate::engine::state;
+use crate::error::KeyStateError;
 use crate::stats::RunStats;
 use crate::telemetry::KeyView;
 use sessionizer_checkpoint::WatermarkState;
@@ -115,7 +116,7 @@ pub(crate) trait TaskOp: Send {
 
     /// Puts one key's state back from its changelog record, written in checkpoint
     /// format `format`.
-    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String>;
+    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), KeyStateError>;
 
     /// Starts remembering which keys change, for the changelog.
     fn track_changes(&mut self);
@@ -319,7 +320,7 @@ impl TaskOp for JsonOp {
         self.shard.restore_progress(w);
     }
 
-    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), String> {
+    fn restore_key(&mut self, key: &[u8], value: &[u8], format: u16) -> Result<(), KeyStateError> {
         self.shard.restore_key(key, value, format)
     }
 

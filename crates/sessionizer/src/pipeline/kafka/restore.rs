@@ -6,6 +6,7 @@ use super::super::RunError;
 use super::op::{TaskFactory, TaskOp};
 use super::task::{META_VERSION, Task, TaskMeta};
 use super::{KafkaJob, option_differences};
+use crate::error::ProgressRecordError;
 use crate::stats::RestoreStats;
 use crate::telemetry::RestoreReport;
 use sessionizer_connectors::kafka::KafkaError;
@@ -40,7 +41,7 @@ impl Restoring {
     }
 
     /// Applies one changelog record.
-    pub(super) fn apply(&mut self, entry: Entry<'_>) -> Result<(), String> {
+    pub(super) fn apply(&mut self, entry: Entry<'_>) -> Result<(), ProgressRecordError> {
         match entry {
             Entry::State {
                 key,
@@ -58,14 +59,13 @@ impl Restoring {
 }
 
 /// Reads a progress record.
-pub(super) fn parse_meta(bytes: &[u8]) -> Result<TaskMeta, String> {
-    let m: TaskMeta =
-        serde_json::from_slice(bytes).map_err(|e| format!("unreadable progress record: {e}"))?;
+pub(super) fn parse_meta(bytes: &[u8]) -> Result<TaskMeta, ProgressRecordError> {
+    let m: TaskMeta = serde_json::from_slice(bytes).map_err(ProgressRecordError::Unreadable)?;
     if m.version != META_VERSION {
-        return Err(format!(
-            "progress record version {} (this build reads {META_VERSION})",
-            m.version
-        ));
+        return Err(ProgressRecordError::Version {
+            found: m.version,
+            reads: META_VERSION,
+        });
     }
     Ok(m)
 }
@@ -276,7 +276,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                 .map_err(|reason| RunError::RestoreState {
                     dir: format!("changelog {topic}/{partition}"),
                     key: String::from_utf8_lossy(key).into_owned(),
-                    reason,
+                    reason: Box::new(reason),
                 })?;
         }
         task.next_seq = meta.next_seq;
