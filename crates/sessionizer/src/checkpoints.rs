@@ -40,12 +40,13 @@
 //! assert_eq!(counts, [1, 2, 1]); // v2 [0], v1 [0, 1 min], v1 [1 h]
 //! ```
 
+use crate::error::SourceError;
+pub use crate::error::StateError;
 use crate::error::{RestoreError, StateFailure};
-use crate::sink::SharedWriter;
-use crate::source::{SharedPosition, SourceError};
+use crate::joined::{JoinedSource, SharedWriter, SourceProgress};
 use sessionizer_checkpoint::{
-    CheckpointError, CheckpointWriter, Damage, EncodedState, InputPosition, KafkaPosition,
-    KafkaSource, LoadedState, Manifest, OutputCommit, StateDir, StateEntries,
+    CheckpointError, CheckpointWriter, Damage, EncodedState, InputPosition, LoadedState, Manifest,
+    OutputCommit, StateDir, StateEntries,
 };
 use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::encode::RecordWriter;
@@ -102,37 +103,6 @@ pub struct Checkpoints {
     /// failed in a checkpoint or while joining (what Kafka committed is then not known
     /// here; only a reopened state directory resolves it).
     failed: Option<String>,
-}
-
-/// The one source of a job's checkpoints: it moves its position as it hands out
-/// records, and every checkpoint records where it stands.
-#[derive(Debug)]
-pub(crate) enum JoinedSource {
-    /// A [`JsonLines::resume`](crate::source::JsonLines::resume) source.
-    Files(SharedPosition),
-    /// A [`KafkaJson`](crate::kafka::KafkaJson) source.
-    #[cfg(feature = "kafka")]
-    Kafka(crate::kafka::SharedOffsets),
-}
-
-/// What a library job's Kafka source reads and how far it has read each partition, as a
-/// checkpoint keeps it.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SourceProgress {
-    /// One partition of a topic or all of them (`None`: no source recorded one).
-    pub(crate) source: Option<KafkaSource>,
-    /// The next offset of each partition read.
-    pub(crate) positions: Vec<KafkaPosition>,
-}
-
-impl SourceProgress {
-    /// As the checkpoint `found` holds it (nothing without one).
-    fn of(found: Option<&(Manifest, LoadedState)>) -> SourceProgress {
-        found.map_or_else(SourceProgress::default, |(m, _)| SourceProgress {
-            source: m.kafka_source.clone(),
-            positions: m.kafka_positions.clone(),
-        })
-    }
 }
 
 /// A transactional Kafka output shared by a sink (which sends) and the checkpoints
@@ -569,74 +539,6 @@ impl Checkpoints {
         let shared = SharedTopicSink(std::sync::Arc::new(std::sync::Mutex::new(sink)));
         self.transaction = Some(shared.clone());
         Ok(shared)
-    }
-}
-
-/// Why a job cannot checkpoint or restore.
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    /// The state directory could not be read or written.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The checkpoint was taken with other options than this job's.
-    #[error(
-        "cannot resume from {dir}: the job's options changed: {}. Use the options of the checkpoint, or another state directory",
-        differences.join("; ")
-    )]
-    OptionsChanged {
-        /// The state directory.
-        dir: PathBuf,
-        /// One line per option that differs, naming it.
-        differences: Vec<String>,
-    },
-    /// A key's state in the checkpoint could not be read (a changed accumulator type,
-    /// say), or a key's state could not be written to it.
-    #[error("cannot resume from {dir}: {reason}")]
-    State {
-        /// The state directory.
-        dir: PathBuf,
-        /// What could not be read or written, naming the key.
-        #[source]
-        reason: Box<StateFailure>,
-    },
-    /// The directory holds a checkpoint that this job did not restore: checkpointing
-    /// over it would mix two jobs' state.
-    #[error(
-        "the state directory {dir} holds checkpoint {epoch}, which this job did not restore: call restore() before the first checkpoint, or use an empty directory"
-    )]
-    NotRestored {
-        /// The state directory.
-        dir: PathBuf,
-        /// The checkpoint found there.
-        epoch: u64,
-    },
-    /// Restore was called on a job that has already processed events.
-    #[error("restore() must come before the job's first event ({events} processed)")]
-    NotFresh {
-        /// Events the job has processed.
-        events: u64,
-    },
-    /// The state backend's store (RocksDB) failed.
-    #[error(transparent)]
-    StateStore(#[from] sessionizer_window::spill::SpillError),
-    /// The state backend asked for cannot be used (this build lacks it, or the job has
-    /// state already).
-    #[error("{0}")]
-    Backend(String),
-    /// The workers asked for cannot be set up (the job has state already, or the
-    /// threads did not start).
-    #[error("{0}")]
-    Workers(String),
-    /// The job's exactly-once Kafka output could not take part in a checkpoint or a
-    /// restore (the transaction did not commit, the checkpoint belongs to another
-    /// output, the brokers did not answer).
-    #[error("{0}")]
-    Output(String),
-}
-
-impl StateError {
-    pub(crate) fn output(e: crate::pipeline::RunError) -> StateError {
-        StateError::Output(e.to_string())
     }
 }
 

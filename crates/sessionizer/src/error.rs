@@ -1,10 +1,16 @@
-//! The library's error types that are not a job's own ([`RunError`](crate::pipeline::RunError),
-//! [`StateError`](crate::checkpoints::StateError), [`SinkError`](crate::sink::SinkError)):
-//! one per concern, each saying what happened and what to do.
+//! The library's error types, one per concern, each saying what happened and what to
+//! do: a run's ([`RunError`]), a job's state ([`StateError`]), a sink's ([`SinkError`]),
+//! a source's ([`SourceError`]), and the parts they are made of. Nothing here depends
+//! on the rest of the crate but its plain data (`stats`), so every module can use them.
 
+use crate::stats::RunStats;
+use sessionizer_checkpoint::CheckpointError;
 use sessionizer_checkpoint::state::LiveError;
+use sessionizer_connectors::encode::OutputError;
+use sessionizer_connectors::input::InputError;
 use sessionizer_window::spill::{EncodeError, SpillError, StateDecodeError};
 use sessionizer_window::stateful::SnapshotError;
+use std::path::PathBuf;
 
 /// Why one key's state, read from a checkpoint or a changelog, cannot be put back.
 /// What to do: resume with the build and the job (state and accumulator types) that
@@ -86,7 +92,7 @@ pub enum RestoreError {
     },
     /// The job's state stores could not start from the checkpoint's copies of them.
     #[error(transparent)]
-    Stores(Box<crate::checkpoints::StateError>),
+    Stores(Box<StateError>),
     /// The stateful operators could not be emptied for the checkpoint's keys.
     #[error(transparent)]
     Operator(#[from] SnapshotError),
@@ -227,4 +233,301 @@ pub enum GroupJobRefusal {
     /// It has seen events or restored a checkpoint.
     #[error("a job in a Kafka group must be new: no events pushed, nothing restored")]
     NotNew,
+}
+
+/// Why a run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// An input could not be opened or read.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// An output could not be written, flushed or synced.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// The reader of an output closed it (stdout piped into `head`), so the run stopped
+    /// early. Not a failure for a command line; `stats` counts the input processed until
+    /// then (the counts add up) and names the output in `output_closed`.
+    #[error("{name} was closed by its reader; the run stopped early")]
+    OutputClosed {
+        /// The output's name (`stdout`, or a path).
+        name: String,
+        /// The run's counts until it stopped.
+        stats: Box<RunStats>,
+    },
+    /// An invalid record with `--on-invalid fail`.
+    #[error(
+        "invalid record at {position}: {reason} (stopping because of --on-invalid fail; use --on-invalid dead-letter to set such records aside)"
+    )]
+    InvalidRecord {
+        /// `file:line`.
+        position: String,
+        /// Why the record is invalid.
+        reason: String,
+    },
+    /// The worker or reader threads could not be started.
+    #[error("cannot start {workers} worker threads: {message}")]
+    Workers {
+        /// How many were asked for.
+        workers: usize,
+        /// The system's reason.
+        message: String,
+    },
+    /// The reader thread stopped without reaching the end of the inputs (it panicked):
+    /// the run stops rather than pass a truncated input off as complete.
+    #[error(
+        "the input reader stopped unexpectedly before the end of the inputs; no output was committed past that point"
+    )]
+    ReaderFailed,
+    /// Reading or writing the checkpoint files failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The checkpoint was taken with options that shape the state differently.
+    #[error(
+        "the checkpoint in {dir} was taken with other options: {}; run with the checkpoint's options, or use another --state-dir",
+        differences.join("; ")
+    )]
+    OptionsChanged {
+        /// The state directory.
+        dir: String,
+        /// One line per differing option.
+        differences: Vec<String>,
+    },
+    /// An input file is not the one the checkpoint was reading.
+    #[error(
+        "input {path} changed since the checkpoint in {dir} was taken ({what}); resuming would skip or repeat records. Restore the file, or use another --state-dir"
+    )]
+    InputChanged {
+        /// The state directory.
+        dir: String,
+        /// The input file.
+        path: String,
+        /// What differs.
+        what: String,
+    },
+    /// The job in the state directory cannot continue with these inputs.
+    #[error("cannot continue the job in {dir}: {message}")]
+    Resume {
+        /// The state directory.
+        dir: String,
+        /// Why not.
+        message: String,
+    },
+    /// Talking to Kafka failed, or what it holds does not fit the job.
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
+    /// The run asks for something this build or this mode cannot do.
+    #[error(transparent)]
+    Unsupported(#[from] Unsupported),
+    /// A library job's state could not be written (its serde implementation refused
+    /// it): the job stops before anything of that step is committed.
+    #[error(transparent)]
+    StateEncode(#[from] StateEncodeError),
+    /// The field of a group's `repartition_by` is not a field path.
+    #[error("repartition_by({field:?}): {source}")]
+    RepartitionField {
+        /// The field as given.
+        field: String,
+        /// Why it is not a path.
+        #[source]
+        source: sessionizer_core::json::PathError,
+    },
+    /// A stateful job's operator refused what the run asked of it (emptied for a
+    /// restore while a batch is open, its state store failed).
+    #[error(transparent)]
+    Stateful(Box<sessionizer_window::stateful::SnapshotError>),
+    /// A bug: something that cannot happen did.
+    #[error("internal error: {0}")]
+    Internal(&'static str),
+    /// The state backend's store (RocksDB) failed.
+    #[error(transparent)]
+    StateStore(#[from] sessionizer_window::spill::SpillError),
+    /// A library job's output or state could not be written (its serde implementation
+    /// refused it, say): the job stops before anything of that step is committed.
+    #[error("the job cannot go on: {0}")]
+    Job(#[from] SinkError),
+    /// A Kafka input topic is not partitioned by the session key: a record sits in a
+    /// partition that no standard partitioner gives its key.
+    #[error(
+        "Kafka topic {topic} is not partitioned by the session key: the record at {position} has key {key:?}, which the standard partitioners place in partition {murmur2} (murmur2, the Java client's default) or {crc32} (CRC-32, librdkafka's default) of {partitions}, not in {partition} ({count} such record(s) in the batch; nothing of it was committed). Sessions need every record of a key in one partition. Re-key the input through an internal topic with --repartition (library: repartition_by; it is exactly once, but which events it judges late can still depend on how the partitions' records interleave), or, if the producer keeps each key in one partition with a partitioner of its own, declare it with --kafka-partitioner custom (library: custom_partitioner)"
+    )]
+    NotKeyed {
+        /// The input topic.
+        topic: String,
+        /// `topic/partition@offset` of the first such record.
+        position: String,
+        /// Its session key.
+        key: String,
+        /// Its partition.
+        partition: i32,
+        /// The topic's partitions.
+        partitions: usize,
+        /// Where the Java client's default partitioner (murmur2) puts the key.
+        murmur2: i32,
+        /// Where librdkafka's default partitioner (CRC-32) puts the key.
+        crc32: i32,
+        /// How many records of the batch could not belong to their partition.
+        count: u64,
+    },
+    /// The run failed after it started: the error, with the counts of what it did
+    /// until then ([`RunError::stats`]).
+    #[error("{error}")]
+    Failed {
+        /// What went wrong.
+        #[source]
+        error: Box<RunError>,
+        /// The run's counts until it failed.
+        stats: Box<RunStats>,
+    },
+    /// A key's state in the checkpoint does not decode.
+    #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
+    RestoreState {
+        /// The state directory.
+        dir: String,
+        /// The key, as text.
+        key: String,
+        /// What is wrong with it.
+        #[source]
+        reason: Box<KeyStateError>,
+    },
+}
+
+impl RunError {
+    /// The error with the counts of the run it stopped (written to the stats file).
+    pub fn with_stats(self, stats: RunStats) -> RunError {
+        match self {
+            e @ (RunError::OutputClosed { .. } | RunError::Failed { .. }) => e,
+            e => RunError::Failed {
+                error: Box::new(e),
+                stats: Box::new(stats),
+            },
+        }
+    }
+
+    /// The counts of the run until it stopped, when the error carries them.
+    pub fn stats(&self) -> Option<&RunStats> {
+        match self {
+            RunError::OutputClosed { stats, .. } | RunError::Failed { stats, .. } => Some(stats),
+            _ => None,
+        }
+    }
+
+    /// The error itself, without the counts [`with_stats`](Self::with_stats) added.
+    pub fn inner(&self) -> &RunError {
+        match self {
+            RunError::Failed { error, .. } => error.inner(),
+            e => e,
+        }
+    }
+}
+
+/// Why a sink refused an item.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The receiving end of a channel was dropped.
+    #[error("the receiving end of the output channel is closed")]
+    Closed,
+    /// Writing an output failed.
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// An item could not be encoded as JSON.
+    #[error("cannot encode an output record as JSON: {0}")]
+    Encode(#[from] serde_json::Error),
+    /// The job's state store (the `rocksdb` backend) failed: the job cannot go on, and
+    /// what it emitted in the failing step may be wrong. Restore it from its last
+    /// checkpoint.
+    #[error(transparent)]
+    StateStore(#[from] sessionizer_window::spill::SpillError),
+    /// Producing to Kafka failed (a [`KafkaJsonSink`](crate::kafka::KafkaJsonSink)).
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
+}
+
+/// Why a job cannot checkpoint or restore.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The state directory could not be read or written.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The checkpoint was taken with other options than this job's.
+    #[error(
+        "cannot resume from {dir}: the job's options changed: {}. Use the options of the checkpoint, or another state directory",
+        differences.join("; ")
+    )]
+    OptionsChanged {
+        /// The state directory.
+        dir: PathBuf,
+        /// One line per option that differs, naming it.
+        differences: Vec<String>,
+    },
+    /// A key's state in the checkpoint could not be read (a changed accumulator type,
+    /// say), or a key's state could not be written to it.
+    #[error("cannot resume from {dir}: {reason}")]
+    State {
+        /// The state directory.
+        dir: PathBuf,
+        /// What could not be read or written, naming the key.
+        #[source]
+        reason: Box<StateFailure>,
+    },
+    /// The directory holds a checkpoint that this job did not restore: checkpointing
+    /// over it would mix two jobs' state.
+    #[error(
+        "the state directory {dir} holds checkpoint {epoch}, which this job did not restore: call restore() before the first checkpoint, or use an empty directory"
+    )]
+    NotRestored {
+        /// The state directory.
+        dir: PathBuf,
+        /// The checkpoint found there.
+        epoch: u64,
+    },
+    /// Restore was called on a job that has already processed events.
+    #[error("restore() must come before the job's first event ({events} processed)")]
+    NotFresh {
+        /// Events the job has processed.
+        events: u64,
+    },
+    /// The state backend's store (RocksDB) failed.
+    #[error(transparent)]
+    StateStore(#[from] sessionizer_window::spill::SpillError),
+    /// The state backend asked for cannot be used (this build lacks it, or the job has
+    /// state already).
+    #[error("{0}")]
+    Backend(String),
+    /// The workers asked for cannot be set up (the job has state already, or the
+    /// threads did not start).
+    #[error("{0}")]
+    Workers(String),
+    /// The job's exactly-once Kafka output could not take part in a checkpoint or a
+    /// restore (the transaction did not commit, the checkpoint belongs to another
+    /// output, the brokers did not answer).
+    #[error("{0}")]
+    Output(String),
+}
+
+impl StateError {
+    pub(crate) fn output(e: RunError) -> StateError {
+        StateError::Output(e.to_string())
+    }
+}
+
+/// Why a source stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// An input could not be read.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The dead-letter sink refused a record.
+    #[error("cannot write a dead letter: {0}")]
+    DeadLetter(#[from] SinkError),
+    /// A source cannot continue where a checkpoint stood: the files changed, the
+    /// checkpoint recorded no position of them, or the source was opened before the
+    /// job's restore (or as a second source).
+    #[error("{0}")]
+    Resume(String),
+    /// Reading Kafka failed (a [`KafkaJson`](crate::kafka::KafkaJson) source).
+    #[cfg(feature = "kafka")]
+    #[error(transparent)]
+    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
 }

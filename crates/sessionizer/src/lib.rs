@@ -87,6 +87,7 @@ pub mod config;
 mod engine;
 pub mod error;
 mod flatten;
+mod joined;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod late;

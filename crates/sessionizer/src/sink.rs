@@ -5,36 +5,15 @@
 //! output writer (files or stdout, buffered in blocks).
 
 use crate::checkpoints::{Checkpoints, StateError};
+pub use crate::error::SinkError;
+use crate::joined::SharedWriter;
 use serde::Serialize;
-use sessionizer_connectors::encode::{OutputError, RecordWriter};
+use sessionizer_connectors::encode::RecordWriter;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::sync::mpsc;
 
 /// Where a [`JsonLinesSink`] writes: a file, stdout or stderr (also in the prelude).
 pub use sessionizer_connectors::OutputTarget;
-
-/// Why a sink refused an item.
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// The receiving end of a channel was dropped.
-    #[error("the receiving end of the output channel is closed")]
-    Closed,
-    /// Writing an output failed.
-    #[error(transparent)]
-    Output(#[from] OutputError),
-    /// An item could not be encoded as JSON.
-    #[error("cannot encode an output record as JSON: {0}")]
-    Encode(#[from] serde_json::Error),
-    /// The job's state store (the `rocksdb` backend) failed: the job cannot go on, and
-    /// what it emitted in the failing step may be wrong. Restore it from its last
-    /// checkpoint.
-    #[error(transparent)]
-    StateStore(#[from] sessionizer_window::spill::SpillError),
-    /// Producing to Kafka failed (a [`KafkaJsonSink`](crate::kafka::KafkaJsonSink)).
-    #[cfg(feature = "kafka")]
-    #[error(transparent)]
-    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
-}
 
 /// A destination for items of type `T`.
 #[diagnostic::on_unimplemented(
@@ -136,23 +115,6 @@ impl Writer {
             Writer::Own(w) => f(w),
             Writer::Committed(shared) => f(&mut shared.lock()),
         }
-    }
-}
-
-/// A file output shared by a sink (which appends) and the checkpoints (which commit its
-/// length with each checkpoint).
-#[derive(Debug, Clone)]
-pub(crate) struct SharedWriter(Arc<Mutex<RecordWriter>>);
-
-impl SharedWriter {
-    pub(crate) fn new(writer: RecordWriter) -> SharedWriter {
-        SharedWriter(Arc::new(Mutex::new(writer)))
-    }
-
-    /// The writer, for one call (a panic elsewhere while it was held leaves at worst
-    /// records after the committed length, which a restore cuts off).
-    pub(crate) fn lock(&self) -> MutexGuard<'_, RecordWriter> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

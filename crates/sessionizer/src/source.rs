@@ -4,18 +4,20 @@
 //! that do not parse to a dead-letter sink with their reason and position.
 
 use crate::checkpoints::Checkpoints;
+pub use crate::error::SourceError;
+use crate::joined::{JoinedSource, SharedPosition, Tracked};
 use crate::pipeline::durable::{Continuation, Refusal, continuation, unread_input};
-use crate::sink::{Sink, SinkError};
+use crate::sink::Sink;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::InputPosition;
 use sessionizer_connectors::input::{
-    Batch, DEFAULT_MAX_RECORD, InputError, Inputs, MAX_RECORD_LIMIT, ReadPosition,
+    Batch, DEFAULT_MAX_RECORD, Inputs, MAX_RECORD_LIMIT, ReadPosition,
 };
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 /// Where [`JsonLines`] reads: a file or stdin (also in the prelude).
 pub use sessionizer_connectors::InputSource;
@@ -49,26 +51,6 @@ impl DeadLetter {
             raw_base64: sessionizer_connectors::encode::raw_base64(raw),
         }
     }
-}
-
-/// Why a source stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// An input could not be read.
-    #[error(transparent)]
-    Input(#[from] InputError),
-    /// The dead-letter sink refused a record.
-    #[error("cannot write a dead letter: {0}")]
-    DeadLetter(#[from] SinkError),
-    /// A source cannot continue where a checkpoint stood: the files changed, the
-    /// checkpoint recorded no position of them, or the source was opened before the
-    /// job's restore (or as a second source).
-    #[error("{0}")]
-    Resume(String),
-    /// Reading Kafka failed (a [`KafkaJson`](crate::kafka::KafkaJson) source).
-    #[cfg(feature = "kafka")]
-    #[error(transparent)]
-    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
 }
 
 /// What a [`JsonLines`] source read.
@@ -121,92 +103,6 @@ pub struct JsonLines<E, D> {
     batch_bytes: usize,
     max_record: usize,
     _events: PhantomData<fn() -> E>,
-}
-
-/// How far a resumable source has read, shared by the source (which moves it) and the
-/// checkpoints (which record it in every checkpoint).
-#[derive(Debug, Clone)]
-pub(crate) struct SharedPosition(Arc<Mutex<Tracked>>);
-
-impl SharedPosition {
-    fn lock(&self) -> MutexGuard<'_, Tracked> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Every file's position, as a checkpoint records it.
-    pub(crate) fn positions(&self) -> Vec<InputPosition> {
-        self.lock().positions()
-    }
-}
-
-/// How far a resumable source has read its files: just after the last line handed out
-/// (as an event, a dead letter or a blank line).
-#[derive(Debug)]
-struct Tracked {
-    /// Each file as opened (path, size, head hash); its position is filled in when
-    /// recorded.
-    files: Vec<InputPosition>,
-    /// Lines of each file handed out (for the files read to their end).
-    lines: Vec<u64>,
-    /// Just after the last line handed out.
-    at: ReadPosition,
-}
-
-impl Tracked {
-    /// Line `i` of `batch` was handed out.
-    fn consumed(&mut self, batch: &Batch, i: usize) {
-        let line = batch.lines[i];
-        // A line of the input where the last one ended starts there; one of a later
-        // input starts at its beginning.
-        let start = if line.input == self.at.input {
-            self.at.offset
-        } else {
-            0
-        };
-        self.lines[line.input as usize] = line.line_no;
-        self.at = match batch.lines.get(i + 1) {
-            // The next line follows this one and its terminator.
-            Some(next) if next.input == line.input => ReadPosition {
-                input: line.input,
-                // A record above the size limit is in the batch as its first bytes
-                // only: its length and newline are what it took of the file.
-                offset: start
-                    + batch
-                        .oversized_len(i)
-                        .map_or(u64::from(next.start - line.start), |len| len + 1),
-                line_no: line.line_no,
-            },
-            // The batch's last line of the input it ends in.
-            _ if line.input == batch.end.input => batch.end,
-            // The last line of an input read to its end: the next input, from its start.
-            _ => ReadPosition {
-                input: line.input + 1,
-                offset: 0,
-                line_no: 0,
-            },
-        };
-    }
-
-    /// Every file's position.
-    fn positions(&self) -> Vec<InputPosition> {
-        let at = self.at.input as usize;
-        self.files
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let (offset, line) = match i.cmp(&at) {
-                    std::cmp::Ordering::Less => (f.size, self.lines[i]),
-                    std::cmp::Ordering::Equal => (self.at.offset, self.at.line_no),
-                    std::cmp::Ordering::Greater => (0, 0),
-                };
-                InputPosition {
-                    offset,
-                    line,
-                    ..f.clone()
-                }
-            })
-            .collect()
-    }
 }
 
 impl<E, D> fmt::Debug for JsonLines<E, D> {
@@ -338,7 +234,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             (crate::pipeline::durable::resume_position(saved), lines)
         };
         let position = SharedPosition(Arc::new(Mutex::new(Tracked { files, lines, at })));
-        checkpoints.join_source(crate::checkpoints::JoinedSource::Files(position.clone()));
+        checkpoints.join_source(JoinedSource::Files(position.clone()));
         Ok(JsonLines {
             inputs: Inputs::starting_at(sources, at),
             batch: Batch::default(),

@@ -18,7 +18,6 @@
 //! batches ([`Telemetry::answer_queries`]), so the answer is the state as it stands
 //! between two batches.
 
-use crate::pipeline::Observer;
 use crate::stats::RunStats;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -34,6 +33,24 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// What a user of a running pipeline sees of it: a progress line, warnings. Given to
+/// [`Telemetry::new`], which calls it; logs and metrics go through the telemetry itself.
+pub trait Observer {
+    /// Called after every batch of input (about every 4 MiB).
+    fn progress(&self, _records_read: u64, _open_sessions: usize, _watermark: Watermark) {}
+
+    /// Something the user should know that does not stop the run (a damaged checkpoint
+    /// skipped for an older one). The library prints nothing: the event is also logged
+    /// through `tracing`, and the command line writes this text to stderr.
+    fn warn(&self, _message: &str) {}
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Quiet;
+
+impl Observer for Quiet {}
 
 /// The `Content-Type` of [`Telemetry::encode_metrics`]: the Prometheus text format.
 pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -222,7 +239,7 @@ impl fmt::Debug for Telemetry {
 
 impl Default for Telemetry {
     fn default() -> Self {
-        Telemetry::new(crate::pipeline::Quiet)
+        Telemetry::new(Quiet)
     }
 }
 

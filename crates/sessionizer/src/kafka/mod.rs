@@ -53,19 +53,20 @@
 //! }
 //! ```
 
-use crate::checkpoints::{Checkpoints, JoinedSource, SharedTopicSink, SourceProgress, StateError};
+use crate::checkpoints::{Checkpoints, SharedTopicSink, StateError};
+use crate::joined::{JoinedSource, Offsets, SharedOffsets};
 use crate::sink::{Sink, SinkError};
 use crate::source::{DeadLetter, SourceCounts, SourceError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sessionizer_checkpoint::{KafkaPosition, KafkaSource};
+use sessionizer_checkpoint::KafkaSource;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, StartAt};
 use sessionizer_connectors::kafka::producer::{KeyField, LineProducer};
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use group::KafkaGroup;
@@ -115,45 +116,6 @@ pub struct KafkaJson<E, D> {
     counts: SourceCounts,
     max_record: usize,
     _events: PhantomData<fn() -> E>,
-}
-
-/// How far a [`KafkaJson`] source has read (the next offset of each partition, `None`:
-/// nothing read from it yet) and what it reads, shared by the source (which moves it
-/// with every record it hands out) and the checkpoints (which record it in every
-/// checkpoint).
-#[derive(Debug, Clone)]
-pub(crate) struct SharedOffsets(Arc<Mutex<Offsets>>);
-
-#[derive(Debug)]
-struct Offsets {
-    source: KafkaSource,
-    next: Vec<Option<i64>>,
-}
-
-impl SharedOffsets {
-    fn lock(&self) -> MutexGuard<'_, Offsets> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// What a checkpoint records of the source.
-    pub(crate) fn progress(&self) -> SourceProgress {
-        let o = self.lock();
-        SourceProgress {
-            source: Some(o.source.clone()),
-            positions: o
-                .next
-                .iter()
-                .enumerate()
-                .filter_map(|(p, at)| {
-                    at.map(|next_offset| KafkaPosition {
-                        topic: o.source.topic.clone(),
-                        partition: p as i32,
-                        next_offset,
-                    })
-                })
-                .collect(),
-        }
-    }
 }
 
 impl<E, D> fmt::Debug for KafkaJson<E, D> {

@@ -32,6 +32,8 @@ mod lookup;
 pub(crate) mod parse;
 pub(crate) mod shard;
 
+pub use crate::error::RunError;
+pub use crate::telemetry::{Observer, Quiet};
 pub use backend::store_reader;
 
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
@@ -45,7 +47,7 @@ use kafka_sink::{Side, TopicSink};
 use parse::Parsed;
 use sessionizer_checkpoint::CheckpointError;
 use sessionizer_checkpoint::state::LiveError;
-use sessionizer_connectors::encode::{OutputError, SourceName};
+use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::input::{InputError, ReadPosition};
 use sessionizer_connectors::{
     Batch, InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder,
@@ -54,210 +56,6 @@ use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
 use shard::{Shard, Tag};
 use std::time::{Duration, Instant};
-
-/// Why a run stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    /// An input could not be opened or read.
-    #[error(transparent)]
-    Input(#[from] InputError),
-    /// An output could not be written, flushed or synced.
-    #[error(transparent)]
-    Output(#[from] OutputError),
-    /// The reader of an output closed it (stdout piped into `head`), so the run stopped
-    /// early. Not a failure for a command line; `stats` counts the input processed until
-    /// then (the counts add up) and names the output in `output_closed`.
-    #[error("{name} was closed by its reader; the run stopped early")]
-    OutputClosed {
-        /// The output's name (`stdout`, or a path).
-        name: String,
-        /// The run's counts until it stopped.
-        stats: Box<RunStats>,
-    },
-    /// An invalid record with `--on-invalid fail`.
-    #[error(
-        "invalid record at {position}: {reason} (stopping because of --on-invalid fail; use --on-invalid dead-letter to set such records aside)"
-    )]
-    InvalidRecord {
-        /// `file:line`.
-        position: String,
-        /// Why the record is invalid.
-        reason: String,
-    },
-    /// The worker or reader threads could not be started.
-    #[error("cannot start {workers} worker threads: {message}")]
-    Workers {
-        /// How many were asked for.
-        workers: usize,
-        /// The system's reason.
-        message: String,
-    },
-    /// The reader thread stopped without reaching the end of the inputs (it panicked):
-    /// the run stops rather than pass a truncated input off as complete.
-    #[error(
-        "the input reader stopped unexpectedly before the end of the inputs; no output was committed past that point"
-    )]
-    ReaderFailed,
-    /// Reading or writing the checkpoint files failed.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The checkpoint was taken with options that shape the state differently.
-    #[error(
-        "the checkpoint in {dir} was taken with other options: {}; run with the checkpoint's options, or use another --state-dir",
-        differences.join("; ")
-    )]
-    OptionsChanged {
-        /// The state directory.
-        dir: String,
-        /// One line per differing option.
-        differences: Vec<String>,
-    },
-    /// An input file is not the one the checkpoint was reading.
-    #[error(
-        "input {path} changed since the checkpoint in {dir} was taken ({what}); resuming would skip or repeat records. Restore the file, or use another --state-dir"
-    )]
-    InputChanged {
-        /// The state directory.
-        dir: String,
-        /// The input file.
-        path: String,
-        /// What differs.
-        what: String,
-    },
-    /// The job in the state directory cannot continue with these inputs.
-    #[error("cannot continue the job in {dir}: {message}")]
-    Resume {
-        /// The state directory.
-        dir: String,
-        /// Why not.
-        message: String,
-    },
-    /// Talking to Kafka failed, or what it holds does not fit the job.
-    #[cfg(feature = "kafka")]
-    #[error(transparent)]
-    Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
-    /// The run asks for something this build or this mode cannot do.
-    #[error(transparent)]
-    Unsupported(#[from] crate::error::Unsupported),
-    /// A library job's state could not be written (its serde implementation refused
-    /// it): the job stops before anything of that step is committed.
-    #[error(transparent)]
-    StateEncode(#[from] crate::error::StateEncodeError),
-    /// The field of a group's `repartition_by` is not a field path.
-    #[error("repartition_by({field:?}): {source}")]
-    RepartitionField {
-        /// The field as given.
-        field: String,
-        /// Why it is not a path.
-        #[source]
-        source: sessionizer_core::json::PathError,
-    },
-    /// A stateful job's operator refused what the run asked of it (emptied for a
-    /// restore while a batch is open, its state store failed).
-    #[error(transparent)]
-    Stateful(Box<sessionizer_window::stateful::SnapshotError>),
-    /// A bug: something that cannot happen did.
-    #[error("internal error: {0}")]
-    Internal(&'static str),
-    /// The state backend's store (RocksDB) failed.
-    #[error(transparent)]
-    StateStore(#[from] sessionizer_window::spill::SpillError),
-    /// A library job's output or state could not be written (its serde implementation
-    /// refused it, say): the job stops before anything of that step is committed.
-    #[error("the job cannot go on: {0}")]
-    Job(#[from] crate::sink::SinkError),
-    /// A Kafka input topic is not partitioned by the session key: a record sits in a
-    /// partition that no standard partitioner gives its key.
-    #[error(
-        "Kafka topic {topic} is not partitioned by the session key: the record at {position} has key {key:?}, which the standard partitioners place in partition {murmur2} (murmur2, the Java client's default) or {crc32} (CRC-32, librdkafka's default) of {partitions}, not in {partition} ({count} such record(s) in the batch; nothing of it was committed). Sessions need every record of a key in one partition. Re-key the input through an internal topic with --repartition (library: repartition_by; it is exactly once, but which events it judges late can still depend on how the partitions' records interleave), or, if the producer keeps each key in one partition with a partitioner of its own, declare it with --kafka-partitioner custom (library: custom_partitioner)"
-    )]
-    NotKeyed {
-        /// The input topic.
-        topic: String,
-        /// `topic/partition@offset` of the first such record.
-        position: String,
-        /// Its session key.
-        key: String,
-        /// Its partition.
-        partition: i32,
-        /// The topic's partitions.
-        partitions: usize,
-        /// Where the Java client's default partitioner (murmur2) puts the key.
-        murmur2: i32,
-        /// Where librdkafka's default partitioner (CRC-32) puts the key.
-        crc32: i32,
-        /// How many records of the batch could not belong to their partition.
-        count: u64,
-    },
-    /// The run failed after it started: the error, with the counts of what it did
-    /// until then ([`RunError::stats`]).
-    #[error("{error}")]
-    Failed {
-        /// What went wrong.
-        #[source]
-        error: Box<RunError>,
-        /// The run's counts until it failed.
-        stats: Box<RunStats>,
-    },
-    /// A key's state in the checkpoint does not decode.
-    #[error("cannot restore the state of key {key:?} from the checkpoint in {dir}: {reason}")]
-    RestoreState {
-        /// The state directory.
-        dir: String,
-        /// The key, as text.
-        key: String,
-        /// What is wrong with it.
-        #[source]
-        reason: Box<crate::error::KeyStateError>,
-    },
-}
-
-impl RunError {
-    /// The error with the counts of the run it stopped (written to the stats file).
-    pub fn with_stats(self, stats: RunStats) -> RunError {
-        match self {
-            e @ (RunError::OutputClosed { .. } | RunError::Failed { .. }) => e,
-            e => RunError::Failed {
-                error: Box::new(e),
-                stats: Box::new(stats),
-            },
-        }
-    }
-
-    /// The counts of the run until it stopped, when the error carries them.
-    pub fn stats(&self) -> Option<&RunStats> {
-        match self {
-            RunError::OutputClosed { stats, .. } | RunError::Failed { stats, .. } => Some(stats),
-            _ => None,
-        }
-    }
-
-    /// The error itself, without the counts [`with_stats`](Self::with_stats) added.
-    pub fn inner(&self) -> &RunError {
-        match self {
-            RunError::Failed { error, .. } => error.inner(),
-            e => e,
-        }
-    }
-}
-
-/// What a user of a running pipeline sees of it: a progress line, warnings. Given to
-/// [`Telemetry::new`], which calls it; logs and metrics go through the telemetry itself.
-pub trait Observer {
-    /// Called after every batch of input (about every 4 MiB).
-    fn progress(&self, _records_read: u64, _open_sessions: usize, _watermark: Watermark) {}
-
-    /// Something the user should know that does not stop the run (a damaged checkpoint
-    /// skipped for an older one). The library prints nothing: the event is also logged
-    /// through `tracing`, and the command line writes this text to stderr.
-    fn warn(&self, _message: &str) {}
-}
-
-/// An observer that ignores everything.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Quiet;
-
-impl Observer for Quiet {}
 
 /// Bytes of input per batch.
 const BATCH_BYTES: usize = 4 << 20;
