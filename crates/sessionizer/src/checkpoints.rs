@@ -109,7 +109,7 @@ pub struct Checkpoints {
 /// (which commit).
 #[derive(Clone)]
 pub(crate) struct SharedTopicSink(
-    std::sync::Arc<std::sync::Mutex<Box<dyn crate::pipeline::kafka_sink::TopicSink + Send>>>,
+    std::sync::Arc<std::sync::Mutex<Box<dyn crate::runtime::kafka_sink::TopicSink + Send>>>,
 );
 
 impl SharedTopicSink {
@@ -117,7 +117,7 @@ impl SharedTopicSink {
     /// the transaction is then aborted by the next process of the job).
     pub(crate) fn lock(
         &self,
-    ) -> std::sync::MutexGuard<'_, Box<dyn crate::pipeline::kafka_sink::TopicSink + Send>> {
+    ) -> std::sync::MutexGuard<'_, Box<dyn crate::runtime::kafka_sink::TopicSink + Send>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -240,7 +240,7 @@ impl Checkpoints {
         // A base keeps the stores' images as its copy of the keys in RocksDB.
         let stores = images
             .into_iter()
-            .map(crate::engine::state::store_dir)
+            .map(crate::runtime::state::store_dir)
             .collect();
         // Where the source stands now: just after the last record it handed out.
         match &self.source {
@@ -485,7 +485,7 @@ impl Checkpoints {
     #[cfg(feature = "kafka")]
     pub(crate) fn join_transaction(
         &mut self,
-        mut sink: Box<dyn crate::pipeline::kafka_sink::TopicSink + Send>,
+        mut sink: Box<dyn crate::runtime::kafka_sink::TopicSink + Send>,
     ) -> Result<SharedTopicSink, StateError> {
         use sessionizer_checkpoint::Recovered;
         if self.restored || self.transaction.is_some() {
@@ -506,7 +506,7 @@ impl Checkpoints {
             .take()
             .map(|(manifest, state)| Recovered { manifest, state });
         let warn = &mut |m: &str| tracing::warn!("{m}");
-        let resolved = crate::pipeline::durable::resolve_transaction(
+        let resolved = crate::runtime::durable::resolve_transaction(
             self.writer.dir_mut(),
             found,
             Some(sink.as_mut()),
@@ -564,10 +564,10 @@ mod tests {
     //! phase fails from its second checkpoint on (as when the brokers stop answering):
     //! the real Kafka paths are in `tests/kafka_exactly_once.rs`.
     use super::*;
-    use crate::pipeline::RunError;
-    use crate::pipeline::kafka_sink::{Outcome, Side, TopicSink};
-    use crate::pipeline::shard::{Tag, Tagged};
+    use crate::error::RunError;
     use crate::prelude::*;
+    use crate::runtime::kafka_sink::{Outcome, Side, TopicSink};
+    use crate::runtime::tagged::{Tag, Tagged};
     use sessionizer_checkpoint::KafkaTxn;
 
     /// Takes records; its first checkpoint commits, then `prepare` fails.

@@ -187,7 +187,7 @@ pub enum StateFailure {
 /// What this build or this mode cannot do ([`RunError::Unsupported`]): a cargo feature
 /// the build lacks, or a job that cannot run where it was put.
 ///
-/// [`RunError::Unsupported`]: crate::pipeline::RunError::Unsupported
+/// [`RunError::Unsupported`]: crate::error::RunError::Unsupported
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Unsupported {
     /// A Kafka input or output in a build without the cargo feature `kafka`.

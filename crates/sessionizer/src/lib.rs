@@ -84,15 +84,16 @@
 pub mod aggregators;
 pub mod checkpoints;
 pub mod config;
-mod engine;
 pub mod error;
 mod flatten;
+mod jobs;
 mod joined;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod late;
 pub mod pipeline;
 mod records;
+mod runtime;
 pub mod sink;
 pub mod source;
 pub mod stateful;

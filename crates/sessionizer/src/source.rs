@@ -6,7 +6,7 @@
 use crate::checkpoints::Checkpoints;
 pub use crate::error::SourceError;
 use crate::joined::{JoinedSource, SharedPosition, Tracked};
-use crate::pipeline::durable::{Continuation, Refusal, continuation, unread_input};
+use crate::runtime::durable::{Continuation, Refusal, continuation, unread_input};
 use crate::sink::Sink;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -231,7 +231,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             let lines = (0..files.len())
                 .map(|i| saved.get(i).map_or(0, |p| p.line))
                 .collect();
-            (crate::pipeline::durable::resume_position(saved), lines)
+            (crate::runtime::durable::resume_position(saved), lines)
         };
         let position = SharedPosition(Arc::new(Mutex::new(Tracked { files, lines, at })));
         checkpoints.join_source(JoinedSource::Files(position.clone()));

@@ -7,10 +7,10 @@
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
-use crate::engine::{shard_of, state};
 use crate::error::RestoreError;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
-use crate::pipeline::backend::SpillRoot;
+use crate::runtime::backend::SpillRoot;
+use crate::runtime::{shard_of, state};
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
@@ -256,7 +256,7 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
 /// `end_batch` and `finish` need no more bounds than with one worker), and the batch's
 /// bookkeeping.
 struct Parallel<E, S, W, C, F> {
-    threads: crate::engine::Workers,
+    threads: crate::runtime::Workers,
     beat: parallel::Beat,
     on_all: OnAll<E, S, W, C, F>,
     /// A batch is open; the next event's index in it (its key's rank if it is the key's
@@ -283,7 +283,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock, F> Parallel<E, S, W, C, F> {
 /// `Vec<R::Item>` behind `Any` (the output type is the function's, which the job's
 /// type does not name).
 type OnAll<E, S, W, C, F> = fn(
-    &crate::engine::Workers,
+    &crate::runtime::Workers,
     parallel::Step,
     &mut StatefulOperator<E, S, W, C>,
     &mut F,
@@ -292,7 +292,7 @@ type OnAll<E, S, W, C, F> = fn(
 ) -> (BatchReport, Box<dyn std::any::Any>);
 
 fn on_all<E, S, W, C, F, R>(
-    threads: &crate::engine::Workers,
+    threads: &crate::runtime::Workers,
     step: parallel::Step,
     op: &mut StatefulOperator<E, S, W, C>,
     f: &mut F,
@@ -491,7 +491,7 @@ where
             return Ok(report);
         };
         let quiet = self.op.now().0.saturating_sub(at.0);
-        let Some(target) = crate::engine::idle_watermark(limit.millis(), quiet, w)
+        let Some(target) = crate::runtime::idle_watermark(limit.millis(), quiet, w)
             .filter(|&t| t > self.op.watermark())
         else {
             return Ok(report);
@@ -653,7 +653,7 @@ where
             return Ok(());
         }
         let threads =
-            crate::engine::Workers::start(workers, "sessionizer-stateful").map_err(|e| {
+            crate::runtime::Workers::start(workers, "sessionizer-stateful").map_err(|e| {
                 StateError::Workers(format!("cannot start {workers} worker threads: {e}"))
             })?;
         let beat = parallel::Beat::default();
@@ -752,7 +752,7 @@ impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F
     where
         S: Serialize + DeserializeOwned + Send + 'static,
     {
-        use crate::pipeline::backend::rocks_budget;
+        use crate::runtime::backend::rocks_budget;
         use sessionizer_window::spill::RocksSpill;
         use sessionizer_window::stateful::KeyRecordCodec;
         let root = SpillRoot::choose(dir, None);
@@ -1018,9 +1018,9 @@ where
     /// `task` (before it is restored).
     pub(crate) fn attach_task_store(
         &mut self,
-        stores: &crate::pipeline::backend::TaskStores,
+        stores: &crate::runtime::backend::TaskStores,
         task: &str,
-    ) -> Result<(), crate::pipeline::RunError>
+    ) -> Result<(), crate::error::RunError>
     where
         S: Send + 'static,
     {
@@ -1116,7 +1116,7 @@ where
     /// (`None`: gone).
     pub(crate) fn drain_task_changes(
         &mut self,
-        f: &mut crate::pipeline::kafka::PutChange<'_>,
+        f: &mut crate::runtime::kafka::PutChange<'_>,
     ) -> Result<(), SnapshotError> {
         self.op.encode_state(false, f)
     }

@@ -8,10 +8,10 @@
 
 use crate::checkpoints::{Checkpoints, Resumed, StateError};
 use crate::config::StateBackend;
-use crate::engine::state;
 use crate::error::{RestoreError, StateEncodeError};
 use crate::late::Late;
-use crate::pipeline::backend::SpillRoot;
+use crate::runtime::backend::SpillRoot;
+use crate::runtime::state;
 use crate::sink::{Sink, SinkError};
 use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes};
 use serde::de::DeserializeOwned;
@@ -463,7 +463,7 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     seq: u64,
     key_buf: String,
     /// Per worker, the events of a batch it walks (kept between batches).
-    walks: crate::engine::Walks,
+    walks: crate::runtime::Walks,
     counts: WindowCounts,
     /// A checkpoint was written or restored: the operator tracks changed keys.
     checkpointed: bool,
@@ -599,7 +599,7 @@ where
         };
         let now = self.clock.now();
         let quiet = now.0.saturating_sub(at.0);
-        let Some(target) = crate::engine::idle_watermark(limit.millis(), quiet, w)
+        let Some(target) = crate::runtime::idle_watermark(limit.millis(), quiet, w)
             .filter(|&t| t > self.op.watermark())
         else {
             return Ok(());
@@ -683,7 +683,7 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
         let workers = workers.max(1);
         self.parallel = if workers > 1 {
             let threads =
-                crate::engine::Workers::start(workers, "sessionizer-worker").map_err(|e| {
+                crate::runtime::Workers::start(workers, "sessionizer-worker").map_err(|e| {
                     StateError::Workers(format!("cannot start {workers} worker threads: {e}"))
                 })?;
             Some(batches::Workers::new(threads))
@@ -894,7 +894,7 @@ where
         let codec =
             || -> Box<dyn StateCodec<_>> { Box::new(JsonAcc::<A::Acc>(std::marker::PhantomData)) };
         let ops = self.operators_mut().collect();
-        crate::pipeline::backend::open_stores(ops, root, memory_bytes, codec, copies)?;
+        crate::runtime::backend::open_stores(ops, root, memory_bytes, codec, copies)?;
         Ok(())
     }
 
@@ -966,7 +966,7 @@ where
         };
         let workers = 1 + self.workers.len();
         let linked = self.spill_root.is_some() && state.stores().len() == workers;
-        let reader = crate::pipeline::store_reader();
+        let reader = crate::runtime::backend::store_reader();
         let checked = if linked {
             state::check_files(&state, decodes)
         } else {
@@ -1061,9 +1061,9 @@ where
     /// `task` (before it is restored).
     pub(crate) fn attach_task_store(
         &mut self,
-        stores: &crate::pipeline::backend::TaskStores,
+        stores: &crate::runtime::backend::TaskStores,
         task: &str,
-    ) -> Result<(), crate::pipeline::RunError>
+    ) -> Result<(), crate::error::RunError>
     where
         A::Acc: 'static,
     {
@@ -1170,7 +1170,7 @@ where
     /// (`None`: gone); an accumulator its JSON writer refuses is an error naming it.
     pub(crate) fn drain_task_changes(
         &mut self,
-        f: &mut crate::pipeline::kafka::PutChange<'_>,
+        f: &mut crate::runtime::kafka::PutChange<'_>,
     ) -> Result<(), SpillError> {
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
         let mut encode = |s: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(s, buf);

@@ -22,17 +22,16 @@
 
 use crate::config::{KafkaConfig, KafkaStart, Partitioner, StateBackend};
 use crate::error::KeyStateError;
+use crate::error::RunError;
 use crate::late::{Late, TIME_OUT_OF_RANGE};
-use crate::pipeline::backend::TaskStores;
-use crate::pipeline::kafka::{
-    DriverSettings, Processed, PutChange, TaskFactory, TaskOp, run_tasks,
-};
-use crate::pipeline::shard::Tagged;
-use crate::pipeline::{Quiet, RunError};
+use crate::runtime::backend::TaskStores;
+use crate::runtime::kafka::{DriverSettings, Processed, PutChange, TaskFactory, TaskOp, run_tasks};
+use crate::runtime::tagged::Tagged;
 use crate::sink::{Sink, SinkError};
 use crate::stateful::StatefulJob;
 use crate::stats::RunStats;
 use crate::stream::{KeyFn, TimeFn};
+use crate::telemetry::Quiet;
 use crate::telemetry::Telemetry;
 use crate::windowed::{GapFn, SessionWindowJob, WindowOutput};
 use serde::Serialize;

@@ -466,7 +466,7 @@ impl KafkaJsonSink {
     ) -> Result<Self, StateError> {
         let key = KeyField::new(key_field).map_err(|e| StateError::Output(e.to_string()))?;
         let settings = brokers.into();
-        let sink = crate::pipeline::kafka_sink::open_library(settings, topic, TRANSACTION_TIMEOUT)
+        let sink = crate::runtime::kafka_sink::open_library(settings, topic, TRANSACTION_TIMEOUT)
             .map_err(StateError::output)?;
         let shared = checkpoints.join_transaction(sink)?;
         Ok(KafkaJsonSink {

@@ -152,7 +152,7 @@ enum Part<'a, E, S, W, C, F> {
 /// `emit` in one operator's order; returns the sum of the reports (the first
 /// operator's watermark).
 pub(crate) fn run_step<E, S, W, C, F, R>(
-    threads: &crate::engine::Workers,
+    threads: &crate::runtime::Workers,
     step: Step,
     first: (&mut StatefulOperator<E, S, W, C>, &mut F, &mut Pending<E>),
     workers: &mut [Worker<E, S, F>],

@@ -1,5 +1,5 @@
 //! How a session window job runs its events: in batches, on one worker or on several
-//! ([`SessionWindowJob::set_workers`]), by the scheme of every job ([`crate::engine`];
+//! ([`SessionWindowJob::set_workers`]), by the scheme of every job ([`crate::runtime`];
 //! the command line's side of it is `pipeline/shard.rs`). One worker is the same path
 //! with one shard, whose records need no merge:
 //!
@@ -22,10 +22,10 @@ use super::{
     Emission, GapFn, KeyFn, Late, Outcome, Retraction, SessionRecord, SessionWindowJob, Sink,
     SinkError, TimeFn, Trigger, WindowOutput,
 };
-use crate::engine::{
+use crate::late::TIME_OUT_OF_RANGE;
+use crate::runtime::{
     END_PART, Place, Walked, Walker, Walks, end_part_lens, merge_order, shard_of, walk,
 };
-use crate::late::TIME_OUT_OF_RANGE;
 use crate::stream::time_is_valid;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
@@ -117,7 +117,7 @@ impl<O> Default for Outputs<O> {
 /// ([`SessionWindowJob::set_workers`]), so that `push`, `run`, `finish` and `tick` need
 /// no more bounds than with one worker.
 type OnWorkers<E, A, C> = fn(
-    &crate::engine::Workers,
+    &crate::runtime::Workers,
     &mut Op<A, E>,
     &mut [Op<A, E>],
     &mut [Outputs<<A as Aggregator<E>>::Output>],
@@ -126,7 +126,7 @@ type OnWorkers<E, A, C> = fn(
 
 /// The workers' threads and what they run.
 pub(super) struct Workers<E, A: Aggregator<E>, C> {
-    threads: crate::engine::Workers,
+    threads: crate::runtime::Workers,
     on_workers: OnWorkers<E, A, C>,
 }
 
@@ -138,7 +138,7 @@ where
     A::Output: Send,
     C: Clock + Sync,
 {
-    pub(super) fn new(threads: crate::engine::Workers) -> Self {
+    pub(super) fn new(threads: crate::runtime::Workers) -> Self {
         Workers {
             threads,
             on_workers: on_pool::<E, A, C>,
@@ -147,7 +147,7 @@ where
 }
 
 fn on_pool<E, A, C>(
-    threads: &crate::engine::Workers,
+    threads: &crate::runtime::Workers,
     first: &mut Op<A, E>,
     rest: &mut [Op<A, E>],
     outs: &mut [Outputs<A::Output>],

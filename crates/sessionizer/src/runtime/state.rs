@@ -3,8 +3,8 @@
 //! differ only in how one key's sessions are encoded: the built-in aggregates' codec or
 //! the user's accumulator as JSON).
 
-use super::shard_of;
 pub(crate) use crate::error::KeyStateError;
+use crate::runtime::shard_of;
 use sessionizer_checkpoint::state::LiveError;
 use sessionizer_checkpoint::stores::StoreReader;
 use sessionizer_checkpoint::{LoadedState, StateEntries, StoreImageDir, WatermarkState};

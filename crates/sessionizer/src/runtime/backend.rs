@@ -10,11 +10,11 @@
 //! written), any other run reads the copies' keys into its shards like a base file's.
 //! Stores start empty otherwise.
 
-use super::RunError;
-use super::shard::Shard;
 use crate::config::{PipelineConfig, StateBackend};
+use crate::error::RunError;
 use crate::error::Unsupported;
 use sessionizer_checkpoint::{LoadedState, LoadedStore, StoreReader};
+use sessionizer_window::SessionOperator;
 use std::path::{Path, PathBuf};
 
 /// The directory of a run's spill stores; a temporary one is removed when dropped
@@ -117,7 +117,7 @@ pub(crate) struct Attached {
 /// run (as many workers as then) gives each shard's store its start.
 pub(crate) fn attach(
     cfg: &PipelineConfig,
-    shards: &mut [Shard],
+    shards: Vec<&mut SessionOperator>,
     state_dir: Option<&Path>,
     restoring: Option<&LoadedState>,
 ) -> Result<Attached, RunError> {
@@ -142,7 +142,7 @@ pub(crate) fn attach(
 #[cfg(feature = "rocksdb")]
 fn open_rocks(
     cfg: &PipelineConfig,
-    shards: &mut [Shard],
+    shards: Vec<&mut SessionOperator>,
     root: &SpillRoot,
     memory_bytes: u64,
     from: Option<&[LoadedStore]>,
@@ -152,8 +152,7 @@ fn open_rocks(
             cfg.window_config(),
         ))
     };
-    let ops = shards.iter_mut().map(|s| &mut s.op).collect();
-    Ok(open_stores(ops, root, memory_bytes, codec, from)?)
+    Ok(open_stores(shards, root, memory_bytes, codec, from)?)
 }
 
 /// Gives each of `ops` (a run's shards or a library job's workers; the `i`-th is part
@@ -207,7 +206,7 @@ where
 #[cfg(not(feature = "rocksdb"))]
 fn open_rocks(
     _: &PipelineConfig,
-    _: &mut [Shard],
+    _: Vec<&mut SessionOperator>,
     _: &SpillRoot,
     _: u64,
     _: Option<&[LoadedStore]>,
@@ -302,7 +301,7 @@ impl TaskStores {
     pub(crate) fn attach(
         &self,
         cfg: &PipelineConfig,
-        shard: &mut Shard,
+        op: &mut SessionOperator,
         task: &str,
     ) -> Result<(), RunError> {
         #[cfg(feature = "rocksdb")]
@@ -313,12 +312,12 @@ impl TaskStores {
                 cfg.window_config(),
                 &self.memory,
             )?;
-            shard.op.spill_to(Box::new(store), self.hot);
+            op.spill_to(Box::new(store), self.hot);
             Ok(())
         }
         #[cfg(not(feature = "rocksdb"))]
         {
-            let _ = (cfg, shard, task, &self.root);
+            let _ = (cfg, op, task, &self.root);
             Err(RunError::Unsupported(Unsupported::NoRocksDb))
         }
     }

@@ -4,11 +4,11 @@
 //! a restart — or a partition coming back — reads only the changelog's tail. A snapshot
 //! is a cache: damaged, too old or not fitting the changelog, it is ignored.
 
-use super::super::RunError;
-use super::KafkaJob;
-use super::op::{TaskFactory, TaskOp};
-use super::restore::Restoring;
-use super::task::{Task, TaskMeta};
+use crate::error::RunError;
+use crate::runtime::kafka::KafkaJob;
+use crate::runtime::kafka::op::{TaskFactory, TaskOp};
+use crate::runtime::kafka::restore::Restoring;
+use crate::runtime::kafka::task::{Task, TaskMeta};
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{StateDir, StateEntries, task};
 use sessionizer_connectors::kafka::TopicPartition;

@@ -23,23 +23,44 @@
 //! this run, whatever their number. A checkpoint written at the end of the inputs with
 //! `--keep-open` instead accepts new inputs: the next run continues its sessions.
 
-use super::RunError;
-use super::kafka_sink::{Outcome, TopicSink};
-use super::shard::Shard;
 use crate::config::{CheckpointConfig, PipelineConfig};
+use crate::error::RunError;
+use crate::runtime::kafka_sink::{Outcome, TopicSink};
 use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::{
     CheckpointWriter, Committed, Counters, EncodedState, InputPosition, KafkaTxn, LoadedState,
-    Manifest, OutputCommit, Recovered, StateDir, StateEntries,
+    Manifest, OutputCommit, Recovered, StateDir, StateEntries, WatermarkState,
 };
 use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
 use sessionizer_connectors::{InputSource, OutputTarget};
-use sessionizer_window::spill::BaseImage;
+use sessionizer_window::spill::{BaseImage, SpillError};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// What a checkpoint takes of one shard of a file or stdin job: its keys' state, where
+/// event time stands, and its own counts. The command line's JSON shard is one.
+pub(crate) trait CheckpointShard: Send {
+    /// The shard forgot which keys changed (too many went to its store): the next
+    /// checkpoint must be a base.
+    fn changes_lost(&self) -> bool;
+    /// Encodes every key (`base`) or the keys changed since the last checkpoint into
+    /// `out`, then forgets the changes; a RocksDB store's image for a base.
+    fn encode_state(
+        &mut self,
+        base: bool,
+        out: &mut StateEntries,
+    ) -> Result<Option<BaseImage>, SpillError>;
+    /// Where event time stands.
+    fn progress(&self) -> WatermarkState;
+    /// Keys with state.
+    fn keys(&self) -> u64;
+    /// Sessions not yet final.
+    fn open_sessions(&self) -> u64;
+    /// Adds the shard's own counts (verdicts, records emitted) to `stats`.
+    fn add_counts(&self, stats: &mut RunStats);
+}
 /// The roles of the file outputs, in the order the job holds them.
 pub(crate) const ROLES: [&str; 3] = ["sessions", "dead-letter", "late"];
 
@@ -239,10 +260,10 @@ impl Durable {
     /// up to their committed lengths, `stats` the run's counters so far, `txn` the Kafka
     /// transaction prepared for this checkpoint (its fallback is filled in here).
     #[allow(clippy::too_many_arguments)]
-    pub fn checkpoint(
+    pub fn checkpoint<S: CheckpointShard>(
         &mut self,
         pool: Option<&rayon::ThreadPool>,
-        shards: &mut [Shard],
+        shards: &mut [S],
         outputs: Vec<(&'static str, String, PendingSync)>,
         stats: &RunStats,
         next_seq: u64,
@@ -257,7 +278,7 @@ impl Durable {
         self.wait()?;
         // A shard that forgot its changes (too many evicted ones to remember) needs a
         // base.
-        let base = self.next_is_base || shards.iter().any(|s| s.op.changes_lost());
+        let base = self.next_is_base || shards.iter().any(S::changes_lost);
         let parts = &mut self.parts;
         let images: Vec<Option<BaseImage>> = match pool {
             Some(pool) => {
@@ -299,8 +320,8 @@ impl Durable {
                 })
                 .collect(),
             counters: self.counters(shards, stats),
-            keys: shards.iter().map(|s| s.op.keys() as u64).sum(),
-            open_sessions: shards.iter().map(|s| s.op.open_sessions() as u64).sum(),
+            keys: shards.iter().map(S::keys).sum(),
+            open_sessions: shards.iter().map(S::open_sessions).sum(),
             finished,
             flushed,
             kafka_txn: txn.map(|t| KafkaTxn {
@@ -376,9 +397,11 @@ impl Durable {
     }
 
     /// The job's counters: those carried from before this run plus this run's.
-    pub fn counters(&self, shards: &[Shard], stats: &RunStats) -> Counters {
+    pub fn counters<S: CheckpointShard>(&self, shards: &[S], stats: &RunStats) -> Counters {
         let mut total = stats.clone();
-        super::add_shard_counts(&mut total, shards);
+        for s in shards {
+            s.add_counts(&mut total);
+        }
         total.add_counters(&self.carried);
         // Bytes up to the input positions, not what the reader has read ahead.
         total.bytes_read = self.carried.bytes_read
@@ -540,7 +563,7 @@ fn write(writer: &mut CheckpointWriter, w: &mut Work) -> Result<Committed, RunEr
     // A base keeps the stores' images as its copy of the keys in RocksDB.
     let stores = std::mem::take(&mut w.images)
         .into_iter()
-        .map(crate::engine::state::store_dir)
+        .map(crate::runtime::state::store_dir)
         .collect();
     Ok(writer.commit_full(&state, &mut |_| Ok(()), stores, w.manifest.clone())?)
 }

@@ -1,7 +1,7 @@
 //! One key's state in a shard, for `/sessions?key=K` ([`crate::telemetry`]): asked by
 //! the pipeline thread between batches, never while the shard works.
 
-use super::shard::Shard;
+use crate::jobs::json::shard::Shard;
 use crate::telemetry::KeyView;
 use sessionizer_core::EventTime;
 use sessionizer_core::timefmt::format_rfc3339_ms;

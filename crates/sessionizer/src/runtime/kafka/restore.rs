@@ -2,11 +2,11 @@
 //! back from its changelog partition — all of it, or only the tail after a local snapshot
 //! (`--state-dir`) or a standby copy (`--standby-replicas`) that already holds the rest.
 
-use super::super::RunError;
-use super::op::{TaskFactory, TaskOp};
-use super::task::{META_VERSION, Task, TaskMeta};
 use super::{KafkaJob, option_differences};
 use crate::error::ProgressRecordError;
+use crate::error::RunError;
+use crate::runtime::kafka::op::{TaskFactory, TaskOp};
+use crate::runtime::kafka::task::{META_VERSION, Task, TaskMeta};
 use crate::stats::RestoreStats;
 use crate::telemetry::RestoreReport;
 use sessionizer_connectors::kafka::KafkaError;

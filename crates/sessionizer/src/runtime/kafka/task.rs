@@ -1,7 +1,7 @@
 //! One input partition as a task: its operator, watermark, offsets and counters, and
 //! its progress record in the changelog.
 
-use super::op::TaskOp;
+use crate::runtime::kafka::op::TaskOp;
 use crate::stats::RunStats;
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{Counters, WatermarkState};

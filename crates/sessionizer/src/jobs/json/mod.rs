@@ -23,24 +23,21 @@
 //! they do at batch boundaries to one [`Telemetry`] — logs, metrics, the progress line —
 //! and answer its questions about a key between batches.
 
-pub(crate) mod backend;
-pub(crate) mod durable;
 #[cfg(feature = "kafka")]
-pub(crate) mod kafka;
-pub(crate) mod kafka_sink;
-mod lookup;
+mod kafka;
+pub(crate) mod lookup;
 pub(crate) mod parse;
 pub(crate) mod shard;
 
-pub use crate::error::RunError;
-pub use crate::telemetry::{Observer, Quiet};
-pub use backend::store_reader;
-
 use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
-use crate::engine::{END_PART, Workers, merge_order, shard_of, state};
+use crate::error::RunError;
+use crate::runtime::tagged::Tag;
+use crate::runtime::{
+    END_PART, Workers, backend, durable, kafka_sink, merge_order, shard_of, start_workers, state,
+};
 use crate::stats::RunStats;
 use crate::telemetry::{
-    CheckpointKind, CheckpointReport, KeyView, RestoreReport, TaskCounts, TaskReport, Telemetry,
+    CheckpointKind, CheckpointReport, KeyView, RestoreReport, TaskReport, Telemetry,
 };
 use durable::{Durable, Start};
 use kafka_sink::{Side, TopicSink};
@@ -54,7 +51,8 @@ use sessionizer_connectors::{
 };
 use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
-use shard::{Shard, Tag};
+use shard::Shard;
+use shard::{add_shard_counts, task_counts};
 use std::time::{Duration, Instant};
 
 /// Bytes of input per batch.
@@ -118,14 +116,6 @@ fn run_driver(
         _ => None,
     };
     Job::new(cfg, workers, pool, topics).run(checkpoint, telemetry)
-}
-
-/// The threads of `--workers N` (none for one worker: the pipeline thread does it all).
-fn start_workers(workers: usize) -> Result<Workers, RunError> {
-    Workers::start(workers, "sessionizer-worker").map_err(|e| RunError::Workers {
-        workers,
-        message: e.to_string(),
-    })
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -233,53 +223,6 @@ impl ReadAhead {
     fn finish(self) -> Result<u64, RunError> {
         drop(self.empty);
         self.thread.join().map_err(|_| RunError::ReaderFailed)
-    }
-}
-
-/// A task's counts for [`Telemetry::batch`]: the run's (`run`: records read, invalid,
-/// blank lines, bytes) with its shards' (verdicts, emitted records).
-pub(crate) fn task_counts(run: &RunStats, shards: &[Shard]) -> TaskCounts {
-    let mut c = TaskCounts {
-        invalid: run.invalid,
-        blank_lines: run.blank_lines,
-        bytes_read: run.bytes_read,
-        ..TaskCounts::default()
-    };
-    for s in shards {
-        let counts = s.op.counts();
-        c.in_sessions += s.in_sessions;
-        c.duplicates += s.duplicates;
-        c.late += s.late_count;
-        c.sessions_emitted += counts.sessions_emitted;
-        c.retractions += counts.retractions;
-    }
-    c
-}
-
-/// A task's counts for telemetry from its run's counts, the operator's included.
-#[cfg(feature = "kafka")]
-pub(crate) fn task_counts_of(run: &RunStats) -> TaskCounts {
-    TaskCounts {
-        invalid: run.invalid,
-        blank_lines: run.blank_lines,
-        bytes_read: run.bytes_read,
-        in_sessions: run.in_sessions,
-        duplicates: run.duplicates,
-        late: run.late,
-        sessions_emitted: run.sessions_emitted,
-        retractions: run.retractions,
-    }
-}
-
-/// Adds the shards' own counts (verdicts, emitted records) to the run's.
-pub(crate) fn add_shard_counts(stats: &mut RunStats, shards: &[Shard]) {
-    for s in shards {
-        let counts = s.op.counts();
-        stats.in_sessions += s.in_sessions;
-        stats.duplicates += s.duplicates;
-        stats.late += s.late_count;
-        stats.sessions_emitted += counts.sessions_emitted;
-        stats.retractions += counts.retractions;
     }
 }
 
@@ -493,8 +436,12 @@ impl<'c> Job<'c> {
                 self.durable = Some(durable);
                 // The state directory is locked now: its spill stores may be emptied.
                 let restoring = start.restore.as_ref().map(|(_, state)| state);
-                let attached =
-                    backend::attach(self.cfg, &mut self.shards, Some(&c.state_dir), restoring)?;
+                let attached = backend::attach(
+                    self.cfg,
+                    ops(&mut self.shards),
+                    Some(&c.state_dir),
+                    restoring,
+                )?;
                 self.spill_root = attached.root;
                 self.stores_restored = attached.stores_restored;
                 for s in &mut self.shards {
@@ -504,7 +451,8 @@ impl<'c> Job<'c> {
                 start
             }
             None => {
-                self.spill_root = backend::attach(self.cfg, &mut self.shards, None, None)?.root;
+                self.spill_root =
+                    backend::attach(self.cfg, ops(&mut self.shards), None, None)?.root;
                 if let Some(t) = &mut self.topics {
                     t.claim(None)?;
                 }
@@ -616,10 +564,10 @@ impl<'c> Job<'c> {
             let batch = match next {
                 Next::End => break,
                 Next::Idle => {
-                    let quiet = crate::engine::millis(last_input.elapsed());
+                    let quiet = crate::runtime::millis(last_input.elapsed());
                     if let Some(w) = idle.and_then(|limit| {
-                        crate::engine::idle_watermark(
-                            crate::engine::millis(limit),
+                        crate::runtime::idle_watermark(
+                            crate::runtime::millis(limit),
                             quiet,
                             watermark_at_last_input,
                         )
@@ -1041,7 +989,7 @@ impl<'c> Job<'c> {
         }
         let shards = &self.shards;
         // Everything up to the last record of every shard with more to come is known.
-        let Some(written) = crate::engine::end_part_lens(
+        let Some(written) = crate::runtime::end_part_lens(
             shards.len(),
             |s| shards[s].ending,
             |s| shards[s].out.tags.len(),
@@ -1130,4 +1078,9 @@ impl<'c> Job<'c> {
         }
         Ok(())
     }
+}
+
+/// The session operators of `shards`, for the state backend.
+fn ops(shards: &mut [Shard]) -> Vec<&mut sessionizer_window::SessionOperator> {
+    shards.iter_mut().map(|s| &mut s.op).collect()
 }

@@ -28,8 +28,8 @@
 //! `--kafka-instance-id ID`, else an id made up on first use and kept in the state
 //! directory (`instance-id`), so that a restarted job fences a zombie predecessor.
 
-use super::RunError;
-use super::shard::{Tag, Tagged};
+use crate::error::RunError;
+use crate::runtime::tagged::{Tag, Tagged};
 use sessionizer_checkpoint::KafkaTxn;
 use std::path::Path;
 
@@ -165,8 +165,8 @@ fn progress_epoch(value: &[u8]) -> Option<u64> {
 
 #[cfg(feature = "kafka")]
 mod imp {
-    use super::super::kafka::{persisted_instance, random_instance, write_hex};
     use super::{Outcome, RunError, Side, Tag, Tagged, TopicSink, progress_epoch, progress_value};
+    use crate::runtime::kafka::{persisted_instance, random_instance, write_hex};
     use sessionizer_checkpoint::KafkaTxn;
     use sessionizer_connectors::kafka::admin::Admin;
     use sessionizer_connectors::kafka::partitioner::partition_for;

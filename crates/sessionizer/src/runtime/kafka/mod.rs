@@ -23,8 +23,8 @@ mod snapshot;
 mod standby;
 mod task;
 
-use super::RunError;
 use crate::config::{KafkaConfig, KafkaStart, Partitioner, PipelineConfig};
+use crate::error::RunError;
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, TaskReport, Telemetry};
 use output::Out;
@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use task::{Task, stage};
 
-pub(crate) use op::{JsonTasks, Processed, PutChange, TaskFactory, TaskOp};
+pub(crate) use op::{Processed, PutChange, TaskFactory, TaskOp};
 
 /// Bytes of records staged per task before its batch is processed.
 const TASK_BATCH_BYTES: usize = 2 << 20;
@@ -95,20 +95,6 @@ fn more_after_flush(task: &str, group: &Option<String>) -> RunError {
             "partition {task} ended a --stop-at-end run with every session emitted (no --keep-open), and more records came after; use a new --kafka-group, or --keep-open for runs that continue"
         ),
     }
-}
-
-/// Runs a job whose input is Kafka topics.
-pub(crate) fn run(
-    cfg: &PipelineConfig,
-    kafka: &KafkaConfig,
-    telemetry: &Telemetry,
-) -> Result<RunStats, RunError> {
-    run_tasks(
-        DriverSettings::of(cfg),
-        kafka,
-        JsonTasks::new(cfg),
-        telemetry,
-    )
 }
 
 /// What the driver itself needs besides the Kafka options: where outputs that are not
@@ -177,7 +163,7 @@ struct KafkaJob<'c, F: TaskFactory> {
     changelogs: Vec<String>,
     tasks: BTreeMap<TopicPartition, Task<F::Op>>,
     /// `--workers N`: the threads that sessionize the tasks' batches in parallel.
-    pool: crate::engine::Workers,
+    pool: crate::runtime::Workers,
     /// Makes each task's operator.
     factory: F,
     options: Vec<(String, String)>,
@@ -220,7 +206,7 @@ struct KafkaJob<'c, F: TaskFactory> {
     key_buf: Vec<u8>,
     /// `--state-backend rocksdb`: where each task's store goes, and its budget; what
     /// the stores did (those of tasks given up included).
-    stores: Option<super::backend::TaskStores>,
+    stores: Option<crate::runtime::backend::TaskStores>,
     store_stats: Option<crate::stats::StateStoreStats>,
     released_store: (u64, u64),
 }
@@ -368,7 +354,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             standbys,
             stale_skipped: 0,
             key_buf: Vec::new(),
-            pool: super::start_workers(cfg.workers.max(1))?,
+            pool: crate::runtime::start_workers(cfg.workers.max(1))?,
             stores: None,
             store_stats: None,
             released_store: (0, 0),
@@ -395,7 +381,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             Some(_) => partitions.last().copied().unwrap_or(1),
             None => partitions.iter().sum(),
         };
-        job.stores = super::backend::TaskStores::open(
+        job.stores = crate::runtime::backend::TaskStores::open(
             &cfg.state_backend,
             kafka.state_dir.as_deref(),
             task_partitions,
@@ -609,7 +595,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             .values()
             .map(|t| TaskReport {
                 task: &t.names[0].name,
-                counts: super::task_counts_of(&t.run_counts()),
+                counts: task_counts_of(&t.run_counts()),
                 watermark: t.op.watermark(),
                 open_sessions: t.op.open_sessions(),
                 keys: t.op.keys(),
@@ -1086,21 +1072,25 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     fn sample_state_stores(&mut self) {
         if self.stores.is_some() {
             let live = self.tasks.values().filter_map(|t| t.op.spill_counts());
-            super::backend::sample_stores(&mut self.store_stats, self.released_store, live);
+            crate::runtime::backend::sample_stores(
+                &mut self.store_stats,
+                self.released_store,
+                live,
+            );
         }
     }
 
     /// Moves the watermark of every task whose partition has been quiet for `limit`
     /// on with the wall clock (docs/semantics.md S-32).
     fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
-        let limit = crate::engine::millis(limit);
+        let limit = crate::runtime::millis(limit);
         let due: Vec<(TopicPartition, Watermark)> = self
             .tasks
             .iter()
             .filter(|(_, t)| !t.flushed)
             .filter_map(|(&id, t)| {
-                let quiet = crate::engine::millis(t.last_input.elapsed());
-                crate::engine::idle_watermark(limit, quiet, t.watermark_at_last_input)
+                let quiet = crate::runtime::millis(t.last_input.elapsed());
+                crate::runtime::idle_watermark(limit, quiet, t.watermark_at_last_input)
                     .filter(|&w| w > t.op.watermark())
                     .map(|w| (id, w))
             })
@@ -1387,4 +1377,18 @@ pub(super) fn persisted_instance(dir: &std::path::Path) -> Result<String, RunErr
         message: format!("cannot write {}: {e}", path.display()),
     })?;
     Ok(id)
+}
+
+/// A task's counts for telemetry from its run's counts, the operator's included.
+pub(crate) fn task_counts_of(run: &RunStats) -> crate::telemetry::TaskCounts {
+    crate::telemetry::TaskCounts {
+        invalid: run.invalid,
+        blank_lines: run.blank_lines,
+        bytes_read: run.bytes_read,
+        in_sessions: run.in_sessions,
+        duplicates: run.duplicates,
+        late: run.late,
+        sessions_emitted: run.sessions_emitted,
+        retractions: run.retractions,
+    }
 }

@@ -13,9 +13,15 @@
 //!   [`merge_order`] puts the shards' records back in one operator's order, so the
 //!   output is the same, record for record, for any number of workers.
 
+pub(crate) mod backend;
+pub(crate) mod durable;
 mod idle;
+#[cfg(feature = "kafka")]
+pub(crate) mod kafka;
+pub(crate) mod kafka_sink;
 mod order;
 pub(crate) mod state;
+pub(crate) mod tagged;
 mod walks;
 mod workers;
 
@@ -23,3 +29,11 @@ pub(crate) use idle::{idle_watermark, millis};
 pub(crate) use order::{END_PART, Place, end_part_lens, merge_order};
 pub(crate) use walks::{Walked, Walker, Walks, walk};
 pub(crate) use workers::{Workers, shard_of};
+
+/// The threads of `--workers N` (none for one worker: the pipeline thread does it all).
+pub(crate) fn start_workers(workers: usize) -> Result<Workers, crate::error::RunError> {
+    Workers::start(workers, "sessionizer-worker").map_err(|e| crate::error::RunError::Workers {
+        workers,
+        message: e.to_string(),
+    })
+}

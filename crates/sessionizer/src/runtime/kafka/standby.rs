@@ -10,9 +10,9 @@
 //! each key's encoded state as the changelog has it, so keeping it costs about the
 //! state's encoded size and no session is decoded until the copy becomes a task.
 
-use super::super::RunError;
-use super::restore::Restoring;
-use super::task::Task;
+use crate::error::RunError;
+use crate::runtime::kafka::restore::Restoring;
+use crate::runtime::kafka::task::Task;
 use sessionizer_connectors::kafka::KafkaSettings;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::changelog::Tail;

@@ -1,10 +1,10 @@
 //! Where a task's records go: Kafka topics (in the open transaction) or JSON-lines
 //! writers, and how a record becomes a Kafka message (docs/semantics.md K-7).
 
-use super::super::RunError;
-use super::op::{TaskFactory, TaskOp};
-use super::task::message_key;
 use super::{KafkaJob, commit_error, write_hex};
+use crate::error::RunError;
+use crate::runtime::kafka::op::{TaskFactory, TaskOp};
+use crate::runtime::kafka::task::message_key;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::partitioner::partition_for;

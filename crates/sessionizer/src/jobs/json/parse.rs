@@ -3,7 +3,7 @@
 //! here depends on the watermark or on records of other ranges.
 
 use crate::config::OnInvalid;
-use crate::engine::{Walks, shard_of};
+use crate::runtime::{Walks, shard_of};
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::{SourceName, encode_dead_letter};
 use sessionizer_connectors::input::too_large_reason;

@@ -12,9 +12,13 @@
 //! outputs of all shards can be put back in exactly the order one operator would have
 //! produced them.
 
-use super::parse::{Kind, Parsed};
-use crate::engine::{Place, Walked, Walker, state, walk};
 use crate::error::KeyStateError;
+use crate::jobs::json::parse::{Kind, Parsed};
+use crate::runtime::durable::CheckpointShard;
+use crate::runtime::tagged::{END_STEP, Tagged};
+use crate::runtime::{Walked, Walker, state, walk};
+use crate::stats::RunStats;
+use crate::telemetry::TaskCounts;
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
 use sessionizer_connectors::encode::{SourceName, encode_late};
 use sessionizer_connectors::{Batch, SessionEncoder};
@@ -22,9 +26,7 @@ use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::codec;
 use sessionizer_window::spill::{BaseImage, SpillError};
 use sessionizer_window::watermark::WatermarkStrategy;
-use sessionizer_window::{
-    BoundedOutOfOrderness, Emit, Event, SessionOperator, SessionView, Verdict, WindowConfig,
-};
+use sessionizer_window::{BoundedOutOfOrderness, Event, SessionOperator, Verdict, WindowConfig};
 
 // The window encodes the values of the format the checkpoint files are framed with.
 const _: () = assert!(codec::FORMAT == sessionizer_checkpoint::FORMAT_VERSION);
@@ -32,154 +34,6 @@ const _: () = assert!(codec::FORMAT == sessionizer_checkpoint::FORMAT_VERSION);
 /// How many records ahead a shard asks for a key's index entry, and for its state.
 const INDEX_AHEAD: usize = 16;
 const STATE_AHEAD: usize = 8;
-
-/// The step of the end of input, after every record.
-pub(crate) const END_STEP: u64 = u64::MAX;
-
-/// One emitted record: where it goes in the merged output, and where its bytes are.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Tag {
-    pub place: Place,
-    /// The key in [`Tagged::keys`].
-    pub key: (usize, usize),
-    /// The record in [`Tagged::encoder`]'s buffer.
-    pub bytes: (usize, usize),
-    /// A retraction (else a session record): a Kafka sink writes it as a tombstone.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
-    pub retract: bool,
-}
-
-/// An [`Emit`] that encodes and, with several shards, tags every record.
-#[derive(Debug)]
-pub(crate) struct Tagged {
-    pub encoder: SessionEncoder,
-    pub tags: Vec<Tag>,
-    pub keys: Vec<u8>,
-    /// Complete session records among them (for the emission delay).
-    pub completed: u64,
-    tagging: bool,
-    step: u64,
-    /// A Kafka sink keys each record's message by its key (a stateful function's
-    /// outputs), not by the session id of its key and start.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
-    pub by_key: bool,
-}
-
-impl Tagged {
-    fn tag(&mut self, place: Place, key: &[u8], from: usize, retract: bool) {
-        if !self.tagging {
-            return;
-        }
-        let k = (self.keys.len(), key.len());
-        self.keys.extend_from_slice(key);
-        self.tags.push(Tag {
-            place,
-            key: k,
-            bytes: (from, self.encoder.buf.len() - from),
-            retract,
-        });
-    }
-
-    /// An empty buffer for records a library job writes itself (as JSON), tagged for
-    /// the Kafka driver with their key and start.
-    #[cfg(feature = "kafka")]
-    pub fn for_records() -> Tagged {
-        Tagged {
-            encoder: SessionEncoder::new(&[], sessionizer_window::EmitMode::OnClose),
-            tags: Vec::new(),
-            keys: Vec::new(),
-            completed: 0,
-            tagging: true,
-            step: 0,
-            by_key: false,
-        }
-    }
-
-    /// As [`for_records`](Self::for_records), for records that are not sessions (a
-    /// stateful function's outputs): a Kafka sink keys each message by its key.
-    #[cfg(feature = "kafka")]
-    pub fn for_keyed_records() -> Tagged {
-        Tagged {
-            by_key: true,
-            ..Tagged::for_records()
-        }
-    }
-
-    /// Appends one record that `write` writes (one line, without its end), of the
-    /// session of `key` starting at `start`: a complete session (counted for the
-    /// emission delay), an update of one still open, or (`retract`) a retraction.
-    #[cfg(feature = "kafka")]
-    pub fn push_with(
-        &mut self,
-        key: &[u8],
-        start: EventTime,
-        complete: bool,
-        retract: bool,
-        write: impl FnOnce(&mut Vec<u8>),
-    ) {
-        let from = self.encoder.buf.len();
-        write(&mut self.encoder.buf);
-        self.encoder.buf.push(b'\n');
-        self.encoder.records += 1;
-        let place = if retract {
-            Place::retraction(self.step, start)
-        } else {
-            self.completed += u64::from(complete);
-            Place::session(self.step, complete, start, start)
-        };
-        self.tag(place, key, from, retract);
-    }
-
-    /// The key bytes of a tag.
-    pub fn key(&self, t: &Tag) -> &[u8] {
-        &self.keys[t.key.0..t.key.0 + t.key.1]
-    }
-
-    pub fn clear(&mut self) {
-        self.encoder.buf.clear();
-        self.encoder.records = 0;
-        self.tags.clear();
-        self.keys.clear();
-        self.completed = 0;
-    }
-
-    /// Drops the first `n` tagged records (written out), keeping the rest.
-    pub fn drop_front(&mut self, n: usize) {
-        if n == self.tags.len() {
-            self.clear();
-            return;
-        }
-        let Some(last) = n.checked_sub(1).map(|i| self.tags[i]) else {
-            return;
-        };
-        let bytes = last.bytes.0 + last.bytes.1;
-        let keys = last.key.0 + last.key.1;
-        self.encoder.buf.drain(..bytes);
-        self.encoder.records -= n as u64;
-        self.keys.drain(..keys);
-        self.tags.drain(..n);
-        for t in &mut self.tags {
-            t.bytes.0 -= bytes;
-            t.key.0 -= keys;
-        }
-    }
-}
-
-impl Emit for Tagged {
-    fn session(&mut self, s: &SessionView<'_>) {
-        let from = self.encoder.buf.len();
-        self.encoder.session(s);
-        self.completed += u64::from(s.complete);
-        let place = Place::session(self.step, s.complete, s.close, s.start);
-        self.tag(place, s.key, from, false);
-    }
-
-    fn retraction(&mut self, key: &[u8], start: EventTime) {
-        let from = self.encoder.buf.len();
-        self.encoder.retraction(key, start);
-        self.tag(Place::retraction(self.step, start), key, from, true);
-    }
-}
 
 /// A shard walking one decoded range of a batch.
 struct Range<'a> {
@@ -460,5 +314,67 @@ impl Shard {
             self.watermark.observe(EventTime(t));
         }
         state::restore_progress(&mut self.op, w);
+    }
+}
+
+/// A task's counts for [`Telemetry::batch`]: the run's (`run`: records read, invalid,
+/// blank lines, bytes) with its shards' (verdicts, emitted records).
+pub(crate) fn task_counts(run: &RunStats, shards: &[Shard]) -> TaskCounts {
+    let mut c = TaskCounts {
+        invalid: run.invalid,
+        blank_lines: run.blank_lines,
+        bytes_read: run.bytes_read,
+        ..TaskCounts::default()
+    };
+    for s in shards {
+        let counts = s.op.counts();
+        c.in_sessions += s.in_sessions;
+        c.duplicates += s.duplicates;
+        c.late += s.late_count;
+        c.sessions_emitted += counts.sessions_emitted;
+        c.retractions += counts.retractions;
+    }
+    c
+}
+
+/// Adds the shards' own counts (verdicts, emitted records) to the run's.
+pub(crate) fn add_shard_counts(stats: &mut RunStats, shards: &[Shard]) {
+    for s in shards {
+        let counts = s.op.counts();
+        stats.in_sessions += s.in_sessions;
+        stats.duplicates += s.duplicates;
+        stats.late += s.late_count;
+        stats.sessions_emitted += counts.sessions_emitted;
+        stats.retractions += counts.retractions;
+    }
+}
+
+impl CheckpointShard for Shard {
+    fn changes_lost(&self) -> bool {
+        self.op.changes_lost()
+    }
+
+    fn encode_state(
+        &mut self,
+        base: bool,
+        out: &mut StateEntries,
+    ) -> Result<Option<BaseImage>, SpillError> {
+        Shard::encode_state(self, base, out)
+    }
+
+    fn progress(&self) -> WatermarkState {
+        Shard::progress(self)
+    }
+
+    fn keys(&self) -> u64 {
+        self.op.keys() as u64
+    }
+
+    fn open_sessions(&self) -> u64 {
+        self.op.open_sessions() as u64
+    }
+
+    fn add_counts(&self, stats: &mut RunStats) {
+        add_shard_counts(stats, std::slice::from_ref(self));
     }
 }
