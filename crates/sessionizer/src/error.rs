@@ -63,7 +63,7 @@ impl From<SnapshotError> for KeyStateError {
 }
 
 /// Why a checkpoint's keys could not be read or put back (a library job refuses the
-/// checkpoint whole with it, [`StateError::State`](crate::checkpoints::StateError)).
+/// checkpoint whole with it, [`StateError::State`](crate::api::checkpoints::StateError)).
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
     /// A state file is damaged.
@@ -166,7 +166,7 @@ pub enum StateEncodeError {
 }
 
 /// What went wrong with a library job's state in its state directory
-/// ([`StateError::State`](crate::checkpoints::StateError)).
+/// ([`StateError::State`](crate::api::checkpoints::StateError)).
 #[derive(Debug, thiserror::Error)]
 pub enum StateFailure {
     /// The checkpoint's keys could not be read or put back.
@@ -438,7 +438,7 @@ pub enum SinkError {
     /// checkpoint.
     #[error(transparent)]
     StateStore(#[from] sessionizer_window::spill::SpillError),
-    /// Producing to Kafka failed (a [`KafkaJsonSink`](crate::kafka::KafkaJsonSink)).
+    /// Producing to Kafka failed (a [`KafkaJsonSink`](crate::api::kafka::KafkaJsonSink)).
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
@@ -526,7 +526,7 @@ pub enum SourceError {
     /// job's restore (or as a second source).
     #[error("{0}")]
     Resume(String),
-    /// Reading Kafka failed (a [`KafkaJson`](crate::kafka::KafkaJson) source).
+    /// Reading Kafka failed (a [`KafkaJson`](crate::api::kafka::KafkaJson) source).
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(#[from] sessionizer_connectors::kafka::KafkaError),

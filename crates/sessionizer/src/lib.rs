@@ -81,27 +81,18 @@
 //! [`window`] (the keyed-state + timers core and the session operator) and
 //! [`connectors`] (inputs and output encoding).
 
-pub mod aggregators;
-pub mod checkpoints;
+mod api;
 pub mod config;
 pub mod error;
-mod flatten;
 mod jobs;
-mod joined;
-#[cfg(feature = "kafka")]
-pub mod kafka;
-pub mod late;
 pub mod pipeline;
-mod records;
 mod runtime;
-pub mod sink;
-pub mod source;
-pub mod stateful;
 pub mod stats;
-pub mod stream;
 pub mod telemetry;
-pub mod time;
-pub mod windowed;
+
+#[cfg(feature = "kafka")]
+pub use api::kafka;
+pub use api::{aggregators, checkpoints, late, sink, source, stateful, stream, time, windowed};
 
 pub use config::PipelineConfig;
 pub use sessionizer_connectors as connectors;

@@ -4,9 +4,9 @@
 //! [`JsonLinesSink`] writes any serde type as JSON lines through the command line's
 //! output writer (files or stdout, buffered in blocks).
 
-use crate::checkpoints::{Checkpoints, StateError};
+use crate::api::checkpoints::{Checkpoints, StateError};
+use crate::api::joined::SharedWriter;
 pub use crate::error::SinkError;
-use crate::joined::SharedWriter;
 use serde::Serialize;
 use sessionizer_connectors::encode::RecordWriter;
 use std::path::PathBuf;
@@ -133,11 +133,11 @@ impl JsonLinesSink {
     /// cutting off anything written after it (by a process that then died). Without a
     /// checkpoint the file is emptied.
     ///
-    /// Open it before [`restore`](crate::windowed::SessionWindowJob::restore), as the
+    /// Open it before [`restore`](crate::api::windowed::SessionWindowJob::restore), as the
     /// state directory's other outputs: a checkpoint names the files it committed, and
     /// a restore is refused while one of them is not open. Read the input with
-    /// [`JsonLines::resume`](crate::source::JsonLines::resume) (or skip
-    /// [`Resumed::events`](crate::checkpoints::Resumed::events) of a replayable source
+    /// [`JsonLines::resume`](crate::api::source::JsonLines::resume) (or skip
+    /// [`Resumed::events`](crate::api::checkpoints::Resumed::events) of a replayable source
     /// whose dead letters go elsewhere: those of the skipped lines would come again) so
     /// that the records are produced again from where the checkpoint stood. A write or
     /// sync that fails stops the checkpoints: a restart continues from the last one.

@@ -5,14 +5,14 @@
 //! are those of [`sessionizer_window::stateful`]; this module adds the key and time
 //! extractors, the batching of an input into micro-batches ([`Batching`]) and the sinks.
 
-use crate::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::api::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::api::late::{Late, TIME_OUT_OF_RANGE};
+use crate::api::sink::{Sink, SinkError};
+use crate::api::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use crate::config::StateBackend;
 use crate::error::RestoreError;
-use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::runtime::backend::SpillRoot;
 use crate::runtime::{shard_of, state};
-use crate::sink::{Sink, SinkError};
-use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes, time_is_valid};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
@@ -124,13 +124,13 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
 
     /// Lets the watermark move on with the clock while the input is quiet (the command
     /// line's `--idle-timeout`, docs/semantics.md S-32, as
-    /// [`SessionWindowBuilder::idle_timeout`](crate::windowed::SessionWindowBuilder::idle_timeout)
+    /// [`SessionWindowBuilder::idle_timeout`](crate::api::windowed::SessionWindowBuilder::idle_timeout)
     /// does for session windows): once no event has come for `timeout` of processing
     /// time, [`StatefulJob::tick`] moves the watermark to the one of the last event plus
     /// the processing time passed since, so a quiet key's event-time timeouts still
     /// fire. Later events are judged against the watermark it reached. Off by default
     /// (a bounded input ends with [`finish`](StatefulJob::finish) instead). A job run by
-    /// a [`KafkaGroup`](crate::kafka::KafkaGroup) moves each partition on by the
+    /// a [`KafkaGroup`](crate::api::kafka::KafkaGroup) moves each partition on by the
     /// group's own `idle_timeout`.
     pub fn idle_timeout(mut self, timeout: sessionizer_core::DurationMs) -> Self {
         self.idle_timeout = Some(timeout);
@@ -990,7 +990,7 @@ where
 }
 
 /// What the Kafka driver needs of a job that is the operator of one partition's task
-/// (`crate::kafka::group`): the same job, stepped batch by batch, its outputs tagged
+/// (`crate::api::kafka::group`): the same job, stepped batch by batch, its outputs tagged
 /// with the key of the call that returned them, its state key by key in the
 /// checkpoints' record layout.
 #[cfg(feature = "kafka")]
@@ -1007,7 +1007,7 @@ where
 {
     /// Why the job cannot be a task of a group, if it cannot.
     pub(crate) fn task_refusal(&self) -> Option<crate::error::GroupJobRefusal> {
-        crate::kafka::task_refusal(
+        crate::api::kafka::task_refusal(
             !self.workers.is_empty(),
             self.spill_root.is_some(),
             self.counts.events > 0 || self.checkpointed,

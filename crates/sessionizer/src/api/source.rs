@@ -3,11 +3,11 @@
 //! inputs (files in order, or stdin) into the user's own serde type, sending the lines
 //! that do not parse to a dead-letter sink with their reason and position.
 
-use crate::checkpoints::Checkpoints;
+use crate::api::checkpoints::Checkpoints;
+use crate::api::joined::{JoinedSource, SharedPosition, Tracked};
+use crate::api::sink::Sink;
 pub use crate::error::SourceError;
-use crate::joined::{JoinedSource, SharedPosition, Tracked};
 use crate::runtime::durable::{Continuation, Refusal, continuation, unread_input};
-use crate::sink::Sink;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::InputPosition;
@@ -305,7 +305,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                 continue;
             }
             self.counts.records += 1;
-            match crate::records::decode::<E>(line, oversized, self.max_record) {
+            match crate::api::records::decode::<E>(line, oversized, self.max_record) {
                 Ok(event) => return Some(event),
                 Err(reason) => {
                     self.counts.invalid += 1;

@@ -10,8 +10,8 @@
 //! Both end up on the same keyed-state + timers core
 //! ([`sessionizer_window::keyed::KeyedStore`]).
 
-use crate::stateful::StatefulBuilder;
-use crate::windowed::{FixedGap, SessionWindowBuilder};
+use crate::api::stateful::StatefulBuilder;
+use crate::api::windowed::{FixedGap, SessionWindowBuilder};
 use sessionizer_core::decode::DEFAULT_VALID_RANGE;
 use sessionizer_core::{DurationMs, EventTime};
 use sessionizer_window::clock::SystemClock;
@@ -286,8 +286,8 @@ impl<E, K, T, W> Stream<E, K, T, W> {
 
 impl<E, K, T, W> Stream<E, K, T, W> {
     /// The event times the job accepts; an event outside them is **rejected** before
-    /// anything sees its time: it goes to the late sink as a [`Late`](crate::late::Late)
-    /// with reason [`TIME_OUT_OF_RANGE`](crate::late::TIME_OUT_OF_RANGE), is counted as
+    /// anything sees its time: it goes to the late sink as a [`Late`](crate::api::late::Late)
+    /// with reason [`TIME_OUT_OF_RANGE`](crate::api::late::TIME_OUT_OF_RANGE), is counted as
     /// `invalid`, and never moves the watermark.
     ///
     /// The default is the command line's `--valid-time-range` default,

@@ -75,7 +75,7 @@ pub mod rfc3339 {
         let text = Cow::<'de, str>::deserialize(d)?;
         // Worded so that a dead letter reads as the command line's: "field
         // event_time is not a valid timestamp: ...".
-        crate::time::parse(&text)
+        crate::api::time::parse(&text)
             .map_err(|e| serde::de::Error::custom(format!("not a valid timestamp: {e}")))
     }
 }

@@ -6,14 +6,14 @@
 //! does: judge the event against the watermark as it stood before it, apply it, move the
 //! watermark, emit what became due.
 
-use crate::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::api::checkpoints::{Checkpoints, Resumed, StateError};
+use crate::api::late::Late;
+use crate::api::sink::{Sink, SinkError};
+use crate::api::stream::{KeyFn, Stream, TimeFn, ValidTimes};
 use crate::config::StateBackend;
 use crate::error::{RestoreError, StateEncodeError};
-use crate::late::Late;
 use crate::runtime::backend::SpillRoot;
 use crate::runtime::state;
-use crate::sink::{Sink, SinkError};
-use crate::stream::{KeyFn, Stream, TimeFn, ValidTimes};
 use serde::de::DeserializeOwned;
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sessionizer_checkpoint::{Counters, Manifest, StateEntries};
@@ -185,7 +185,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
     }
 
     /// What each session computes: one [`Aggregator`] (a tuple of them for several; see
-    /// [`crate::aggregators`] for the built-ins).
+    /// [`crate::api::aggregators`] for the built-ins).
     pub fn aggregate<A2: Aggregator<E>>(
         self,
         aggregate: A2,
@@ -284,14 +284,14 @@ pub struct Emission {
 /// A session as emitted: its bounds, revision, the aggregate's result `value`, and the
 /// context of its emission.
 ///
-/// As JSON (through [`JsonLinesSink`](crate::sink::JsonLinesSink)) it has the command
+/// As JSON (through [`JsonLinesSink`](crate::api::sink::JsonLinesSink)) it has the command
 /// line's shape: `key`, `session_id` (16 hex digits), `start`, `end` (RFC 3339),
 /// `duration_ms`, `event_count`, `revision`, `complete`, then the fields of `value`, in
 /// the value's own order and with its own names (nested objects too):
 ///
 /// - a struct or map: its fields;
 /// - a tuple: its elements' fields — a struct or map element (such as a
-///   [`Named`](crate::aggregators::Named) aggregate's result) contributes its fields,
+///   [`Named`](crate::api::aggregators::Named) aggregate's result) contributes its fields,
 ///   any other element is the field `_1`, `_2`, ... by position;
 /// - `()` or `None`: nothing;
 /// - anything else: one field `value`.
@@ -360,7 +360,7 @@ impl<O: Serialize> Serialize for SessionRecord<O> {
         map.serialize_entry("complete", &self.complete)?;
         // The value's fields become the record's, as the command line's aggregates do,
         // in the value's own order.
-        crate::flatten::flatten_into(&mut map, &self.value)?;
+        crate::api::flatten::flatten_into(&mut map, &self.value)?;
         map.end()
     }
 }
@@ -428,7 +428,7 @@ pub struct WindowCounts {
     /// Events too late (sent to the late sink).
     pub late: u64,
     /// Events whose time is outside the valid time range (sent to the late sink with
-    /// reason [`TIME_OUT_OF_RANGE`](crate::late::TIME_OUT_OF_RANGE)).
+    /// reason [`TIME_OUT_OF_RANGE`](crate::api::late::TIME_OUT_OF_RANGE)).
     pub invalid: u64,
     /// Session records emitted.
     pub sessions_emitted: u64,
@@ -482,7 +482,7 @@ pub enum Outcome {
     /// Too late (sent to the late sink), and why.
     Late(LateReason),
     /// Its time is outside the valid time range: rejected (sent to the late sink with
-    /// reason [`TIME_OUT_OF_RANGE`](crate::late::TIME_OUT_OF_RANGE)); the watermark did not see it.
+    /// reason [`TIME_OUT_OF_RANGE`](crate::api::late::TIME_OUT_OF_RANGE)); the watermark did not see it.
     OutOfRange,
 }
 
@@ -779,7 +779,7 @@ where
     /// continues exactly as if it had not stopped, given the events after the ones the
     /// checkpoint covers. What the job emitted after the checkpoint is emitted again:
     /// commit your outputs with the checkpoint for exactly once — a
-    /// [`JsonLinesSink::exactly_once`](crate::sink::JsonLinesSink::exactly_once) file or
+    /// [`JsonLinesSink::exactly_once`](crate::api::sink::JsonLinesSink::exactly_once) file or
     /// an exactly-once Kafka sink is committed by this call.
     pub fn checkpoint(
         &mut self,
@@ -1043,7 +1043,7 @@ where
     }
 }
 
-/// What the Kafka group driver (`crate::kafka::group`) runs a job as: one job per input
+/// What the Kafka group driver (`crate::api::kafka::group`) runs a job as: one job per input
 /// partition, on one worker, its state in memory; the driver decodes the records,
 /// cuts the batches, moves idle partitions on and keeps the state in the changelog.
 #[cfg(feature = "kafka")]
@@ -1082,7 +1082,7 @@ where
 
     /// Why the job cannot be a task of a group, if it cannot.
     pub(crate) fn task_refusal(&self) -> Option<crate::error::GroupJobRefusal> {
-        crate::kafka::task_refusal(
+        crate::api::kafka::task_refusal(
             !self.workers.is_empty(),
             self.spill_root.is_some(),
             self.counts.events > 0 || self.checkpointed,

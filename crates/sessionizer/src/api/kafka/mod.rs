@@ -53,10 +53,10 @@
 //! }
 //! ```
 
-use crate::checkpoints::{Checkpoints, SharedTopicSink, StateError};
-use crate::joined::{JoinedSource, Offsets, SharedOffsets};
-use crate::sink::{Sink, SinkError};
-use crate::source::{DeadLetter, SourceCounts, SourceError};
+use crate::api::checkpoints::{Checkpoints, SharedTopicSink, StateError};
+use crate::api::joined::{JoinedSource, Offsets, SharedOffsets};
+use crate::api::sink::{Sink, SinkError};
+use crate::api::source::{DeadLetter, SourceCounts, SourceError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::KafkaSource;
@@ -334,7 +334,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
                 self.counts.blank_lines += 1;
             } else {
                 self.counts.records += 1;
-                match crate::records::decode::<E>(bytes, oversized, self.max_record) {
+                match crate::api::records::decode::<E>(bytes, oversized, self.max_record) {
                     Ok(event) => events.push(event),
                     Err(reason) => {
                         self.counts.invalid += 1;

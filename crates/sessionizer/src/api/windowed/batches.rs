@@ -22,11 +22,11 @@ use super::{
     Emission, GapFn, KeyFn, Late, Outcome, Retraction, SessionRecord, SessionWindowJob, Sink,
     SinkError, TimeFn, Trigger, WindowOutput,
 };
-use crate::late::TIME_OUT_OF_RANGE;
+use crate::api::late::TIME_OUT_OF_RANGE;
+use crate::api::stream::time_is_valid;
 use crate::runtime::{
     END_PART, Place, Walked, Walker, Walks, end_part_lens, merge_order, shard_of, walk,
 };
-use crate::stream::time_is_valid;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
 use sessionizer_window::clock::{Clock, ProcessingTime};

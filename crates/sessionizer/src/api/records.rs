@@ -140,7 +140,7 @@ mod tests {
     #[derive(Debug, Deserialize)]
     #[allow(dead_code)]
     struct Timed {
-        #[serde(with = "crate::time::rfc3339")]
+        #[serde(with = "crate::api::time::rfc3339")]
         at: sessionizer_core::EventTime,
     }
 

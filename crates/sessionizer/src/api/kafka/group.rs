@@ -15,25 +15,25 @@
 //! `{"reason","source":"topic/partition@offset","raw"}`, and a too-late event a late
 //! record, `{"reason","source","watermark","behind_watermark_ms","event"}` — the command
 //! line's records. Session records are the job's [`WindowOutput`] as JSON (the
-//! [`SessionRecord`](crate::windowed::SessionRecord) layout), each a message keyed by
+//! [`SessionRecord`](crate::api::windowed::SessionRecord) layout), each a message keyed by
 //! its `session_id`, partitioned by its session key; a retraction is a tombstone. A
 //! stateful job's outputs ([`KafkaGroup::run_stateful`]) are messages keyed by the key
 //! of the call that returned them.
 
+use crate::api::late::{Late, TIME_OUT_OF_RANGE};
+use crate::api::sink::{Sink, SinkError};
+use crate::api::stateful::StatefulJob;
+use crate::api::stream::{KeyFn, TimeFn};
+use crate::api::windowed::{GapFn, SessionWindowJob, WindowOutput};
 use crate::config::{KafkaConfig, KafkaStart, Partitioner, StateBackend};
 use crate::error::KeyStateError;
 use crate::error::RunError;
-use crate::late::{Late, TIME_OUT_OF_RANGE};
 use crate::runtime::backend::TaskStores;
 use crate::runtime::kafka::{DriverSettings, Processed, PutChange, TaskFactory, TaskOp, run_tasks};
 use crate::runtime::tagged::Tagged;
-use crate::sink::{Sink, SinkError};
-use crate::stateful::StatefulJob;
 use crate::stats::RunStats;
-use crate::stream::{KeyFn, TimeFn};
 use crate::telemetry::Quiet;
 use crate::telemetry::Telemetry;
-use crate::windowed::{GapFn, SessionWindowJob, WindowOutput};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::WatermarkState;
@@ -326,7 +326,7 @@ impl KafkaGroup {
     /// (its state value, timeouts, timers, expiry) is in the changelog as in the job's
     /// checkpoints.
     ///
-    /// A micro-batch ([`Batching`](crate::stateful::Batching)) never spans two polls
+    /// A micro-batch ([`Batching`](crate::api::stateful::Batching)) never spans two polls
     /// of the partition: `Events(n)` batches are cut at n events and at the end of each
     /// poll's records, so after a restart or a rebalance the batches can be cut
     /// elsewhere. With `Batching::PerEvent` (Flink's way) nothing depends on the cut:
@@ -618,7 +618,7 @@ where
 
     fn drain_changes(&mut self, f: &mut PutChange<'_>) {
         if let Err(e) = self.job.drain_task_changes(f) {
-            self.failed(match crate::windowed::unwritable(e) {
+            self.failed(match crate::api::windowed::unwritable(e) {
                 Ok(refused) => refused.into(),
                 Err(store) => store.into(),
             });
@@ -730,7 +730,7 @@ fn decode_batch<E: DeserializeOwned>(
             continue;
         }
         p.records += 1;
-        match crate::records::decode::<E>(raw, oversized, max_record) {
+        match crate::api::records::decode::<E>(raw, oversized, max_record) {
             Ok(event) => {
                 if placement.is_some() {
                     key_into(&event, &mut key);

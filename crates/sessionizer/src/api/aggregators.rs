@@ -7,7 +7,7 @@
 //! For anything else, implement [`Aggregator`] yourself.
 //!
 //! **Names in the output.** A session record written as JSON takes the fields of its
-//! aggregate value in their order (see [`SessionRecord`](crate::windowed::SessionRecord)):
+//! aggregate value in their order (see [`SessionRecord`](crate::api::windowed::SessionRecord)):
 //! give each aggregate its field name with `.named(..)` (or [`Named`] for your own
 //! aggregator), so that a tuple of them becomes named fields:
 //!

@@ -40,10 +40,10 @@
 //! assert_eq!(counts, [1, 2, 1]); // v2 [0], v1 [0, 1 min], v1 [1 h]
 //! ```
 
+use crate::api::joined::{JoinedSource, SharedWriter, SourceProgress};
 use crate::error::SourceError;
 pub use crate::error::StateError;
 use crate::error::{RestoreError, StateFailure};
-use crate::joined::{JoinedSource, SharedWriter, SourceProgress};
 use sessionizer_checkpoint::{
     CheckpointError, CheckpointWriter, Damage, EncodedState, InputPosition, LoadedState, Manifest,
     OutputCommit, StateDir, StateEntries,
@@ -85,7 +85,7 @@ pub struct Checkpoints {
     /// every checkpoint writes the position of the source that joined
     /// ([`JsonLines::resume`]), as `sessionizer run --state-dir` writes its inputs'.
     ///
-    /// [`JsonLines::resume`]: crate::source::JsonLines::resume
+    /// [`JsonLines::resume`]: crate::api::source::JsonLines::resume
     pub(crate) inputs: Vec<InputPosition>,
     /// The source reading for the job (files or a Kafka topic), whose position each
     /// checkpoint records.
@@ -97,7 +97,7 @@ pub struct Checkpoints {
     /// written in the manifest: each is synced and its length committed with every
     /// checkpoint.
     ///
-    /// [`JsonLinesSink::exactly_once`]: crate::sink::JsonLinesSink::exactly_once
+    /// [`JsonLinesSink::exactly_once`]: crate::api::sink::JsonLinesSink::exactly_once
     files: Vec<(String, SharedWriter)>,
     /// Why these checkpoints take no more writes or restores: the exactly-once output
     /// failed in a checkpoint or while joining (what Kafka committed is then not known

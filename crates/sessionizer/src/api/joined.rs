@@ -1,5 +1,5 @@
 //! What a library source or an exactly-once file sink shares with the job's
-//! [`Checkpoints`](crate::checkpoints::Checkpoints): the source moves its position (or
+//! [`Checkpoints`](crate::api::checkpoints::Checkpoints): the source moves its position (or
 //! the sink appends) as it goes, and every checkpoint records where it stands. These
 //! handles sit below both sides, so that neither imports the other.
 
@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// records, and every checkpoint records where it stands.
 #[derive(Debug)]
 pub(crate) enum JoinedSource {
-    /// A [`JsonLines::resume`](crate::source::JsonLines::resume) source.
+    /// A [`JsonLines::resume`](crate::api::source::JsonLines::resume) source.
     Files(SharedPosition),
-    /// A [`KafkaJson`](crate::kafka::KafkaJson) source.
+    /// A [`KafkaJson`](crate::api::kafka::KafkaJson) source.
     #[cfg(feature = "kafka")]
     Kafka(SharedOffsets),
 }
