@@ -1,6 +1,6 @@
 //! How a session window job runs its events: in batches, on one worker or on several
 //! ([`SessionWindowJob::set_workers`]), by the scheme of every job ([`crate::runtime`];
-//! the command line's side of it is `pipeline/shard.rs`). One worker is the same path
+//! the command line's side of it is `jobs/json/shard.rs`). One worker is the same path
 //! with one shard, whose records need no merge:
 //!
 //! 1. the calling thread reads each event of a batch once — its time (the valid-time
