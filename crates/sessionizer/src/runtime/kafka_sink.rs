@@ -166,13 +166,12 @@ fn progress_epoch(value: &[u8]) -> Option<u64> {
 #[cfg(feature = "kafka")]
 mod imp {
     use super::{Outcome, RunError, Side, Tag, Tagged, TopicSink, progress_epoch, progress_value};
-    use crate::runtime::kafka::{persisted_instance, random_instance, write_hex};
+    use crate::runtime::kafka::{persisted_instance, random_instance};
     use sessionizer_checkpoint::KafkaTxn;
     use sessionizer_connectors::kafka::admin::Admin;
     use sessionizer_connectors::kafka::partitioner::partition_for;
     use sessionizer_connectors::kafka::producer::{CommitError, TxnProducer};
     use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, progress};
-    use sessionizer_window::session_id;
     use std::path::Path;
     use std::time::{Duration, Instant};
 
@@ -332,13 +331,7 @@ mod imp {
         }
 
         fn session(&mut self, out: &Tagged, tag: &Tag) -> Result<(), RunError> {
-            let key = out.key(tag);
-            let record = &out.encoder.buf[tag.bytes.0..tag.bytes.0 + tag.bytes.1];
-            let record = record.strip_suffix(b"\n").unwrap_or(record);
-            let partition = partition_for(key, self.partitions);
-            self.key_buf.clear();
-            write_hex(session_id(key, tag.place.start), &mut self.key_buf);
-            let value = (!tag.retract).then_some(record);
+            let m = out.message(tag, self.partitions, &mut self.key_buf);
             let producer = self
                 .producer
                 .as_mut()
@@ -346,10 +339,10 @@ mod imp {
             producer
                 .send(
                     &self.sessions,
-                    Some(partition),
-                    Some(&self.key_buf),
-                    value,
-                    tag.retract,
+                    Some(m.partition),
+                    Some(m.key),
+                    m.value,
+                    m.retract,
                 )
                 .map_err(kafka_error("send a session record"))?;
             self.sent_one();

@@ -155,3 +155,59 @@ impl Emit for Tagged {
         self.tag(Place::retraction(self.step, start), key, from, true);
     }
 }
+
+/// A tagged record as the Kafka message of an output topic: the one mapping of a session
+/// record (or retraction, or a stateful function's output) to a message.
+#[cfg(feature = "kafka")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Message<'a> {
+    /// The partition the record's key gives (Kafka's murmur2 partitioner): every record
+    /// of one key in one partition, in order.
+    pub partition: i32,
+    /// The session's id in hex (a stateful function's output: its call's key).
+    pub key: &'a [u8],
+    /// The JSON record without its newline; `None` for a retraction (a tombstone).
+    pub value: Option<&'a [u8]>,
+    /// A retraction: the message carries the header `retract: true`.
+    pub retract: bool,
+}
+
+#[cfg(feature = "kafka")]
+impl Tagged {
+    /// The message of the record `tag` for a topic of `partitions` partitions; its key
+    /// is written into `key_buf`.
+    pub fn message<'a>(
+        &'a self,
+        tag: &Tag,
+        partitions: usize,
+        key_buf: &'a mut Vec<u8>,
+    ) -> Message<'a> {
+        let key = self.key(tag);
+        let record = &self.encoder.buf[tag.bytes.0..tag.bytes.0 + tag.bytes.1];
+        let record = record.strip_suffix(b"\n").unwrap_or(record);
+        key_buf.clear();
+        if self.by_key {
+            key_buf.extend_from_slice(key);
+        } else {
+            write_hex(
+                sessionizer_window::session_id(key, tag.place.start),
+                key_buf,
+            );
+        }
+        Message {
+            partition: sessionizer_connectors::kafka::partitioner::partition_for(key, partitions),
+            key: key_buf,
+            value: (!tag.retract).then_some(record),
+            retract: tag.retract,
+        }
+    }
+}
+
+/// `id` as 16 hex digits, as a session record's `session_id`.
+#[cfg(feature = "kafka")]
+pub(crate) fn write_hex(id: u64, out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for shift in (0..16).rev() {
+        out.push(HEX[((id >> (shift * 4)) & 0xf) as usize]);
+    }
+}

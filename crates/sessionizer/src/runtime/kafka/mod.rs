@@ -1314,13 +1314,6 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     }
 }
 
-pub(super) fn write_hex(id: u64, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for shift in (0..16).rev() {
-        out.push(HEX[((id >> (shift * 4)) & 0xf) as usize]);
-    }
-}
-
 fn commit_error(e: CommitError) -> RunError {
     RunError::Kafka(KafkaError::Invalid(e.to_string()))
 }

@@ -1,15 +1,13 @@
 //! Where a task's records go: Kafka topics (in the open transaction) or JSON-lines
 //! writers, and how a record becomes a Kafka message (docs/semantics.md K-7).
 
-use super::{KafkaJob, commit_error, write_hex};
+use super::{KafkaJob, commit_error};
 use crate::error::RunError;
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
 use crate::runtime::kafka::task::message_key;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::admin::Admin;
-use sessionizer_connectors::kafka::partitioner::partition_for;
 use sessionizer_connectors::{OutputTarget, RecordWriter};
-use sessionizer_window::session_id;
 
 /// Where one kind of output goes.
 pub(super) enum Out {
@@ -74,18 +72,8 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             Out::Topic { name, partitions } => {
                 let p = producer.as_mut().expect("a topic output has a producer");
                 for tag in &out.tags {
-                    let key = out.key(tag);
-                    let record = &out.encoder.buf[tag.bytes.0..tag.bytes.0 + tag.bytes.1];
-                    let record = record.strip_suffix(b"\n").unwrap_or(record);
-                    let partition = partition_for(key, *partitions);
-                    key_buf.clear();
-                    if out.by_key {
-                        key_buf.extend_from_slice(key);
-                    } else {
-                        write_hex(session_id(key, tag.place.start), key_buf);
-                    }
-                    let value = (!tag.retract).then_some(record);
-                    p.send(name, Some(partition), Some(key_buf), value, tag.retract)
+                    let m = out.message(tag, *partitions, key_buf);
+                    p.send(name, Some(m.partition), Some(m.key), m.value, m.retract)
                         .map_err(commit_error)?;
                 }
             }
