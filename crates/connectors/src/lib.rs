@@ -6,6 +6,8 @@
 //! * [`encode`] — the output records (sessions, retractions, dead letters, late events;
 //!   docs/semantics.md S-16, S-9, S-14, S-6) written as JSON lines into batch buffers.
 //! * [`output`] — where those bytes go: a file or stdout.
+//! * [`sink`] — what an exactly-once output offers the runtime's committer: two
+//!   phases per checkpoint (prepare, commit), and the mark a checkpoint records.
 //! * `kafka` (cargo feature `kafka`) — Apache Kafka topics: a consumer group member,
 //!   a transactional producer, the changelog topics of the tasks' state.
 
@@ -15,6 +17,7 @@ pub mod input;
 pub mod kafka;
 pub mod output;
 pub mod secrets;
+pub mod sink;
 
 pub use encode::{RecordWriter, SessionEncoder};
 pub use input::{Batch, InputSource, Inputs, LineSpan};

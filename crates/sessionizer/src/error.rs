@@ -444,6 +444,63 @@ pub enum SinkError {
     Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
 }
 
+/// Why the committer could not take a checkpoint (`runtime::commit`).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// Writing the checkpoint files failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// A sink could not prepare or commit its epoch.
+    #[error(transparent)]
+    Sink(#[from] sessionizer_connectors::sink::SinkError),
+    /// A bug: the job and the committer disagree (on the kind or order of checkpoints);
+    /// nothing was written.
+    #[error("cannot continue the job in {dir}: internal error: {what}")]
+    Disagree {
+        /// The state directory.
+        dir: String,
+        /// What they disagree on.
+        what: &'static str,
+    },
+    /// The thread that writes checkpoints could not start, or stopped.
+    #[error("{0}")]
+    Thread(String),
+}
+
+impl From<CommitError> for RunError {
+    fn from(e: CommitError) -> RunError {
+        use sessionizer_connectors::sink::SinkError;
+        match e {
+            CommitError::Checkpoint(e) => RunError::Checkpoint(e),
+            CommitError::Sink(SinkError::Output(e)) => RunError::Output(e),
+            #[cfg(feature = "kafka")]
+            CommitError::Sink(SinkError::Kafka(e)) => RunError::Kafka(e),
+            CommitError::Sink(SinkError::Internal(what)) => RunError::Internal(what),
+            CommitError::Disagree { dir, what } => RunError::Resume {
+                dir,
+                message: format!("internal error: {what}"),
+            },
+            CommitError::Thread(message) => RunError::Workers {
+                workers: 1,
+                message,
+            },
+        }
+    }
+}
+
+impl From<CommitError> for StateError {
+    fn from(e: CommitError) -> StateError {
+        match e {
+            CommitError::Checkpoint(e) => StateError::Checkpoint(e),
+            CommitError::Disagree { dir, what } => StateError::State {
+                dir: dir.into(),
+                reason: Box::new(StateFailure::Internal(what)),
+            },
+            other => StateError::Output(other.to_string()),
+        }
+    }
+}
+
 /// Why a job cannot checkpoint or restore.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -507,6 +564,7 @@ pub enum StateError {
 }
 
 impl StateError {
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
     pub(crate) fn output(e: RunError) -> StateError {
         StateError::Output(e.to_string())
     }

@@ -41,15 +41,18 @@
 //! ```
 
 use crate::api::joined::{JoinedSource, SharedWriter, SourceProgress};
+use crate::error::CommitError;
 use crate::error::SourceError;
 pub use crate::error::StateError;
 use crate::error::{RestoreError, StateFailure};
+use crate::runtime::commit::{Committer, StateChanges};
 use sessionizer_checkpoint::{
-    CheckpointError, CheckpointWriter, Damage, EncodedState, InputPosition, LoadedState, Manifest,
-    OutputCommit, StateDir, StateEntries,
+    CheckpointError, CheckpointWriter, Damage, InputPosition, LoadedState, Manifest, StateDir,
+    StateEntries,
 };
 use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::encode::RecordWriter;
+use sessionizer_connectors::sink::{EpochSink, FileSink};
 use sessionizer_window::spill::BaseImage;
 use std::path::{Path, PathBuf};
 
@@ -68,7 +71,8 @@ pub use sessionizer_checkpoint::{Committed, FileKind};
 #[derive(Debug)]
 pub struct Checkpoints {
     pub(crate) path: PathBuf,
-    pub(crate) writer: CheckpointWriter,
+    /// Writes the checkpoints, committing the exactly-once outputs with them.
+    pub(crate) committer: Committer,
     /// The newest valid checkpoint, until a job restores it.
     pub(crate) found: Option<(Manifest, LoadedState)>,
     /// The epoch of the checkpoint found, whether or not it was restored.
@@ -145,9 +149,10 @@ impl Checkpoints {
             .as_ref()
             .map_or_else(Vec::new, |(m, _)| m.inputs.clone());
         let writer = CheckpointWriter::new(dir, found.as_ref().map(|(m, s)| (m, s)))?;
+        let committer = Committer::new(writer, found.as_ref().map(|(m, _)| m.epoch));
         Ok(Checkpoints {
             path,
-            writer,
+            committer,
             found_epoch: found.as_ref().map(|(m, _)| m.epoch),
             found,
             restored: false,
@@ -193,55 +198,24 @@ impl Checkpoints {
                 epoch,
             });
         }
-        Ok(self.writer.next_is_base() || !checkpointed)
+        Ok(self.committer.next_is_base() || !checkpointed)
     }
 
     /// Writes a checkpoint: the job's `parts` of encoded keys (every key when `base`,
     /// else the changes; a part per worker), a base's `images` of the workers' RocksDB
-    /// stores (the keys the parts do not hold), and its `manifest`.
+    /// stores (the keys the parts do not hold), and its `manifest`, with the source's
+    /// position and the exactly-once outputs committed by the runtime's committer. A
+    /// checkpoint that failed leaves the next one a full base (the job drained its
+    /// changed keys into it); one whose outputs failed leaves these checkpoints
+    /// refusing more: what was committed is then not known here.
     pub(crate) fn write(
         &mut self,
         base: bool,
-        parts: &[StateEntries],
-        images: Vec<BaseImage>,
-        manifest: Manifest,
-    ) -> Result<Committed, StateError> {
-        self.refuse_if_failed()?;
-        let written = self.write_now(base, parts, images, manifest);
-        if written.is_err() {
-            // The job drained its changed keys into this checkpoint: a retry must be a
-            // full base, or it would miss them.
-            self.writer.resume_from(None);
-        }
-        written
-    }
-
-    fn write_now(
-        &mut self,
-        base: bool,
-        parts: &[StateEntries],
+        parts: Vec<StateEntries>,
         images: Vec<BaseImage>,
         mut manifest: Manifest,
     ) -> Result<Committed, StateError> {
-        if !self.writer.settle_kind(base) {
-            // Prevented by next_is_base; the writer labels the file, so they must agree.
-            return Err(StateError::State {
-                dir: self.path.clone(),
-                reason: Box::new(StateFailure::Internal(
-                    "the job and the checkpoint writer disagree on whether this checkpoint is a full base; nothing was written",
-                )),
-            });
-        }
-        let state = EncodedState {
-            parts: parts.iter().flat_map(StateEntries::parts).collect(),
-            puts: parts.iter().map(StateEntries::puts).sum(),
-            tombstones: parts.iter().map(StateEntries::tombstones).sum(),
-        };
-        // A base keeps the stores' images as its copy of the keys in RocksDB.
-        let stores = images
-            .into_iter()
-            .map(crate::runtime::state::store_dir)
-            .collect();
+        self.refuse_if_failed()?;
         // Where the source stands now: just after the last record it handed out.
         match &self.source {
             Some(JoinedSource::Files(files)) => self.inputs = files.positions(),
@@ -252,53 +226,56 @@ impl Checkpoints {
         manifest.kafka_positions = self.kafka.positions.clone();
         manifest.kafka_source = self.kafka.source.clone();
         manifest.inputs = self.inputs.clone();
-        // The file outputs are synced before the checkpoint names their lengths. One that
-        // failed holds bytes of unknown extent after its committed length: only a
-        // restart, which cuts it back, continues it.
-        manifest.outputs = match self.commit_files() {
-            Ok(outputs) => outputs,
-            Err(e) => {
-                self.failed = Some(format!("an exactly-once file failed: {e}"));
-                return Err(e);
-            }
+        let state = StateChanges {
+            parts,
+            images,
+            base,
         };
-        let Some(transaction) = self.transaction.clone() else {
-            let committed = self
-                .writer
-                .commit_full(&state, &mut |_| Ok(()), stores, manifest)?;
-            self.restored = true;
-            self.found_epoch = Some(committed.epoch);
-            return Ok(committed);
-        };
-        // Two phases (as `sessionizer run --state-dir` with a Kafka output): the open
-        // transaction gets a progress record naming this checkpoint and is flushed;
-        // the checkpoint is written naming that record; then the transaction commits.
-        // A job stopped in between resumes from the checkpoint before.
-        // Any failure from here on leaves it unknown here what Kafka committed: these
-        // checkpoints take nothing more, and the job's next process (or a reopened
-        // state directory) resolves it from the progress records.
-        let mut sink = transaction.lock();
-        let epoch = self.writer.next_epoch();
-        let two_phases = (|| {
-            let mut txn = sink.prepare(epoch).map_err(StateError::output)?;
-            // The newest checkpoint here is committed: the one restored (or the one
-            // joining fell back to), or the last written — a checkpoint whose commit
-            // failed stops these checkpoints (`failed`).
-            txn.fallback_epoch = self.found_epoch;
-            manifest.kafka_txn = Some(txn);
-            let committed = self
-                .writer
-                .commit_full(&state, &mut |_| Ok(()), stores, manifest)?;
-            self.restored = true;
-            self.found_epoch = Some(committed.epoch);
-            sink.commit_prepared(committed.epoch)
-                .map_err(StateError::output)?;
-            Ok(committed)
-        })();
-        if let Err(e) = &two_phases {
-            self.failed = Some(format!("checkpoint {epoch} failed: {e}"));
+        // The outputs, in the order the manifest lists them: the files, then a Kafka
+        // transaction (two phases: prepared with a progress record naming this
+        // checkpoint, committed once it is written).
+        let mut writers: Vec<_> = self.files.iter().map(|(_, w)| w.lock()).collect();
+        let mut files: Vec<FileSink<'_>> = writers
+            .iter_mut()
+            .map(|w| FileSink {
+                role: FILE_ROLE,
+                writer: w,
+            })
+            .collect();
+        let mut transaction = self.transaction.as_ref().map(SharedTopicSink::lock);
+        let mut sinks: Vec<&mut dyn EpochSink> =
+            files.iter_mut().map(|f| f as &mut dyn EpochSink).collect();
+        if let Some(t) = transaction.as_deref_mut() {
+            sinks.push(&mut **t);
         }
-        two_phases
+        let written = self
+            .committer
+            .checkpoint(state, manifest, &mut sinks, true)
+            .and_then(|_| self.committer.wait());
+        drop(sinks);
+        drop(transaction);
+        drop(files);
+        drop(writers);
+        match written {
+            Ok(Some(written)) => {
+                self.restored = true;
+                self.found_epoch = Some(written.committed.epoch);
+                Ok(written.committed)
+            }
+            Ok(None) => Err(StateError::from(CommitError::Disagree {
+                dir: self.path.display().to_string(),
+                what: "a checkpoint that was waited for was not reported",
+            })),
+            Err(e) => {
+                // An output that failed holds records of unknown extent past its
+                // committed length (a file) or a transaction in an unknown state: only
+                // a restart, which resolves them from the checkpoints, continues it.
+                if matches!(e, CommitError::Sink(_)) || self.transaction.is_some() {
+                    self.failed = Some(format!("checkpoint failed: {e}"));
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// Refuses when the exactly-once output failed earlier (see `failed`).
@@ -440,24 +417,6 @@ impl Checkpoints {
         Ok(shared)
     }
 
-    /// Writes out and syncs every exactly-once file output; their committed lengths.
-    fn commit_files(&self) -> Result<Vec<OutputCommit>, StateError> {
-        self.files
-            .iter()
-            .map(|(path, w)| {
-                let committed = w
-                    .lock()
-                    .commit()
-                    .map_err(|e| StateError::Output(e.to_string()))?;
-                Ok(OutputCommit {
-                    role: FILE_ROLE.to_string(),
-                    path: path.clone(),
-                    committed_bytes: committed.unwrap_or(0),
-                })
-            })
-            .collect()
-    }
-
     /// Puts back a checkpoint whose restore failed (nothing of it was applied) and
     /// returns the error of `reason`.
     pub(crate) fn keep_found(
@@ -506,8 +465,14 @@ impl Checkpoints {
             .take()
             .map(|(manifest, state)| Recovered { manifest, state });
         let warn = &mut |m: &str| tracing::warn!("{m}");
+        let Some(writer) = self.committer.writer_mut() else {
+            return Err(StateError::from(CommitError::Disagree {
+                dir: self.path.display().to_string(),
+                what: "a Kafka output joined while a checkpoint was being written",
+            }));
+        };
         let resolved = crate::runtime::durable::resolve_transaction(
-            self.writer.dir_mut(),
+            writer.dir_mut(),
             found,
             Some(sink.as_mut()),
             warn,
@@ -524,8 +489,8 @@ impl Checkpoints {
         };
         let found = found.map(|r| (r.manifest, r.state));
         if let Some(after) = discard {
-            self.writer.resume_from(found.as_ref().map(|(m, s)| (m, s)));
-            if let Err(e) = self.writer.dir_mut().discard_after(after) {
+            writer.resume_from(found.as_ref().map(|(m, s)| (m, s)));
+            if let Err(e) = writer.dir_mut().discard_after(after) {
                 self.failed = Some(format!("discarding uncommitted checkpoints failed: {e}"));
                 return Err(e.into());
             }
@@ -535,6 +500,7 @@ impl Checkpoints {
                 .map_or_else(Vec::new, |(m, _)| m.inputs.clone());
         }
         self.found_epoch = found.as_ref().map(|(m, _)| m.epoch);
+        self.committer.set_committed(self.found_epoch);
         self.found = found;
         let shared = SharedTopicSink(std::sync::Arc::new(std::sync::Mutex::new(sink)));
         self.transaction = Some(shared.clone());
@@ -569,6 +535,7 @@ mod tests {
     use crate::runtime::kafka_sink::{Outcome, Side, TopicSink};
     use crate::runtime::tagged::{Tag, Tagged};
     use sessionizer_checkpoint::KafkaTxn;
+    use sessionizer_connectors::sink::{Prepared, SinkError, SinkMark};
 
     /// Takes records; its first checkpoint commits, then `prepare` fails.
     #[derive(Default)]
@@ -605,34 +572,40 @@ mod tests {
         fn due(&self) -> bool {
             false
         }
-        fn commit(&mut self) -> Result<(), RunError> {
+        fn commit_open(&mut self) -> Result<(), RunError> {
             unreachable!("a library job commits with its checkpoints")
         }
-        fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
+        fn outcome(&mut self, _: &KafkaTxn, _: u64) -> Result<Outcome, RunError> {
+            unreachable!("there is no checkpoint to resolve")
+        }
+    }
+
+    impl EpochSink for Unreachable {
+        fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>, SinkError> {
             self.prepared += 1;
             if self.prepared > 1 {
-                return Err(RunError::Kafka(
+                return Err(SinkError::Kafka(
                     sessionizer_connectors::kafka::KafkaError::Invalid(format!(
                         "the brokers did not answer (checkpoint {epoch})"
                     )),
                 ));
             }
-            Ok(KafkaTxn {
+            let txn = KafkaTxn {
                 transactional_id: "sessionizer-lib-test".into(),
                 output_topic: "sessions".into(),
                 progress_topic: "sessions-sessionizer-progress".into(),
                 progress_partition: 0,
                 progress_offset: 0,
                 fallback_epoch: None,
-            })
+            };
+            Ok(Some(Prepared {
+                mark: SinkMark::Transaction(txn),
+                sync: None,
+            }))
         }
-        fn commit_prepared(&mut self, _: u64) -> Result<(), RunError> {
-            Ok(())
+        fn two_phase(&self) -> bool {
+            true
         }
-        fn outcome(&mut self, _: &KafkaTxn, _: u64) -> Result<Outcome, RunError> {
-            unreachable!("there is no checkpoint to resolve")
-        }
-        fn abort(&mut self) {}
     }
 
     fn job() -> impl FnMut(&mut Checkpoints, &str) -> Result<Committed, StateError> {
@@ -659,16 +632,16 @@ mod tests {
         checkpoints.join_transaction(sink).expect("joined");
         let mut push_and_checkpoint = job();
         push_and_checkpoint(&mut checkpoints, "v1").expect("the first commits");
-        assert!(!checkpoints.writer.next_is_base(), "a delta comes next");
+        assert!(!checkpoints.committer.next_is_base(), "a delta comes next");
         let failed = push_and_checkpoint(&mut checkpoints, "v2").expect_err("prepare fails");
         assert!(failed.to_string().contains("did not answer"), "{failed}");
         assert_eq!(
-            checkpoints.writer.next_epoch(),
-            2,
+            checkpoints.committer.next_epoch(),
+            Some(2),
             "nothing more was written"
         );
         assert!(
-            checkpoints.writer.next_is_base(),
+            checkpoints.committer.next_is_base(),
             "the job drained its changes into the failed one: a retry must be a full base"
         );
         let again = push_and_checkpoint(&mut checkpoints, "v3").expect_err("refused");

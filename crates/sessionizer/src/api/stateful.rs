@@ -869,7 +869,7 @@ where
             keys: self.keys() as u64,
             ..Manifest::default()
         };
-        let committed = checkpoints.write(base, &[entries], Vec::new(), manifest)?;
+        let committed = checkpoints.write(base, vec![entries], Vec::new(), manifest)?;
         self.op.track_changes(true);
         self.op.bound_tracked_changes();
         for w in &mut self.workers {

@@ -825,7 +825,7 @@ where
             open_sessions: self.open_sessions_all() as u64,
             ..Manifest::default()
         };
-        let committed = checkpoints.write(base, &parts, images, manifest)?;
+        let committed = checkpoints.write(base, parts, images, manifest)?;
         self.operators_mut().for_each(|op| {
             op.track_changes(true);
             op.bound_tracked_changes();

@@ -1,22 +1,20 @@
-//! Checkpoints of a running job, and its recovery (docs/semantics.md S-35,
-//! docs/checkpoint-format.md).
+//! Checkpoints of a file or stdin run, and its recovery (docs/semantics.md S-35,
+//! docs/checkpoint-format.md): what such a run records in a checkpoint beside its state
+//! — how far each input file was read, with its identity — and how a later run
+//! continues it. The checkpoint itself is taken by the runtime's committer
+//! ([`crate::runtime::commit`]), which also makes the run's file outputs and its Kafka
+//! output exactly once with it.
 //!
 //! A checkpoint is taken between two batches, when nothing is in flight: every record
-//! of the batches so far has been judged, applied and encoded. Then:
+//! of the batches so far has been judged, applied and encoded. Each shard encodes its
+//! keyed state — every key for a base, only the keys changed or removed since the
+//! previous checkpoint for a delta (in parallel, one buffer per shard) — and the
+//! committer writes it out on a thread of its own while the pipeline goes on.
 //!
-//! 1. every file output's buffer is written out and its length noted (the committed
-//!    length: recovery cuts the file back to it);
-//! 2. each shard encodes its keyed state — every key for a base, only the keys changed
-//!    or removed since the previous checkpoint for a delta (in parallel, one buffer per
-//!    shard);
-//! 3. on a thread of its own, while the pipeline goes on: the outputs are synced, then
-//!    the state file and the manifest (input positions, watermark, output lengths,
-//!    counters, options) are written atomically by `sessionizer-checkpoint`.
-//!
-//! A crash before step 3 completes leaves the previous checkpoint as the newest; the
-//! output written since is cut off on recovery and produced again from the recorded
-//! input positions — so file outputs are exactly once. Stdout and stderr cannot be cut
-//! back: they are at least once.
+//! A crash before the checkpoint is durable leaves the previous checkpoint as the
+//! newest; the output written since is cut off on recovery and produced again from the
+//! recorded input positions — so file outputs are exactly once. Stdout and stderr
+//! cannot be cut back: they are at least once.
 //!
 //! Resuming: the options must equal the checkpoint's, each input must be the file that
 //! was being read (same size and head), and the state is re-hashed into the shards of
@@ -25,19 +23,20 @@
 
 use crate::config::{CheckpointConfig, PipelineConfig};
 use crate::error::RunError;
+use crate::runtime::commit::{Committer, StateChanges, Written};
 use crate::runtime::kafka_sink::{Outcome, TopicSink};
 use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::{
-    CheckpointWriter, Committed, Counters, EncodedState, InputPosition, KafkaTxn, LoadedState,
-    Manifest, OutputCommit, Recovered, StateDir, StateEntries, WatermarkState,
+    CheckpointWriter, Counters, InputPosition, LoadedState, Manifest, OutputCommit, Recovered,
+    StateDir, StateEntries, WatermarkState,
 };
-use sessionizer_connectors::encode::PendingSync;
 use sessionizer_connectors::input::ReadPosition;
+use sessionizer_connectors::sink::EpochSink;
 use sessionizer_connectors::{InputSource, OutputTarget};
 use sessionizer_window::spill::{BaseImage, SpillError};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What a checkpoint takes of one shard of a file or stdin job: its keys' state, where
 /// event time stands, and its own counts. The command line's JSON shard is one.
@@ -82,11 +81,8 @@ pub(crate) struct Start {
 #[derive(Debug)]
 pub(crate) struct Durable {
     cfg: CheckpointConfig,
-    /// The thread that syncs outputs and writes checkpoint files.
-    background: Background,
-    /// Whether the next checkpoint is a full base (the writer's decision, known once
-    /// the previous checkpoint is written).
-    next_is_base: bool,
+    /// Writes the checkpoints (syncing outputs, committing a Kafka output with them).
+    committer: Committer,
     options: Vec<(String, String)>,
     /// This run's inputs: identity, and how far each was consumed.
     inputs: Vec<InputPosition>,
@@ -94,19 +90,14 @@ pub(crate) struct Durable {
     pub carried: Counters,
     last_at: Instant,
     records_at_last: u64,
-    /// One buffer of encoded entries per shard (with the background thread while a
+    /// One buffer of encoded entries per shard (with the committer while a
     /// checkpoint is being written).
     parts: Vec<StateEntries>,
+    shards: usize,
     /// Input bytes consumed when this run started (a resumed run starts mid-input).
     start_offsets: u64,
     pub stats: CheckpointStats,
     telemetry: Telemetry,
-    /// The epoch the next checkpoint gets (the writer's, known ahead so that a Kafka
-    /// output's progress record can name it).
-    next_epoch: u64,
-    /// The newest checkpoint known to be committed (with a Kafka output: its
-    /// transaction too): where a recovery goes if the next one's transaction fails.
-    committed: Option<u64>,
 }
 
 fn dir_name(cfg: &CheckpointConfig) -> String {
@@ -180,10 +171,8 @@ impl Durable {
             let gone = writer.dir_mut().discard_after(after)?;
             tracing::info!(dir = %dir_label, discarded = ?gone, "uncommitted checkpoints discarded");
         }
-        let next_epoch = writer.next_epoch();
         let committed = start.restore.as_ref().map(|(m, _)| m.epoch);
-        let next_is_base = writer.next_is_base();
-        let background = Background::start(writer)?;
+        let committer = Committer::new(writer, committed);
         let stats = CheckpointStats {
             resumed_from: start.restore.as_ref().map(|(m, _)| m.epoch),
             records_before: carried.records_read,
@@ -194,19 +183,17 @@ impl Durable {
         Ok((
             Durable {
                 cfg: cfg.clone(),
-                background,
-                next_is_base,
+                committer,
                 options,
                 inputs,
                 carried,
                 last_at: Instant::now(),
                 records_at_last: 0,
                 parts: (0..shards).map(|_| StateEntries::default()).collect(),
+                shards,
                 start_offsets,
                 stats,
                 telemetry: telemetry.clone(),
-                next_epoch,
-                committed,
             },
             start,
         ))
@@ -223,16 +210,6 @@ impl Durable {
 
     pub fn keep_open(&self) -> bool {
         self.cfg.keep_open
-    }
-
-    /// The epoch the next checkpoint gets.
-    pub fn next_epoch(&self) -> u64 {
-        self.next_epoch
-    }
-
-    /// Checkpoint `epoch` (written, waited for) is committed: its Kafka transaction too.
-    pub fn committed(&mut self, epoch: u64) {
-        self.committed = Some(epoch);
     }
 
     /// Notes how far the inputs were consumed after a batch: `end`, and the line counts
@@ -254,23 +231,21 @@ impl Durable {
     }
 
     /// Takes one checkpoint of the job: encodes the state changed since the previous
-    /// one (every key for a base) while the pipeline waits, then hands the output syncs
-    /// and the file writes to the background thread and returns; `wait` (the last
-    /// checkpoint of a run) also waits for them. `outputs` are the file outputs flushed
-    /// up to their committed lengths, `stats` the run's counters so far, `txn` the Kafka
-    /// transaction prepared for this checkpoint (its fallback is filled in here).
+    /// one (every key for a base) while the pipeline waits, then hands it to the
+    /// committer with the run's `sinks` (its file outputs, flushed up to their
+    /// committed lengths, and a Kafka output) and returns; `wait` (the last checkpoint
+    /// of a run) also waits until it is written. `stats` are the run's counters so far.
     #[allow(clippy::too_many_arguments)]
     pub fn checkpoint<S: CheckpointShard>(
         &mut self,
         pool: Option<&rayon::ThreadPool>,
         shards: &mut [S],
-        outputs: Vec<(&'static str, String, PendingSync)>,
+        sinks: &mut [&mut dyn EpochSink],
         stats: &RunStats,
         next_seq: u64,
         finished: bool,
         flushed: bool,
         wait: bool,
-        txn: Option<KafkaTxn>,
     ) -> Result<(), RunError> {
         let paused = Instant::now();
         // One checkpoint at a time: its buffers, and whether the next is a base, come
@@ -278,7 +253,10 @@ impl Durable {
         self.wait()?;
         // A shard that forgot its changes (too many evicted ones to remember) needs a
         // base.
-        let base = self.next_is_base || shards.iter().any(S::changes_lost);
+        let base = self.committer.next_is_base() || shards.iter().any(S::changes_lost);
+        if self.parts.len() != self.shards {
+            self.parts = (0..self.shards).map(|_| StateEntries::default()).collect();
+        }
         let parts = &mut self.parts;
         let images: Vec<Option<BaseImage>> = match pool {
             Some(pool) => {
@@ -304,40 +282,24 @@ impl Durable {
             }
         }
         let lead = &shards[0];
-        let epoch = self.next_epoch;
         let manifest = Manifest {
-            epoch,
             options: self.options.clone(),
             inputs: self.inputs.clone(),
             next_seq,
             watermark: lead.progress(),
-            outputs: outputs
-                .iter()
-                .map(|(role, path, pending)| OutputCommit {
-                    role: role.to_string(),
-                    path: path.clone(),
-                    committed_bytes: pending.len(),
-                })
-                .collect(),
             counters: self.counters(shards, stats),
             keys: shards.iter().map(S::keys).sum(),
             open_sessions: shards.iter().map(S::open_sessions).sum(),
             finished,
             flushed,
-            kafka_txn: txn.map(|t| KafkaTxn {
-                fallback_epoch: self.committed,
-                ..t
-            }),
             ..Manifest::default()
         };
-        self.background.send(Work {
-            syncs: outputs.into_iter().map(|(_, _, p)| p).collect(),
+        let state = StateChanges {
             parts: std::mem::take(&mut self.parts),
             images,
             base,
-            manifest,
-        })?;
-        self.next_epoch += 1;
+        };
+        self.committer.checkpoint(state, manifest, sinks, wait)?;
         self.last_at = Instant::now();
         self.records_at_last = stats.records_read;
         self.telemetry.checkpoint_paused(paused.elapsed());
@@ -353,24 +315,30 @@ impl Durable {
     /// Takes in the checkpoint being written if it is done, without waiting: it is
     /// reported as soon as it is durable.
     pub fn poll(&mut self) -> Result<(), RunError> {
-        match self.background.done(false)? {
-            Some(done) => self.collect(done),
+        match self.committer.poll()? {
+            Some(done) => {
+                self.collect(done);
+                Ok(())
+            }
             None => Ok(()),
         }
     }
 
     /// Waits for the checkpoint being written, if any, and takes back its buffers.
     pub(crate) fn wait(&mut self) -> Result<(), RunError> {
-        match self.background.done(true)? {
-            Some(done) => self.collect(done),
+        match self.committer.wait()? {
+            Some(done) => {
+                self.collect(done);
+                Ok(())
+            }
             None => Ok(()),
         }
     }
 
-    fn collect(&mut self, done: Done) -> Result<(), RunError> {
+    fn collect(&mut self, done: Written) {
         self.parts = done.parts;
-        self.next_is_base = done.next_is_base;
-        let committed = done.result?;
+        let committed = done.committed;
+        let took_us = done.took.as_micros() as u64;
         let st = &mut self.stats;
         st.written += 1;
         st.bases += u64::from(committed.kind == sessionizer_checkpoint::FileKind::Base);
@@ -379,8 +347,8 @@ impl Durable {
         st.last_epoch = Some(committed.epoch);
         st.last_bytes = committed.state_bytes + committed.manifest_bytes;
         st.last_keys = committed.puts + committed.tombstones;
-        st.write_us_total += done.took_us;
-        st.write_us_max = st.write_us_max.max(done.took_us);
+        st.write_us_total += took_us;
+        st.write_us_max = st.write_us_max.max(took_us);
         let base = committed.kind == sessionizer_checkpoint::FileKind::Base;
         self.telemetry.checkpoint(&CheckpointReport {
             kind: if base {
@@ -391,9 +359,8 @@ impl Durable {
             epoch: Some(committed.epoch),
             bytes: committed.state_bytes + committed.manifest_bytes,
             keys: committed.puts + committed.tombstones,
-            took: Duration::from_micros(done.took_us),
+            took: done.took,
         });
-        Ok(())
     }
 
     /// The job's counters: those carried from before this run plus this run's.
@@ -413,159 +380,6 @@ impl Durable {
                 .saturating_sub(self.start_offsets);
         total.counters()
     }
-}
-
-/// One checkpoint for the background thread: outputs to sync first, then the state and
-/// the manifest to write.
-#[derive(Debug)]
-struct Work {
-    syncs: Vec<PendingSync>,
-    parts: Vec<StateEntries>,
-    /// A base's spilled keys: images of the state backend's stores, which the base
-    /// keeps as they are.
-    images: Vec<BaseImage>,
-    base: bool,
-    manifest: Manifest,
-}
-
-/// What the background thread reports for one checkpoint.
-#[derive(Debug)]
-struct Done {
-    result: Result<Committed, RunError>,
-    parts: Vec<StateEntries>,
-    next_is_base: bool,
-    took_us: u64,
-}
-
-/// The checkpoint writer on a thread of its own, so that syncing outputs to disk and
-/// writing checkpoint files (tens of milliseconds for a few MiB) overlap the next
-/// batches instead of stalling them. Crash safety does not depend on it: a checkpoint
-/// exists once its manifest is renamed into place, after the outputs were synced; the
-/// pipeline meanwhile only appends after the committed lengths, which recovery cuts off.
-#[derive(Debug)]
-struct Background {
-    work: Option<std::sync::mpsc::SyncSender<Work>>,
-    done: std::sync::mpsc::Receiver<Done>,
-    in_flight: bool,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Background {
-    fn start(mut writer: CheckpointWriter) -> Result<Background, RunError> {
-        let (work, work_rx) = std::sync::mpsc::sync_channel::<Work>(1);
-        let (done_tx, done) = std::sync::mpsc::channel::<Done>();
-        let thread = std::thread::Builder::new()
-            .name("sessionizer-checkpoint".into())
-            .spawn(move || {
-                while let Ok(mut w) = work_rx.recv() {
-                    let began = Instant::now();
-                    let result = write(&mut writer, &mut w);
-                    let report = Done {
-                        result,
-                        parts: w.parts,
-                        next_is_base: writer.next_is_base(),
-                        took_us: began.elapsed().as_micros() as u64,
-                    };
-                    if done_tx.send(report).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| RunError::Workers {
-                workers: 1,
-                message: format!("checkpoint thread: {e}"),
-            })?;
-        Ok(Background {
-            work: Some(work),
-            done,
-            in_flight: false,
-            thread: Some(thread),
-        })
-    }
-
-    fn send(&mut self, w: Work) -> Result<(), RunError> {
-        let sent = self.work.as_ref().is_some_and(|tx| tx.send(w).is_ok());
-        if !sent {
-            return Err(Self::gone());
-        }
-        self.in_flight = true;
-        Ok(())
-    }
-
-    /// The report of the checkpoint in flight, `None` when there is none — or, unless
-    /// `block`, when it is not written yet.
-    fn done(&mut self, block: bool) -> Result<Option<Done>, RunError> {
-        if !self.in_flight {
-            return Ok(None);
-        }
-        let done = if block {
-            self.done.recv().map_err(|_| Self::gone())?
-        } else {
-            match self.done.try_recv() {
-                Ok(done) => done,
-                Err(std::sync::mpsc::TryRecvError::Empty) => return Ok(None),
-                Err(std::sync::mpsc::TryRecvError::Disconnected) => return Err(Self::gone()),
-            }
-        };
-        self.in_flight = false;
-        Ok(Some(done))
-    }
-
-    fn gone() -> RunError {
-        RunError::Workers {
-            workers: 1,
-            message: "the checkpoint thread stopped unexpectedly".into(),
-        }
-    }
-}
-
-impl Drop for Background {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread after the checkpoint it is writing.
-        self.work = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Syncs the outputs, then writes the state file and the manifest.
-fn write(writer: &mut CheckpointWriter, w: &mut Work) -> Result<Committed, RunError> {
-    // The shards encoded either every key (a base) or the changes (a delta); the writer
-    // must label the file the same way, or a "base" would silently lack unchanged keys.
-    if !writer.settle_kind(w.base) {
-        return Err(RunError::Resume {
-            dir: writer.dir_mut().path().display().to_string(),
-            message: "internal error: the checkpoint writer and the shards disagree on whether this checkpoint is a full base; nothing was written, the previous checkpoint is intact".into(),
-        });
-    }
-    // The epoch was promised ahead (a Kafka progress record names it).
-    if writer.next_epoch() != w.manifest.epoch {
-        return Err(RunError::Resume {
-            dir: writer.dir_mut().path().display().to_string(),
-            message: format!(
-                "internal error: checkpoint {} was prepared but the writer is at epoch {}; nothing was written, the previous checkpoint is intact",
-                w.manifest.epoch,
-                writer.next_epoch()
-            ),
-        });
-    }
-    // Outputs first: the manifest must never claim bytes that are not on disk. A sync
-    // failure is fatal, never retried.
-    for pending in &w.syncs {
-        pending.sync()?;
-    }
-    let state = EncodedState {
-        parts: w.parts.iter().flat_map(StateEntries::parts).collect(),
-        puts: w.parts.iter().map(StateEntries::puts).sum(),
-        tombstones: w.parts.iter().map(StateEntries::tombstones).sum(),
-    };
-    // A base keeps the stores' images as its copy of the keys in RocksDB.
-    let stores = std::mem::take(&mut w.images)
-        .into_iter()
-        .map(crate::runtime::state::store_dir)
-        .collect();
-    Ok(writer.commit_full(&state, &mut |_| Ok(()), stores, w.manifest.clone())?)
 }
 
 /// With a Kafka output, the checkpoint to resume from is the newest whose transaction

@@ -31,6 +31,7 @@
 use crate::error::RunError;
 use crate::runtime::tagged::{Tag, Tagged};
 use sessionizer_checkpoint::KafkaTxn;
+use sessionizer_connectors::sink::EpochSink;
 use std::path::Path;
 
 /// A side output that may go to a topic.
@@ -53,8 +54,11 @@ pub(crate) enum Outcome {
     Ahead(u64),
 }
 
-/// Where the job's topics are, and the transactions that carry its records.
-pub(crate) trait TopicSink {
+/// Where the job's topics are, and the transactions that carry its records. With a
+/// state directory each transaction is one epoch of the job's checkpoints
+/// ([`EpochSink`]: prepared with a progress record naming the checkpoint, committed once
+/// the checkpoint is durable, aborted when the run fails).
+pub(crate) trait TopicSink: EpochSink {
     /// Registers the job's transactional id (fencing an earlier process with it and
     /// aborting what that left open); `state_dir` keeps a made-up id across runs.
     fn claim(&mut self, state_dir: Option<&Path>) -> Result<(), RunError>;
@@ -94,18 +98,10 @@ pub(crate) trait TopicSink {
     fn due(&self) -> bool;
     /// Commits the open transaction (without a state directory; a no-op when nothing
     /// was sent since the last commit).
-    fn commit(&mut self) -> Result<(), RunError>;
-    /// Phase one of a checkpoint's commit: adds the progress record of checkpoint
-    /// `epoch` to the open transaction and waits until every record of it is on the
-    /// brokers. `fallback_epoch` is left for the checkpoint to fill in.
-    fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError>;
-    /// Phase two: commits the transaction prepared for checkpoint `epoch`.
-    fn commit_prepared(&mut self, epoch: u64) -> Result<(), RunError>;
+    fn commit_open(&mut self) -> Result<(), RunError>;
     /// Whether the transaction prepared for checkpoint `epoch` (as its manifest has
     /// it) committed.
     fn outcome(&mut self, txn: &KafkaTxn, epoch: u64) -> Result<Outcome, RunError>;
-    /// Aborts the open transaction, if any (a failed run).
-    fn abort(&mut self);
 }
 
 /// Opens the Kafka output of a file or stdin run: checks that its topics exist.
@@ -172,6 +168,7 @@ mod imp {
     use sessionizer_connectors::kafka::partitioner::partition_for;
     use sessionizer_connectors::kafka::producer::{CommitError, TxnProducer};
     use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, progress};
+    use sessionizer_connectors::sink::{EpochSink, Prepared, SinkError, SinkMark};
     use std::path::Path;
     use std::time::{Duration, Instant};
 
@@ -239,6 +236,10 @@ mod imp {
 
     fn kafka_error(what: &str) -> impl FnOnce(CommitError) -> RunError + '_ {
         move |e| RunError::Kafka(KafkaError::Invalid(format!("{what}: {e}")))
+    }
+
+    fn sink_error(what: &str) -> impl FnOnce(CommitError) -> SinkError + '_ {
+        move |e| SinkError::Kafka(KafkaError::Invalid(format!("{what}: {e}")))
     }
 
     impl KafkaSink {
@@ -417,7 +418,7 @@ mod imp {
             open_long || interval
         }
 
-        fn commit(&mut self) -> Result<(), RunError> {
+        fn commit_open(&mut self) -> Result<(), RunError> {
             let Some(p) = &mut self.producer else {
                 return Ok(());
             };
@@ -428,61 +429,6 @@ mod imp {
                     )))
                 })?;
             }
-            self.committed();
-            Ok(())
-        }
-
-        fn prepare(&mut self, epoch: u64) -> Result<KafkaTxn, RunError> {
-            let Some((topic, partition)) = self.progress.clone() else {
-                return Err(RunError::Internal(
-                    "a checkpoint of a Kafka output without a progress topic",
-                ));
-            };
-            let id = self.transactional_id.clone();
-            let value = progress_value(epoch);
-            let p = self.producer();
-            p.send_tracked(
-                &topic,
-                Some(partition),
-                Some(id.as_bytes()),
-                Some(&value),
-                false,
-                PROGRESS_TAG,
-            )
-            .map_err(kafka_error("send the progress record"))?;
-            p.flush()
-                .map_err(kafka_error("deliver the records of the transaction"))?;
-            let Some(&offset) = p.take_tracked().get(&PROGRESS_TAG) else {
-                return Err(RunError::Kafka(KafkaError::Invalid(format!(
-                    "the progress record of checkpoint {epoch} was flushed but its delivery was not reported"
-                ))));
-            };
-            Ok(KafkaTxn {
-                transactional_id: id,
-                output_topic: self.sessions.clone(),
-                progress_topic: topic,
-                progress_partition: partition,
-                progress_offset: offset,
-                fallback_epoch: None,
-            })
-        }
-
-        fn commit_prepared(&mut self, epoch: u64) -> Result<(), RunError> {
-            self.prepared += 1;
-            #[cfg(feature = "fault-injection")]
-            if exit_before_commit() == Some(self.prepared) {
-                // The test hook: a crash between the checkpoint and the commit. Nothing
-                // is cleaned up, the transaction stays open, as after `kill -9`.
-                eprintln!(
-                    "sessionizer: {EXIT_BEFORE_COMMIT_ENV}: exiting before the commit of checkpoint {epoch}"
-                );
-                std::process::exit(EXIT_BEFORE_COMMIT_CODE);
-            }
-            self.producer().commit(None).map_err(|e| {
-                RunError::Kafka(KafkaError::Invalid(format!(
-                    "the Kafka transaction of checkpoint {epoch} did not commit ({e}); the checkpoint was written but its records are not committed: run the same command again, it resumes from the last committed checkpoint and writes them again (exactly once)"
-                )))
-            })?;
             self.committed();
             Ok(())
         }
@@ -519,6 +465,72 @@ mod imp {
                 ))));
             }
             Ok(Outcome::Aborted)
+        }
+    }
+
+    impl EpochSink for KafkaSink {
+        fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>, SinkError> {
+            let Some((topic, partition)) = self.progress.clone() else {
+                return Err(SinkError::Internal(
+                    "a checkpoint of a Kafka output without a progress topic",
+                ));
+            };
+            let id = self.transactional_id.clone();
+            let value = progress_value(epoch);
+            let p = self.producer();
+            p.send_tracked(
+                &topic,
+                Some(partition),
+                Some(id.as_bytes()),
+                Some(&value),
+                false,
+                PROGRESS_TAG,
+            )
+            .map_err(sink_error("send the progress record"))?;
+            p.flush()
+                .map_err(sink_error("deliver the records of the transaction"))?;
+            let Some(&offset) = p.take_tracked().get(&PROGRESS_TAG) else {
+                return Err(SinkError::Kafka(KafkaError::Invalid(format!(
+                    "the progress record of checkpoint {epoch} was flushed but its delivery was not reported"
+                ))));
+            };
+            // The fallback is the committer's to fill in.
+            let txn = KafkaTxn {
+                transactional_id: id,
+                output_topic: self.sessions.clone(),
+                progress_topic: topic,
+                progress_partition: partition,
+                progress_offset: offset,
+                fallback_epoch: None,
+            };
+            Ok(Some(Prepared {
+                mark: SinkMark::Transaction(txn),
+                sync: None,
+            }))
+        }
+
+        fn two_phase(&self) -> bool {
+            true
+        }
+
+        fn commit(&mut self, epoch: u64) -> Result<(), SinkError> {
+            self.prepared += 1;
+            #[cfg(feature = "fault-injection")]
+            if exit_before_commit() == Some(self.prepared) {
+                // The test hook: a crash between the checkpoint and the commit. Nothing
+                // is cleaned up, the transaction stays open, as after `kill -9`.
+                eprintln!(
+                    "sessionizer: {EXIT_BEFORE_COMMIT_ENV}: exiting before the commit of checkpoint {epoch}"
+                );
+                std::process::exit(EXIT_BEFORE_COMMIT_CODE);
+            }
+            self.producer().commit(None).map_err(|e| {
+                SinkError::Kafka(KafkaError::Invalid(format!(
+                    "the Kafka transaction of checkpoint {epoch} did not commit ({e}); the checkpoint was written but its records are not committed: run the same command again, it resumes from the last committed checkpoint and writes them again (exactly once)"
+                )))
+            })?;
+            self.committed();
+            Ok(())
         }
 
         fn abort(&mut self) {

@@ -14,6 +14,7 @@
 //!   output is the same, record for record, for any number of workers.
 
 pub(crate) mod backend;
+pub(crate) mod commit;
 pub(crate) mod durable;
 mod idle;
 #[cfg(feature = "kafka")]

@@ -46,6 +46,7 @@ use sessionizer_checkpoint::CheckpointError;
 use sessionizer_checkpoint::state::LiveError;
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::input::{InputError, ReadPosition};
+use sessionizer_connectors::sink::{EpochSink, FileSink};
 use sessionizer_connectors::{
     Batch, InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder,
 };
@@ -762,7 +763,7 @@ impl<'c> Job<'c> {
             return Ok(());
         };
         let began = Instant::now();
-        t.commit()?;
+        t.commit_open()?;
         telemetry.outputs_written();
         telemetry.checkpoint(&CheckpointReport {
             kind: CheckpointKind::Transaction,
@@ -789,36 +790,40 @@ impl<'c> Job<'c> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
-        let mut outputs = Vec::new();
-        for (w, role) in [&mut self.sessions, &mut self.dead, &mut self.late]
-            .into_iter()
-            .zip(durable::ROLES)
-        {
-            let pending = w.prepare_commit()?;
-            if let (Some(pending), OutputTarget::File(p)) = (pending, w.target()) {
-                outputs.push((role, p.display().to_string(), pending));
-            }
+        let [sessions, dead, late] = [&mut self.sessions, &mut self.dead, &mut self.late];
+        let [r0, r1, r2] = durable::ROLES;
+        let mut files = [
+            FileSink {
+                role: r0,
+                writer: sessions,
+            },
+            FileSink {
+                role: r1,
+                writer: dead,
+            },
+            FileSink {
+                role: r2,
+                writer: late,
+            },
+        ];
+        let [f0, f1, f2] = &mut files;
+        let mut sinks: Vec<&mut dyn EpochSink> = vec![f0, f1, f2];
+        if let Some(t) = self.topics.as_deref_mut() {
+            sinks.push(t);
         }
-        let epoch = durable.next_epoch();
-        let txn = match &mut self.topics {
-            Some(t) => Some(t.prepare(epoch)?),
-            None => None,
-        };
-        let prepared = txn.is_some();
+        // A Kafka output commits its transaction once the checkpoint is written, so
+        // that checkpoint is waited for.
         durable.checkpoint(
             self.pool.pool(),
             &mut self.shards,
-            outputs,
+            &mut sinks,
             &self.stats,
             next_seq,
             finished,
             flushed,
-            finished || prepared,
-            txn,
+            finished,
         )?;
-        if let Some(t) = &mut self.topics {
-            t.commit_prepared(epoch)?;
-            durable.committed(epoch);
+        if self.topics.is_some() {
             telemetry.outputs_written();
         }
         Ok(())

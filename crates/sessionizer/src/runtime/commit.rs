@@ -1,0 +1,305 @@
+//! The commit protocol of a checkpointed job, in one place: the command line's file
+//! and stdin runs and the library's jobs take their checkpoints through it.
+//!
+//! A checkpoint (an *epoch*) is taken between two batches, when nothing is in flight.
+//! The job hands the committer its encoded state changes, a manifest (source
+//! positions, watermark, counters, options) and its sinks; the committer then:
+//!
+//! 1. asks every sink to *prepare* the epoch ([`EpochSink::prepare`]): a file is
+//!    written out and its length noted, a Kafka transaction is flushed with a progress
+//!    record naming the epoch; each answers with the mark the manifest records (a
+//!    transaction's mark also names the checkpoint to fall back to: the newest one
+//!    known committed);
+//! 2. on a thread of its own, while the job goes on: syncs the files, then writes the
+//!    state file and the manifest atomically (`sessionizer-checkpoint`): from then on
+//!    the checkpoint exists;
+//! 3. when a sink is two-phase (a transaction), waits for step 2 and *commits* it: its
+//!    records become visible only now.
+//!
+//! A crash before step 2 completes leaves the previous checkpoint as the newest (files
+//! are cut back to its lengths, the transaction was never committed); a crash between
+//! steps 2 and 3 leaves a prepared checkpoint that recovery resolves
+//! ([`crate::runtime::durable::resolve_transaction`]). A failed write leaves the
+//! writer expecting a full base: the job drained its changed keys into the checkpoint
+//! that failed, so a retry as a delta would miss them.
+//!
+//! One checkpoint is written at a time: the caller [`wait`](Committer::wait)s for the
+//! previous one before encoding its state (whether the next is a base is known only
+//! then).
+
+use crate::error::CommitError;
+use sessionizer_checkpoint::{CheckpointWriter, Committed, EncodedState, Manifest, StateEntries};
+use sessionizer_connectors::encode::PendingSync;
+use sessionizer_connectors::sink::{EpochSink, SinkError, SinkMark};
+use sessionizer_window::spill::BaseImage;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A job's encoded state for one checkpoint.
+#[derive(Debug, Default)]
+pub(crate) struct StateChanges {
+    /// One buffer of encoded entries per shard or worker: every key for a base, else
+    /// the keys changed or removed since the previous checkpoint.
+    pub parts: Vec<StateEntries>,
+    /// A base's spilled keys: images of the state backend's stores, which the base
+    /// keeps as they are.
+    pub images: Vec<BaseImage>,
+    /// Whether the parts hold every key.
+    pub base: bool,
+}
+
+/// A checkpoint that is durable.
+#[derive(Debug)]
+pub(crate) struct Written {
+    /// What the writer wrote.
+    pub committed: Committed,
+    /// The state buffers, emptied, for the next checkpoint.
+    pub parts: Vec<StateEntries>,
+    /// How long the syncs and the writes took.
+    pub took: Duration,
+}
+
+/// The checkpoint writer of one job and the protocol around it.
+#[derive(Debug)]
+pub(crate) struct Committer {
+    /// The writer, here between checkpoints; with the thread writing one otherwise.
+    writer: Option<CheckpointWriter>,
+    in_flight: Option<InFlight>,
+    /// The newest checkpoint known to be committed (sinks included): where a recovery
+    /// goes if the next one's transaction does not commit.
+    committed: Option<u64>,
+    /// A checkpoint that became durable while the committer waited for it on its own;
+    /// handed out by the next [`poll`](Self::poll) or [`wait`](Self::wait).
+    done: Option<Written>,
+    label: String,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    epoch: u64,
+    /// Whether its sinks' second phase is still to come.
+    two_phase: bool,
+    thread: JoinHandle<(CheckpointWriter, Result<Written, CommitError>)>,
+}
+
+impl Committer {
+    /// A committer over `writer`, whose newest committed checkpoint is `committed`
+    /// (the one the job resumed from, if any).
+    pub fn new(writer: CheckpointWriter, committed: Option<u64>) -> Committer {
+        let mut writer = writer;
+        let label = writer.dir_mut().path().display().to_string();
+        Committer {
+            writer: Some(writer),
+            in_flight: None,
+            committed,
+            done: None,
+            label,
+        }
+    }
+
+    /// The writer, between checkpoints (`None` while one is being written).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub fn writer_mut(&mut self) -> Option<&mut CheckpointWriter> {
+        self.writer.as_mut()
+    }
+
+    /// The checkpoint to fall back to from now on (after a recovery chose one).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub fn set_committed(&mut self, epoch: Option<u64>) {
+        self.committed = epoch;
+    }
+
+    /// The epoch the next checkpoint gets (`None` while one is being written).
+    #[cfg(all(test, feature = "kafka"))]
+    pub fn next_epoch(&self) -> Option<u64> {
+        self.writer.as_ref().map(CheckpointWriter::next_epoch)
+    }
+
+    /// Whether the next checkpoint must be a full base (`true` while one is being
+    /// written: wait for it first).
+    pub fn next_is_base(&self) -> bool {
+        self.writer
+            .as_ref()
+            .is_none_or(CheckpointWriter::next_is_base)
+    }
+
+    /// Takes one checkpoint: `state` and `manifest` (whose outputs, Kafka transaction
+    /// and epoch are filled in here) with every sink of `sinks` (see the module's
+    /// protocol). Returns once the checkpoint is handed to the writing thread, or —
+    /// when `wait` or a sink is two-phase — once it is durable and the sinks
+    /// committed; the written checkpoint is then handed out by the next
+    /// [`poll`](Self::poll) or [`wait`](Self::wait). The previous checkpoint must have
+    /// been waited for.
+    pub fn checkpoint(
+        &mut self,
+        state: StateChanges,
+        mut manifest: Manifest,
+        sinks: &mut [&mut dyn EpochSink],
+        wait: bool,
+    ) -> Result<u64, CommitError> {
+        let Some(mut writer) = self.writer.take() else {
+            return Err(CommitError::Disagree {
+                dir: self.label.clone(),
+                what: "a checkpoint was started while the previous one was being written",
+            });
+        };
+        let epoch = writer.next_epoch();
+        // Phase one.
+        let mut syncs: Vec<PendingSync> = Vec::new();
+        let mut two_phase = false;
+        let mut prepared = || -> Result<(), CommitError> {
+            for sink in sinks.iter_mut() {
+                let Some(p) = sink.prepare(epoch)? else {
+                    continue;
+                };
+                two_phase |= sink.two_phase();
+                syncs.extend(p.sync);
+                match p.mark {
+                    SinkMark::File(commit) => manifest.outputs.push(commit),
+                    SinkMark::Transaction(mut txn) => {
+                        txn.fallback_epoch = self.committed;
+                        manifest.kafka_txn = Some(txn);
+                    }
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = prepared() {
+            // The job drained its changes into this checkpoint: the next one must hold
+            // every key.
+            writer.resume_from(None);
+            self.writer = Some(writer);
+            return Err(e);
+        }
+        manifest.epoch = epoch;
+        let work = Work {
+            syncs,
+            state,
+            manifest,
+        };
+        let label = self.label.clone();
+        let thread = std::thread::Builder::new()
+            .name("sessionizer-checkpoint".into())
+            .spawn(move || {
+                let began = Instant::now();
+                let mut work = work;
+                let result = write(&mut writer, &mut work, &label).map(|committed| {
+                    work.state.parts.iter_mut().for_each(StateEntries::clear);
+                    Written {
+                        committed,
+                        parts: std::mem::take(&mut work.state.parts),
+                        took: began.elapsed(),
+                    }
+                });
+                if result.is_err() {
+                    // The job drained its changes into this checkpoint: the next one
+                    // must hold every key.
+                    writer.resume_from(None);
+                }
+                (writer, result)
+            })
+            .map_err(|e| CommitError::Thread(format!("cannot start the checkpoint thread: {e}")))?;
+        self.in_flight = Some(InFlight {
+            epoch,
+            two_phase,
+            thread,
+        });
+        if wait || two_phase {
+            let written = self.finish(sinks)?;
+            self.done = Some(written);
+        }
+        Ok(epoch)
+    }
+
+    /// The checkpoint being written, if it is durable now (without waiting), or the one
+    /// the committer waited for on its own.
+    pub fn poll(&mut self) -> Result<Option<Written>, CommitError> {
+        if let Some(done) = self.done.take() {
+            return Ok(Some(done));
+        }
+        match &self.in_flight {
+            Some(f) if f.thread.is_finished() => self.finish(&mut []).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Waits for the checkpoint being written, if any.
+    pub fn wait(&mut self) -> Result<Option<Written>, CommitError> {
+        if let Some(done) = self.done.take() {
+            return Ok(Some(done));
+        }
+        if self.in_flight.is_none() {
+            return Ok(None);
+        }
+        self.finish(&mut []).map(Some)
+    }
+
+    /// Joins the writing thread; with two-phase sinks, commits them.
+    fn finish(&mut self, sinks: &mut [&mut dyn EpochSink]) -> Result<Written, CommitError> {
+        let Some(f) = self.in_flight.take() else {
+            return Err(CommitError::Disagree {
+                dir: self.label.clone(),
+                what: "no checkpoint is being written",
+            });
+        };
+        let (writer, result) = f.thread.join().map_err(|_| {
+            CommitError::Thread("the checkpoint thread stopped unexpectedly".into())
+        })?;
+        self.writer = Some(writer);
+        let written = result?;
+        if f.two_phase {
+            // Phase two: the checkpoint naming the sinks' marks is durable.
+            for sink in sinks.iter_mut().filter(|s| s.two_phase()) {
+                sink.commit(f.epoch)?;
+            }
+        }
+        self.committed = Some(f.epoch);
+        Ok(written)
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // A checkpoint being written is finished (or fails) before the job goes.
+        if let Some(f) = self.in_flight.take() {
+            let _ = f.thread.join();
+        }
+    }
+}
+
+/// One checkpoint for the writing thread: outputs to sync first, then the state and
+/// the manifest to write.
+#[derive(Debug)]
+struct Work {
+    syncs: Vec<PendingSync>,
+    state: StateChanges,
+    manifest: Manifest,
+}
+
+/// Syncs the outputs, then writes the state file and the manifest.
+fn write(writer: &mut CheckpointWriter, w: &mut Work, dir: &str) -> Result<Committed, CommitError> {
+    // The job encoded either every key (a base) or the changes (a delta); the writer
+    // must label the file the same way, or a "base" would silently lack unchanged keys.
+    if !writer.settle_kind(w.state.base) {
+        return Err(CommitError::Disagree {
+            dir: dir.to_string(),
+            what: "the checkpoint writer and the job disagree on whether this checkpoint is a full base; nothing was written, the previous checkpoint is intact",
+        });
+    }
+    // Outputs first: the manifest must never claim bytes that are not on disk. A sync
+    // failure is fatal, never retried.
+    for pending in &w.syncs {
+        pending.sync().map_err(SinkError::from)?;
+    }
+    let state = EncodedState {
+        parts: w.state.parts.iter().flat_map(StateEntries::parts).collect(),
+        puts: w.state.parts.iter().map(StateEntries::puts).sum(),
+        tombstones: w.state.parts.iter().map(StateEntries::tombstones).sum(),
+    };
+    // A base keeps the stores' images as its copy of the keys in RocksDB.
+    let stores = std::mem::take(&mut w.state.images)
+        .into_iter()
+        .map(crate::runtime::state::store_dir)
+        .collect();
+    Ok(writer.commit_full(&state, &mut |_| Ok(()), stores, w.manifest.clone())?)
+}
