@@ -6,6 +6,8 @@
 //! * [`encode`] — the output records (sessions, retractions, dead letters, late events;
 //!   docs/semantics.md S-16, S-9, S-14, S-6) written as JSON lines into batch buffers.
 //! * [`output`] — where those bytes go: a file or stdout.
+//! * `parquet` (cargo feature `parquet`) — session records as typed Parquet files in a
+//!   directory, rolled per checkpoint and committed in two phases.
 //! * `kafka` (cargo feature `kafka`) — Apache Kafka topics: a consumer group member,
 //!   a transactional producer, the changelog topics of the tasks' state.
 
@@ -14,6 +16,8 @@ pub mod input;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod output;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 pub mod secrets;
 
 pub use encode::{RecordWriter, SessionEncoder};
