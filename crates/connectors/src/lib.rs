@@ -8,6 +8,8 @@
 //! * [`output`] — where those bytes go: a file or stdout.
 //! * [`sink`] — what an exactly-once output offers the runtime's committer: two
 //!   phases per checkpoint (prepare, commit), and the mark a checkpoint records.
+//! * `parquet` (cargo feature `parquet`) — session records as typed Parquet files in a
+//!   directory, rolled per checkpoint and committed in two phases.
 //! * `kafka` (cargo feature `kafka`) — Apache Kafka topics: a consumer group member,
 //!   a transactional producer, the changelog topics of the tasks' state.
 
@@ -16,6 +18,8 @@ pub mod input;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod output;
+#[cfg(feature = "parquet")]
+pub mod parquet;
 pub mod secrets;
 pub mod sink;
 
