@@ -465,6 +465,17 @@ pub enum CommitError {
     /// The thread that writes checkpoints could not start, or stopped.
     #[error("{0}")]
     Thread(String),
+    /// An earlier checkpoint failed in a way that leaves what was committed unknown
+    /// here; only a restart, which resolves it from the state directory, continues.
+    #[error(
+        "the checkpoints in {dir} take no more writes: {why}; stop the job and start it again on the same state directory, which resumes from the last committed checkpoint"
+    )]
+    Poisoned {
+        /// The state directory.
+        dir: String,
+        /// What failed.
+        why: String,
+    },
 }
 
 impl From<CommitError> for RunError {
@@ -483,6 +494,10 @@ impl From<CommitError> for RunError {
             CommitError::Thread(message) => RunError::Workers {
                 workers: 1,
                 message,
+            },
+            CommitError::Poisoned { dir, why } => RunError::Resume {
+                dir,
+                message: format!("its checkpoints take no more writes: {why}"),
             },
         }
     }

@@ -252,6 +252,8 @@ impl Checkpoints {
             .committer
             .checkpoint(state, manifest, &mut sinks, true)
             .and_then(|_| self.committer.wait());
+        // A checkpoint whose second phase failed is durable, but its outputs were not
+        // committed: the error stands.
         drop(sinks);
         drop(transaction);
         drop(files);

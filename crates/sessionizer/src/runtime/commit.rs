@@ -71,7 +71,20 @@ pub(crate) struct Committer {
     /// A checkpoint that became durable while the committer waited for it on its own;
     /// handed out by the next [`poll`](Self::poll) or [`wait`](Self::wait).
     done: Option<Written>,
+    /// Why this committer takes no more checkpoints: a second phase failed after its
+    /// checkpoint was written (the writer's chain holds a checkpoint whose records were
+    /// not committed, so a delta on it must never be written), or the writing thread
+    /// could not start (the writer went with it).
+    poisoned: Option<String>,
     label: String,
+}
+
+/// A checkpoint handed to the committer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HandedOff {
+    /// When the job could go on: the work was on the writing thread (the wait for a
+    /// two-phase sink's commit comes after).
+    pub at: Instant,
 }
 
 #[derive(Debug)]
@@ -93,6 +106,7 @@ impl Committer {
             in_flight: None,
             committed,
             done: None,
+            poisoned: None,
             label,
         }
     }
@@ -129,14 +143,21 @@ impl Committer {
     /// when `wait` or a sink is two-phase — once it is durable and the sinks
     /// committed; the written checkpoint is then handed out by the next
     /// [`poll`](Self::poll) or [`wait`](Self::wait). The previous checkpoint must have
-    /// been waited for.
+    /// been waited for. After a second phase failed, or the writing thread did not
+    /// start, every later checkpoint is refused.
     pub fn checkpoint(
         &mut self,
         state: StateChanges,
         mut manifest: Manifest,
         sinks: &mut [&mut dyn EpochSink],
         wait: bool,
-    ) -> Result<u64, CommitError> {
+    ) -> Result<HandedOff, CommitError> {
+        if let Some(why) = &self.poisoned {
+            return Err(CommitError::Poisoned {
+                dir: self.label.clone(),
+                why: why.clone(),
+            });
+        }
         let Some(mut writer) = self.writer.take() else {
             return Err(CommitError::Disagree {
                 dir: self.label.clone(),
@@ -198,27 +219,35 @@ impl Committer {
                 }
                 (writer, result)
             })
-            .map_err(|e| CommitError::Thread(format!("cannot start the checkpoint thread: {e}")))?;
+            .map_err(|e| {
+                let e = CommitError::Thread(format!("cannot start the checkpoint thread: {e}"));
+                self.poisoned = Some(e.to_string());
+                e
+            })?;
         self.in_flight = Some(InFlight {
             epoch,
             two_phase,
             thread,
         });
+        let handed = HandedOff { at: Instant::now() };
         if wait || two_phase {
-            let written = self.finish(sinks)?;
-            self.done = Some(written);
+            self.finish(sinks)?;
         }
-        Ok(epoch)
+        Ok(handed)
     }
 
     /// The checkpoint being written, if it is durable now (without waiting), or the one
-    /// the committer waited for on its own.
+    /// the committer waited for on its own (also when a sink's second phase then
+    /// failed: the checkpoint itself is durable).
     pub fn poll(&mut self) -> Result<Option<Written>, CommitError> {
         if let Some(done) = self.done.take() {
             return Ok(Some(done));
         }
         match &self.in_flight {
-            Some(f) if f.thread.is_finished() => self.finish(&mut []).map(Some),
+            Some(f) if f.thread.is_finished() => {
+                self.finish(&mut [])?;
+                Ok(self.done.take())
+            }
             _ => Ok(None),
         }
     }
@@ -231,11 +260,13 @@ impl Committer {
         if self.in_flight.is_none() {
             return Ok(None);
         }
-        self.finish(&mut []).map(Some)
+        self.finish(&mut [])?;
+        Ok(self.done.take())
     }
 
-    /// Joins the writing thread; with two-phase sinks, commits them.
-    fn finish(&mut self, sinks: &mut [&mut dyn EpochSink]) -> Result<Written, CommitError> {
+    /// Joins the writing thread and keeps the written checkpoint in `done`; with
+    /// two-phase sinks, commits them.
+    fn finish(&mut self, sinks: &mut [&mut dyn EpochSink]) -> Result<(), CommitError> {
         let Some(f) = self.in_flight.take() else {
             return Err(CommitError::Disagree {
                 dir: self.label.clone(),
@@ -246,15 +277,21 @@ impl Committer {
             CommitError::Thread("the checkpoint thread stopped unexpectedly".into())
         })?;
         self.writer = Some(writer);
-        let written = result?;
+        self.done = Some(result?);
         if f.two_phase {
             // Phase two: the checkpoint naming the sinks' marks is durable.
             for sink in sinks.iter_mut().filter(|s| s.two_phase()) {
-                sink.commit(f.epoch)?;
+                if let Err(e) = sink.commit(f.epoch) {
+                    self.poisoned = Some(format!(
+                        "the second phase of checkpoint {} failed: {e}",
+                        f.epoch
+                    ));
+                    return Err(e.into());
+                }
             }
         }
         self.committed = Some(f.epoch);
-        Ok(written)
+        Ok(())
     }
 }
 
@@ -302,4 +339,172 @@ fn write(writer: &mut CheckpointWriter, w: &mut Work, dir: &str) -> Result<Commi
         .map(crate::runtime::state::store_dir)
         .collect();
     Ok(writer.commit_full(&state, &mut |_| Ok(()), stores, w.manifest.clone())?)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The protocol's order and its failures, with a sink that records what it is asked
+    //! and can be told to fail; the real sinks are tested end to end (files in
+    //! `tests/`, Kafka in `crates/cli/tests/kafka.rs`).
+    use super::*;
+    use sessionizer_checkpoint::{KafkaTxn, StateDir};
+    use sessionizer_connectors::sink::{Prepared, SinkError};
+    use std::sync::{Arc, Mutex};
+
+    /// A two-phase sink writing into a shared log.
+    struct Recording {
+        log: Arc<Mutex<Vec<String>>>,
+        fail_prepare_at: Option<u64>,
+        fail_commit_at: Option<u64>,
+    }
+
+    impl Recording {
+        fn new(log: &Arc<Mutex<Vec<String>>>) -> Recording {
+            Recording {
+                log: log.clone(),
+                fail_prepare_at: None,
+                fail_commit_at: None,
+            }
+        }
+    }
+
+    impl EpochSink for Recording {
+        fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>, SinkError> {
+            self.log.lock().unwrap().push(format!("prepare {epoch}"));
+            if self.fail_prepare_at == Some(epoch) {
+                return Err(SinkError::Internal("prepare refused"));
+            }
+            Ok(Some(Prepared {
+                mark: SinkMark::Transaction(KafkaTxn {
+                    transactional_id: "t".into(),
+                    output_topic: "o".into(),
+                    progress_topic: "p".into(),
+                    progress_partition: 0,
+                    progress_offset: epoch as i64,
+                    fallback_epoch: Some(999),
+                }),
+                sync: None,
+            }))
+        }
+        fn two_phase(&self) -> bool {
+            true
+        }
+        fn commit(&mut self, epoch: u64) -> Result<(), SinkError> {
+            self.log.lock().unwrap().push(format!("commit {epoch}"));
+            if self.fail_commit_at == Some(epoch) {
+                return Err(SinkError::Internal("commit refused"));
+            }
+            Ok(())
+        }
+    }
+
+    fn committer(dir: &std::path::Path) -> Committer {
+        let writer = CheckpointWriter::new(StateDir::open(dir).expect("dir"), None).expect("w");
+        Committer::new(writer, None)
+    }
+
+    fn one_key(committer: &Committer) -> StateChanges {
+        let mut entries = StateEntries::default();
+        entries.put_with(b"k", |b| b.extend_from_slice(b"v"));
+        StateChanges {
+            parts: vec![entries],
+            images: Vec::new(),
+            base: committer.next_is_base(),
+        }
+    }
+
+    fn manifests(dir: &std::path::Path) -> Vec<Manifest> {
+        let dir = StateDir::open(dir).expect("dir");
+        let found = dir.recover().expect("recover").found.expect("a checkpoint");
+        vec![found.manifest]
+    }
+
+    #[test]
+    fn a_transaction_commits_after_its_checkpoint_and_falls_back_to_the_last_committed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut c = committer(dir.path());
+        let mut sink = Recording::new(&log);
+        for _ in 0..2 {
+            let state = one_key(&c);
+            c.checkpoint(state, Manifest::default(), &mut [&mut sink], false)
+                .expect("checkpoint");
+            // Waited for on its own (two-phase), handed out by the next poll.
+            let written = c.poll().expect("poll").expect("written");
+            assert!(
+                written.parts.iter().all(|p| p.puts() == 0),
+                "emptied buffers"
+            );
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["prepare 1", "commit 1", "prepare 2", "commit 2"]
+        );
+        drop(c); // its lock on the directory
+        let newest = &manifests(dir.path())[0];
+        assert_eq!(newest.epoch, 2);
+        let txn = newest.kafka_txn.as_ref().expect("the mark");
+        assert_eq!(txn.progress_offset, 2);
+        assert_eq!(
+            txn.fallback_epoch,
+            Some(1),
+            "the committer names the newest committed checkpoint, whatever the sink said"
+        );
+    }
+
+    #[test]
+    fn a_failed_prepare_writes_nothing_and_leaves_a_base_next() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut c = committer(dir.path());
+        let mut sink = Recording::new(&log);
+        sink.fail_prepare_at = Some(2);
+        let state = one_key(&c);
+        c.checkpoint(state, Manifest::default(), &mut [&mut sink], true)
+            .expect("first");
+        c.wait().expect("wait");
+        assert!(!c.next_is_base(), "a delta would come next");
+        let state = one_key(&c);
+        let e = c
+            .checkpoint(state, Manifest::default(), &mut [&mut sink], true)
+            .expect_err("prepare fails");
+        assert!(e.to_string().contains("prepare refused"), "{e}");
+        assert!(
+            c.next_is_base(),
+            "the job drained its changes into the failed checkpoint"
+        );
+        assert_eq!(*log.lock().unwrap(), ["prepare 1", "commit 1", "prepare 2"]);
+        drop(c);
+        assert_eq!(
+            manifests(dir.path())[0].epoch,
+            1,
+            "nothing more was written"
+        );
+    }
+
+    #[test]
+    fn a_failed_second_phase_is_counted_but_refuses_every_later_checkpoint() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut c = committer(dir.path());
+        let mut sink = Recording::new(&log);
+        sink.fail_commit_at = Some(1);
+        let state = one_key(&c);
+        let e = c
+            .checkpoint(state, Manifest::default(), &mut [&mut sink], false)
+            .expect_err("commit fails");
+        assert!(e.to_string().contains("commit refused"), "{e}");
+        let written = c.poll().expect("poll").expect("the durable checkpoint");
+        assert_eq!(written.committed.epoch, 1);
+        let state = one_key(&c);
+        let again = c
+            .checkpoint(state, Manifest::default(), &mut [&mut sink], false)
+            .expect_err("refused");
+        assert!(again.to_string().contains("take no more writes"), "{again}");
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["prepare 1", "commit 1"],
+            "not prepared again"
+        );
+    }
 }

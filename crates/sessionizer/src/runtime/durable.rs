@@ -299,11 +299,18 @@ impl Durable {
             images,
             base,
         };
-        self.committer.checkpoint(state, manifest, sinks, wait)?;
+        let handed = self.committer.checkpoint(state, manifest, sinks, wait);
+        // A checkpoint the committer waited for (a two-phase sink, or `wait`) is
+        // counted now, also when a sink's second phase then failed: it is durable.
+        self.poll()?;
+        let handed = handed?;
         self.last_at = Instant::now();
         self.records_at_last = stats.records_read;
-        self.telemetry.checkpoint_paused(paused.elapsed());
-        let pause = paused.elapsed().as_micros() as u64;
+        // The pipeline waited until the work was on the writing thread; a two-phase
+        // sink's wait for the write and its commit are the write's time.
+        let paused = handed.at.duration_since(paused);
+        self.telemetry.checkpoint_paused(paused);
+        let pause = paused.as_micros() as u64;
         self.stats.pause_us_total += pause;
         self.stats.pause_us_max = self.stats.pause_us_max.max(pause);
         if wait {
