@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 
 import pyarrow as pa
@@ -113,6 +114,8 @@ def rows(fragment, with_partition):
 
 
 def main():
+    # Piped into head: stop quietly when the reader has enough.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dir", help="the Parquet output directory")
     parser.add_argument("--with-partition", action="store_true",

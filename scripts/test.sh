@@ -8,7 +8,8 @@
 # Needs: Rust, a C/C++ compiler, cmake, pkg-config and OpenSSL's and libcurl's headers
 # (librdkafka is built from source, with TLS and SASL), libclang (bindgen, for
 # librocksdb, also built from source), Java 17, Maven and openssl (the brokers and their
-# test certificates). On Debian, as root, missing packages are installed.
+# test certificates), and Python 3 with pip (pyarrow, installed here, reads the Parquet
+# tests' files). On Debian, as root, missing packages are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,8 @@ command -v java >/dev/null || need+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || need+=(maven)
 command -v openssl >/dev/null || need+=(openssl)
 command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v python3 >/dev/null || need+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 # librdkafka with TLS, SASL and OAUTHBEARER's OIDC: OpenSSL's and libcurl's headers.
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need+=(libcurl4-openssl-dev)
@@ -32,6 +35,13 @@ if [ "${#need[@]}" -gt 0 ]; then
     echo "scripts/test.sh: please install ${need[*]} first" >&2
     exit 1
   fi
+fi
+
+# The Parquet tests read the files back with pyarrow (scripts/parquet-read.py).
+if ! python3 -c "import pyarrow" 2>/dev/null; then
+  echo "scripts/test.sh: installing pyarrow" >&2
+  python3 -m pip install -q pyarrow 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages pyarrow
 fi
 
 exec cargo test --workspace --all-features --locked "$@"

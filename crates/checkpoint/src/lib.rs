@@ -27,7 +27,7 @@ pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
 pub use manifest::{
     Counters, InputPosition, KafkaPosition, KafkaSource, KafkaTxn, Manifest, OutputCommit,
-    StateFileRef, StoreFileRef, StoreRef, WatermarkState,
+    StagedFileRef, StagedOutput, StateFileRef, StoreFileRef, StoreRef, WatermarkState,
 };
 pub use state::{LoadedState, StateEntries};
 pub use stores::{LoadedStore, StoreImageDir, StoreReader};

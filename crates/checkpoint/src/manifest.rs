@@ -61,6 +61,41 @@ pub struct Manifest {
     /// such source (and in checkpoints of builds before it was kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka_source: Option<KafkaSource>,
+    /// Outputs written as files that become visible only when their checkpoint commits
+    /// (Parquet): the files this checkpoint staged under temporary names. Recovery
+    /// renames those not renamed yet (the checkpoint is durable, so its files are
+    /// committed) and deletes every other temporary file. Absent for a run without such
+    /// an output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub staged: Vec<StagedOutput>,
+}
+
+/// The files an output staged in one checkpoint ([`Manifest::staged`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagedOutput {
+    /// The output's role (`sessions`).
+    pub role: String,
+    /// The output directory, as given.
+    pub dir: String,
+    /// The checkpoint's epoch, which the files' names carry.
+    pub epoch: u64,
+    /// The files, in the order they were opened.
+    pub files: Vec<StagedFileRef>,
+}
+
+/// One staged file of a [`StagedOutput`]; paths relative to its directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagedFileRef {
+    /// The temporary path, until the commit renames it.
+    pub temp: String,
+    /// The final path.
+    pub name: String,
+    /// Rows in the file.
+    pub rows: u64,
+    /// The file's length in bytes.
+    pub bytes: u64,
 }
 
 /// What a library job's Kafka source reads ([`Manifest::kafka_source`]).

@@ -273,6 +273,7 @@ fn write_fixture(dir: &Path) {
         kafka_txn: None,
         kafka_positions: Vec::new(),
         kafka_source: None,
+        staged: Vec::new(),
     };
     d.write_manifest(&manifest).expect("manifest");
 }

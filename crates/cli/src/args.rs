@@ -84,9 +84,23 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub input: Vec<String>,
 
-    /// Session output file, or '-' for stdout. [default: -]
+    /// Session output file, or '-' for stdout; with --output-format parquet, a
+    /// directory. [default: -]
     #[arg(long, value_name = "PATH")]
     pub output: Option<String>,
+
+    /// How session records are written to --output: jsonl, one JSON object per line;
+    /// parquet, Parquet files in the --output directory, one session per row with typed
+    /// columns, visible once their checkpoint commits (with --state-dir; else at the end
+    /// of the run). Dead letters and late events stay JSON lines. Needs a build with
+    /// the cargo feature `parquet`. [default: jsonl]
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub output_format: Option<OutputFormatArg>,
+
+    /// With --output-format parquet: write the files into dt=YYYY-MM-DD/ directories by
+    /// the session's start date (UTC), as Hive, Spark and pyarrow read them.
+    #[arg(long)]
+    pub partition_by_date: bool,
 
     /// Field holding the session key; a dotted path reaches into nested objects.
     /// [default: visit_id]
@@ -272,6 +286,13 @@ pub enum TimeFormatArg {
     Rfc3339,
     EpochMs,
     EpochS,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OutputFormatArg {
+    Jsonl,
+    Parquet,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]

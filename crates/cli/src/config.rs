@@ -4,9 +4,13 @@
 //! Aggregates from the file and from flags are combined (file first); two aggregates
 //! with the same output name are refused.
 
-use crate::args::{EmitArg, OnInvalidArg, ProgressArg, RunArgs, StateBackendArg, TimeFormatArg};
+use crate::args::{
+    EmitArg, OnInvalidArg, OutputFormatArg, ProgressArg, RunArgs, StateBackendArg, TimeFormatArg,
+};
 use serde::Deserialize;
-use sessionizer::config::{Aggregate, CheckpointConfig, OnInvalid, PipelineConfig, StateBackend};
+use sessionizer::config::{
+    Aggregate, CheckpointConfig, OnInvalid, OutputFormat, PipelineConfig, StateBackend,
+};
 use sessionizer_connectors::{InputSource, OutputTarget};
 use sessionizer_core::decode::{DedupMode, TimeFormat};
 use sessionizer_core::json::FieldPath;
@@ -43,6 +47,8 @@ pub enum ConfigError {
 pub struct FileConfig {
     pub input: Option<Vec<String>>,
     pub output: Option<String>,
+    pub output_format: Option<OutputFormatArg>,
+    pub partition_by_date: Option<bool>,
     pub key: Option<String>,
     pub time: Option<String>,
     pub time_format: Option<TimeFormatArg>,
@@ -327,6 +333,25 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     } else {
         OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()))
     };
+    let partition_by_date = args.partition_by_date || file.partition_by_date.unwrap_or(false);
+    let output_format = match args
+        .output_format
+        .or(file.output_format)
+        .unwrap_or(OutputFormatArg::Jsonl)
+    {
+        OutputFormatArg::Jsonl if partition_by_date => {
+            return Err(ConfigError::Conflict(
+                "--partition-by-date applies to --output-format parquet".into(),
+            ));
+        }
+        OutputFormatArg::Jsonl => OutputFormat::JsonLines,
+        OutputFormatArg::Parquet if !matches!(output, OutputTarget::File(_)) => {
+            return Err(ConfigError::Conflict(
+                "--output-format parquet writes Parquet files into a directory: give it as --output DIR (not stdout, not a Kafka topic)".into(),
+            ));
+        }
+        OutputFormatArg::Parquet => OutputFormat::Parquet { partition_by_date },
+    };
     let explicit_dead = args.dead_letter.is_some() || file.dead_letter.is_some();
     let explicit_late = args.late_output.is_some() || file.late_output.is_some();
     let dead_letter = match args.dead_letter.or(file.dead_letter) {
@@ -596,6 +621,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     let pipeline = PipelineConfig {
         inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
         output,
+        output_format,
         dead_letter,
         late_output,
         key,

@@ -195,6 +195,18 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
     for o in &m.outputs {
         writeln!(out, "    {:<12} {} {}", o.role, o.path, o.committed_bytes)?;
     }
+    for s in &m.staged {
+        let rows: u64 = s.files.iter().map(|f| f.rows).sum();
+        let bytes: u64 = s.files.iter().map(|f| f.bytes).sum();
+        writeln!(
+            out,
+            "    {:<12} {} (Parquet): {} files of epoch {} staged, {rows} rows, {bytes} bytes",
+            s.role,
+            s.dir,
+            s.files.len(),
+            s.epoch
+        )?;
+    }
     let c = &m.counters;
     writeln!(
         out,

@@ -26,15 +26,40 @@ pub struct OutputError {
 enum Sink {
     File(std::fs::File),
     Stream(Box<dyn Write + Send>),
+    /// Session records as Parquet files in a directory, which the records are read back
+    /// into (`--output-format parquet`).
+    #[cfg(feature = "parquet")]
+    Parquet(Box<crate::parquet::ParquetFiles>),
 }
 
 impl Sink {
-    fn writer(&mut self) -> &mut dyn Write {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         match self {
-            Sink::File(f) => f,
-            Sink::Stream(w) => w,
+            Sink::File(f) => f.write_all(bytes),
+            Sink::Stream(w) => w.write_all(bytes),
+            #[cfg(feature = "parquet")]
+            Sink::Parquet(p) => p.write(bytes).map(drop).map_err(io::Error::other),
         }
     }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Sink::File(f) => f.flush(),
+            Sink::Stream(w) => w.flush(),
+            // Rows become a row group when there are enough of them, a file at the
+            // checkpoint.
+            #[cfg(feature = "parquet")]
+            Sink::Parquet(_) => Ok(()),
+        }
+    }
+}
+
+/// What a Parquet output is opened with, and the epoch it staged last.
+#[cfg(feature = "parquet")]
+struct ParquetSetup {
+    schema: crate::parquet::SessionSchema,
+    options: crate::parquet::ParquetOptions,
+    staged: Option<crate::parquet::Staged>,
 }
 
 /// A JSON-lines output: records are encoded into `buf` and written in blocks. The
@@ -51,6 +76,9 @@ pub struct RecordWriter {
     /// A write, flush or sync failed: how much of the buffer reached the target is not
     /// known, so nothing more is written (a checkpoint's recovery cuts back instead).
     failed: bool,
+    /// Records written as Parquet files into the target directory instead.
+    #[cfg(feature = "parquet")]
+    parquet: Option<ParquetSetup>,
 }
 
 impl std::fmt::Debug for RecordWriter {
@@ -73,7 +101,115 @@ impl RecordWriter {
             records: 0,
             written: 0,
             failed: false,
+            #[cfg(feature = "parquet")]
+            parquet: None,
         }
+    }
+
+    /// A writer of session records as Parquet files into the directory `target`
+    /// (created if needed), opened with [`open_staged`](Self::open_staged).
+    #[cfg(feature = "parquet")]
+    pub fn parquet(
+        target: OutputTarget,
+        schema: crate::parquet::SessionSchema,
+        options: crate::parquet::ParquetOptions,
+    ) -> RecordWriter {
+        let mut w = RecordWriter::new(target);
+        w.parquet = Some(ParquetSetup {
+            schema,
+            options,
+            staged: None,
+        });
+        w
+    }
+
+    /// Whether the records become visible only when a checkpoint commits them (files
+    /// staged under temporary names: Parquet).
+    pub fn is_staged(&self) -> bool {
+        #[cfg(feature = "parquet")]
+        if self.parquet.is_some() {
+            return true;
+        }
+        false
+    }
+
+    /// Opens a Parquet output to write epoch `epoch` on: the directory is brought back
+    /// to the checkpoint `committed` (its files renamed if they were not yet, every
+    /// other temporary file deleted, and the final files of later epochs — or of any
+    /// epoch without a checkpoint: an earlier run's — deleted, as a JSON-lines file is
+    /// cut back or emptied). Returns the files deleted.
+    #[cfg(feature = "parquet")]
+    pub fn open_staged(
+        &mut self,
+        epoch: u64,
+        committed: Option<&crate::parquet::Staged>,
+    ) -> Result<Vec<String>, OutputError> {
+        use crate::parquet::ParquetFiles;
+        let OutputTarget::File(dir) = &self.target else {
+            return Err(self.error(io::Error::other(
+                "Parquet files go to a directory, not to stdout or stderr",
+            )));
+        };
+        let dir = dir.clone();
+        let Some(setup) = &self.parquet else {
+            return Err(self.error(io::Error::other("not a Parquet output")));
+        };
+        std::fs::create_dir_all(&dir).map_err(|e| self.error(e))?;
+        let found =
+            ParquetFiles::recover(&dir, committed).map_err(|e| self.error(io::Error::other(e)))?;
+        for later in &found.later {
+            let path = dir.join(later);
+            std::fs::remove_file(&path).map_err(|e| self.error(e))?;
+        }
+        let files = ParquetFiles::new(&dir, setup.schema.clone(), setup.options.clone(), epoch)
+            .map_err(|e| self.error(io::Error::other(e)))?;
+        self.out = Some(Sink::Parquet(Box::new(files)));
+        let mut gone = found.deleted;
+        gone.extend(found.later);
+        Ok(gone)
+    }
+
+    /// Phase one of epoch `epoch` of a Parquet output: everything buffered is written,
+    /// the epoch's files are closed, synced and staged.
+    #[cfg(feature = "parquet")]
+    pub fn prepare_staged(&mut self, epoch: u64) -> Result<crate::parquet::Staged, OutputError> {
+        self.write_buffer()?;
+        let staged = match &mut self.out {
+            Some(Sink::Parquet(files)) => files.prepare(epoch),
+            _ => return Err(self.error(io::Error::other("the Parquet output is not open"))),
+        };
+        let staged = staged.map_err(|e| {
+            self.failed = true;
+            self.error(io::Error::other(e))
+        })?;
+        if let Some(setup) = &mut self.parquet {
+            setup.staged = Some(staged.clone());
+        }
+        Ok(staged)
+    }
+
+    /// Phase two: the epoch staged last becomes visible (its files renamed).
+    #[cfg(feature = "parquet")]
+    pub fn commit_staged(&mut self) -> Result<(), OutputError> {
+        let staged = self.parquet.as_mut().and_then(|s| s.staged.take());
+        match (&self.out, staged) {
+            (Some(Sink::Parquet(files)), Some(staged)) => files
+                .commit(&staged)
+                .map_err(|e| error(&self.target, io::Error::other(e))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The open epoch of a Parquet output, staged and committed at once: the end of a
+    /// run without checkpoints.
+    #[cfg(feature = "parquet")]
+    pub fn end_staged(&mut self) -> Result<(), OutputError> {
+        let epoch = match &self.out {
+            Some(Sink::Parquet(files)) => files.epoch(),
+            _ => return Ok(()),
+        };
+        self.prepare_staged(epoch)?;
+        self.commit_staged()
     }
 
     /// Where the records go.
@@ -83,6 +219,11 @@ impl RecordWriter {
 
     /// Opens (creates or truncates) the target now.
     pub fn open(&mut self) -> Result<(), OutputError> {
+        #[cfg(feature = "parquet")]
+        if self.parquet.is_some() && self.out.is_none() {
+            // A run without a checkpoint: the directory starts empty at epoch 1.
+            return self.open_staged(1, None).map(drop);
+        }
         if self.out.is_none() {
             let sink = match &self.target {
                 OutputTarget::File(p) => {
@@ -191,7 +332,7 @@ impl RecordWriter {
     pub fn finish(&mut self) -> Result<(), OutputError> {
         self.write_buffer()?;
         if let Some(out) = &mut self.out {
-            let flushed = out.writer().flush();
+            let flushed = out.flush();
             self.failed |= flushed.is_err();
             flushed.map_err(|e| error(&self.target, e))?;
         }
@@ -211,7 +352,7 @@ impl RecordWriter {
         }
         self.open()?;
         if let Some(out) = &mut self.out {
-            let wrote = out.writer().write_all(&self.buf);
+            let wrote = out.write_all(&self.buf);
             self.failed |= wrote.is_err();
             wrote.map_err(|e| error(&self.target, e))?;
             self.written += self.buf.len() as u64;

@@ -19,7 +19,7 @@
 
 use crate::encode::{OutputError, PendingSync, RecordWriter};
 use crate::output::OutputTarget;
-pub use sessionizer_checkpoint::{KafkaTxn, OutputCommit};
+pub use sessionizer_checkpoint::{KafkaTxn, OutputCommit, StagedFileRef, StagedOutput};
 
 /// What a checkpoint records of one sink's prepared epoch: data, read back on recovery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +30,9 @@ pub enum SinkMark {
     /// A Kafka transaction holding the epoch's records and a progress record naming
     /// the epoch; recovery reads that record back to learn whether it committed.
     Transaction(KafkaTxn),
+    /// Files written under temporary names (Parquet), renamed when the epoch commits;
+    /// recovery renames those of the checkpoint it resumes from and deletes the rest.
+    Staged(StagedOutput),
 }
 
 /// One sink's prepared epoch.
@@ -91,7 +94,22 @@ pub struct FileSink<'w> {
 }
 
 impl EpochSink for FileSink<'_> {
-    fn prepare(&mut self, _epoch: u64) -> Result<Option<Prepared>, SinkError> {
+    fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>, SinkError> {
+        #[cfg(feature = "parquet")]
+        if self.writer.is_staged() {
+            let staged = self.writer.prepare_staged(epoch)?;
+            let OutputTarget::File(dir) = self.writer.target() else {
+                return Err(SinkError::Internal(
+                    "a Parquet output that is not a directory",
+                ));
+            };
+            return Ok(Some(Prepared {
+                mark: SinkMark::Staged(staged_output(self.role, dir, &staged)),
+                // The files were synced as they were closed.
+                sync: None,
+            }));
+        }
+        let _ = epoch;
         let pending = self.writer.prepare_commit()?;
         let (Some(pending), OutputTarget::File(path)) = (pending, self.writer.target()) else {
             return Ok(None);
@@ -104,6 +122,62 @@ impl EpochSink for FileSink<'_> {
             }),
             sync: Some(pending),
         }))
+    }
+
+    fn two_phase(&self) -> bool {
+        self.writer.is_staged()
+    }
+
+    fn commit(&mut self, epoch: u64) -> Result<(), SinkError> {
+        let _ = epoch;
+        #[cfg(feature = "parquet")]
+        if self.writer.is_staged() {
+            self.writer.commit_staged()?;
+        }
+        Ok(())
+    }
+}
+
+/// What a checkpoint records of a Parquet output's staged epoch.
+#[cfg(feature = "parquet")]
+fn staged_output(
+    role: &str,
+    dir: &std::path::Path,
+    staged: &crate::parquet::Staged,
+) -> StagedOutput {
+    StagedOutput {
+        role: role.to_string(),
+        dir: dir.display().to_string(),
+        epoch: staged.epoch,
+        files: staged
+            .files
+            .iter()
+            .map(|f| StagedFileRef {
+                temp: f.temp.clone(),
+                name: f.name.clone(),
+                rows: f.rows,
+                bytes: f.bytes,
+            })
+            .collect(),
+    }
+}
+
+/// A checkpoint's record of a Parquet output's staged epoch, as the output's recovery
+/// takes it.
+#[cfg(feature = "parquet")]
+pub fn staged_of(output: &StagedOutput) -> crate::parquet::Staged {
+    crate::parquet::Staged {
+        epoch: output.epoch,
+        files: output
+            .files
+            .iter()
+            .map(|f| crate::parquet::StagedFile {
+                temp: f.temp.clone(),
+                name: f.name.clone(),
+                rows: f.rows,
+                bytes: f.bytes,
+            })
+            .collect(),
     }
 }
 

@@ -17,6 +17,21 @@ pub enum OnInvalid {
     Fail,
 }
 
+/// How session records are written to a file output (`--output-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// One JSON object per line.
+    #[default]
+    JsonLines,
+    /// Parquet files in the output directory, one session per row (cargo feature
+    /// `parquet`); with `partition_by_date`, in `dt=YYYY-MM-DD/` directories by the
+    /// session's start (UTC).
+    Parquet {
+        /// Hive-style directories by the start date.
+        partition_by_date: bool,
+    },
+}
+
 /// One aggregate of the output record.
 #[derive(Debug, Clone)]
 pub struct Aggregate {
@@ -35,6 +50,8 @@ pub struct PipelineConfig {
     pub inputs: Vec<InputSource>,
     /// Where session records and retractions go.
     pub output: OutputTarget,
+    /// How they are written there.
+    pub output_format: OutputFormat,
     /// Where invalid records go (with `OnInvalid::DeadLetter`).
     pub dead_letter: OutputTarget,
     /// Where too-late events go.
@@ -332,6 +349,18 @@ impl PipelineConfig {
         ]
         .into_iter()
         .map(|(n, v)| (n.to_string(), v))
+        .chain(match self.output_format {
+            // The checkpoints of JSON-lines runs keep their options as they were.
+            OutputFormat::JsonLines => None,
+            OutputFormat::Parquet { partition_by_date } => Some((
+                "--output-format".to_string(),
+                if partition_by_date {
+                    "parquet, by date".to_string()
+                } else {
+                    "parquet".to_string()
+                },
+            )),
+        })
         .collect()
     }
 }

@@ -212,6 +212,12 @@ pub enum Unsupported {
     /// A Kafka output without its topic.
     #[error("a Kafka output needs --kafka-output-topic")]
     NoOutputTopic,
+    /// `--output-format parquet` in a build without the cargo feature `parquet`.
+    #[error(
+        "this sessionizer was built without Parquet output; build it with `cargo build --release --features parquet`"
+    )]
+    NoParquet,
+
     /// A library job that cannot be a task of a Kafka group.
     #[error(transparent)]
     GroupJob(#[from] GroupJobRefusal),

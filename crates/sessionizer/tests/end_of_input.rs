@@ -46,6 +46,7 @@ fn config(dir: &Path, input: &Path, workers: usize) -> PipelineConfig {
     PipelineConfig {
         inputs: vec![InputSource::File(input.to_path_buf())],
         output: OutputTarget::File(dir.join(format!("out-{workers}.jsonl"))),
+        output_format: Default::default(),
         dead_letter: OutputTarget::File(dir.join("dead.jsonl")),
         late_output: OutputTarget::File(dir.join("late.jsonl")),
         key: FieldPath::parse("visit_id").expect("path"),

@@ -68,6 +68,7 @@ fn the_library_window_and_the_cli_pipeline_emit_the_same_records() {
     let cfg = PipelineConfig {
         inputs: vec![InputSource::File(input.clone())],
         output: OutputTarget::File(dir.path().join("cli.jsonl")),
+        output_format: Default::default(),
         dead_letter: OutputTarget::File(dir.path().join("cli.dead.jsonl")),
         late_output: OutputTarget::File(dir.path().join("cli.late.jsonl")),
         key: FieldPath::parse("visit_id").expect("path"),

@@ -81,6 +81,7 @@ fn config(dir: &Path, input: &Path, s: Setting) -> PipelineConfig {
     PipelineConfig {
         inputs: vec![InputSource::File(input.to_path_buf())],
         output: OutputTarget::File(name("out")),
+        output_format: Default::default(),
         dead_letter: OutputTarget::File(name("dead")),
         late_output: OutputTarget::File(name("late")),
         key: FieldPath::parse("visit_id").expect("path"),

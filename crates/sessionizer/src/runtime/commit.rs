@@ -124,7 +124,7 @@ impl Committer {
     }
 
     /// The epoch the next checkpoint gets (`None` while one is being written).
-    #[cfg(all(test, feature = "kafka"))]
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
     pub fn next_epoch(&self) -> Option<u64> {
         self.writer.as_ref().map(CheckpointWriter::next_epoch)
     }
@@ -181,6 +181,7 @@ impl Committer {
                         txn.fallback_epoch = self.committed;
                         manifest.kafka_txn = Some(txn);
                     }
+                    SinkMark::Staged(files) => manifest.staged.push(files),
                 }
             }
             Ok(())

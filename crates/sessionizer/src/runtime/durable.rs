@@ -212,6 +212,12 @@ impl Durable {
         self.cfg.keep_open
     }
 
+    /// The epoch the next checkpoint gets (between checkpoints).
+    #[cfg_attr(not(feature = "parquet"), allow(dead_code))]
+    pub fn next_epoch(&self) -> u64 {
+        self.committer.next_epoch().unwrap_or(0)
+    }
+
     /// Notes how far the inputs were consumed after a batch: `end`, and the line counts
     /// of inputs finished within it (`finished_lines`: input index, last line number).
     pub fn consumed(&mut self, end: ReadPosition, finished_lines: &[(u32, u64)]) {

@@ -29,7 +29,7 @@ pub(crate) mod lookup;
 pub(crate) mod parse;
 pub(crate) mod shard;
 
-use crate::config::{CheckpointConfig, OnInvalid, PipelineConfig};
+use crate::config::{CheckpointConfig, OnInvalid, OutputFormat, PipelineConfig};
 use crate::error::RunError;
 use crate::runtime::tagged::Tag;
 use crate::runtime::{
@@ -46,6 +46,8 @@ use sessionizer_checkpoint::CheckpointError;
 use sessionizer_checkpoint::state::LiveError;
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::input::{InputError, ReadPosition};
+#[cfg(feature = "parquet")]
+use sessionizer_connectors::sink::staged_of;
 use sessionizer_connectors::sink::{EpochSink, FileSink};
 use sessionizer_connectors::{
     Batch, InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder,
@@ -116,7 +118,40 @@ fn run_driver(
         }
         _ => None,
     };
-    Job::new(cfg, workers, pool, topics).run(checkpoint, telemetry)
+    let sessions = sessions_writer(cfg)?;
+    Job::new(cfg, workers, pool, topics, sessions).run(checkpoint, telemetry)
+}
+
+/// The writer of the session records: JSON lines, or Parquet files in a directory.
+fn sessions_writer(cfg: &PipelineConfig) -> Result<RecordWriter, RunError> {
+    match cfg.output_format {
+        OutputFormat::JsonLines => Ok(RecordWriter::new(cfg.output.clone())),
+        #[cfg(feature = "parquet")]
+        OutputFormat::Parquet { partition_by_date } => {
+            use sessionizer_connectors::parquet::{ParquetOptions, SessionSchema};
+            let aggregates: Vec<_> = cfg
+                .aggregates
+                .iter()
+                .map(|a| (a.name.clone(), a.kind))
+                .collect();
+            // Two aggregates with one name, or one named like a fixed column.
+            let schema = SessionSchema::new(&aggregates, cfg.emit).map_err(|e| {
+                RunError::Output(sessionizer_connectors::encode::OutputError {
+                    name: cfg.output.display_name(),
+                    source: std::io::Error::other(e),
+                })
+            })?;
+            let options = ParquetOptions {
+                partition_by_date,
+                ..ParquetOptions::default()
+            };
+            Ok(RecordWriter::parquet(cfg.output.clone(), schema, options))
+        }
+        #[cfg(not(feature = "parquet"))]
+        OutputFormat::Parquet { .. } => {
+            Err(RunError::Unsupported(crate::error::Unsupported::NoParquet))
+        }
+    }
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -299,6 +334,7 @@ impl<'c> Job<'c> {
         workers: usize,
         pool: Workers,
         topics: Option<Box<dyn TopicSink>>,
+        sessions: RecordWriter,
     ) -> Job<'c> {
         let encoder = SessionEncoder::new(&cfg.aggregate_names(), cfg.emit);
         let shards = (0..workers)
@@ -331,7 +367,7 @@ impl<'c> Job<'c> {
                 .map(|_| Decoder::new(cfg.decoder_config()))
                 .collect(),
             parsed: (0..ranges).map(|_| Parsed::default()).collect(),
-            sessions: RecordWriter::new(cfg.output.clone()),
+            sessions,
             dead: RecordWriter::new(cfg.dead_letter.clone()),
             late: RecordWriter::new(cfg.late_output.clone()),
             stats: RunStats::default(),
@@ -471,6 +507,22 @@ impl<'c> Job<'c> {
             .into_iter()
             .zip(durable::ROLES)
         {
+            if w.is_staged() {
+                // Parquet files: the directory is brought back to the checkpoint.
+                #[cfg(feature = "parquet")]
+                {
+                    let committed = start
+                        .restore
+                        .as_ref()
+                        .and_then(|(m, _)| m.staged.iter().find(|s| s.role == role).map(staged_of));
+                    let epoch = self.durable.as_ref().map_or(1, Durable::next_epoch);
+                    let gone = w.open_staged(epoch, committed.as_ref())?;
+                    if !gone.is_empty() {
+                        tracing::info!(output = %w.target().display_name(), removed = gone.len(), "Parquet files of no checkpoint removed");
+                    }
+                }
+                continue;
+            }
             if let OutputTarget::File(p) = w.target() {
                 let path = p.display().to_string();
                 match start
@@ -622,8 +674,8 @@ impl<'c> Job<'c> {
                 if let Some(d) = &mut self.durable {
                     d.wait()?;
                 }
-            } else if self.topics.is_some() {
-                self.commit_topics(telemetry)?;
+            } else {
+                self.end_without_checkpoint(telemetry)?;
             }
             for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
                 w.finish()?;
@@ -644,8 +696,8 @@ impl<'c> Job<'c> {
         if let Some(d) = &mut self.durable {
             d.consumed(last_end, &[]);
             self.checkpoint(first_step, true, !keep_open, telemetry)?;
-        } else if self.topics.is_some() {
-            self.commit_topics(telemetry)?;
+        } else {
+            self.end_without_checkpoint(telemetry)?;
         }
         self.sessions.finish()?;
         self.dead.finish()?;
@@ -755,6 +807,17 @@ impl<'c> Job<'c> {
             None if txn_due => self.commit_topics(telemetry),
             _ => Ok(()),
         }
+    }
+
+    /// The end of a run without a state directory: the Kafka output's open
+    /// transaction commits, and Parquet files become visible.
+    fn end_without_checkpoint(&mut self, telemetry: &Telemetry) -> Result<(), RunError> {
+        #[cfg(feature = "parquet")]
+        self.sessions.end_staged()?;
+        if self.topics.is_some() {
+            self.commit_topics(telemetry)?;
+        }
+        Ok(())
     }
 
     /// Commits the Kafka output's open transaction (a run without a state directory).
