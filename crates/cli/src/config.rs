@@ -475,17 +475,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             });
         }
     }
-    const RESERVED: &[&str] = &[
-        "key",
-        "session_id",
-        "start",
-        "end",
-        "duration_ms",
-        "event_count",
-        "revision",
-        "complete",
-        "retract",
-    ];
+    const RESERVED: &[&str] = &sessionizer_connectors::encode::FIXED_FIELDS;
     for (i, a) in aggregates.iter().enumerate() {
         if RESERVED.contains(&a.name.as_str()) {
             return Err(ConfigError::Conflict(format!(

@@ -10,6 +10,21 @@ use std::io::{self, Write};
 
 const FLUSH_AT: usize = 1 << 16;
 
+/// The members a session record may have besides its aggregates: an aggregate named
+/// like one of them would make a record with a member twice (or a table with a column
+/// twice), so it is refused.
+pub const FIXED_FIELDS: [&str; 9] = [
+    "key",
+    "session_id",
+    "start",
+    "end",
+    "duration_ms",
+    "event_count",
+    "revision",
+    "complete",
+    "retract",
+];
+
 /// An error writing an output, naming it.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot write {name}: {source}")]

@@ -20,18 +20,8 @@ pub const AGGREGATE_METADATA: &str = "sessionizer.aggregate";
 /// The schema metadata key naming the emit mode (`on-close`, `on-update`, `final`).
 pub const EMIT_METADATA: &str = "sessionizer.emit";
 
-/// The fields every session record has, which aggregates may not be named after.
-const FIXED: [&str; 9] = [
-    "key",
-    "session_id",
-    "start",
-    "end",
-    "duration_ms",
-    "event_count",
-    "revision",
-    "complete",
-    "retract",
-];
+// The fields every session record has, which aggregates may not be named after.
+use crate::encode::FIXED_FIELDS as FIXED;
 
 /// The columns of the session table of one run. They follow the fields of the JSON
 /// record for the same options, and do not change once rows are written.
