@@ -91,9 +91,15 @@ fn dirty_input(dir: &Path, events: u64, seed: u64) -> PathBuf {
 
 /// The rows of a Parquet directory as pyarrow reads them, one JSON value per row.
 fn pyarrow_rows(dir: &Path) -> Vec<Value> {
+    pyarrow_rows_with(dir, &[])
+}
+
+/// As [`pyarrow_rows`], with more options of the script.
+fn pyarrow_rows_with(dir: &Path, options: &[&str]) -> Vec<Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/parquet-read.py");
     let out = Command::new("python3")
         .arg(&script)
+        .args(options)
         .arg(dir)
         .output()
         .expect("python3 runs (scripts/test.sh installs pyarrow)");
@@ -231,15 +237,7 @@ fn dated_directories_hold_each_session_under_its_start_day() {
         assert!(file.starts_with("dt="), "{file}");
     }
     // Each file's rows start on its directory's day.
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/parquet-read.py");
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg("--with-partition")
-        .arg(&dir)
-        .output()
-        .expect("python3");
-    assert!(out.status.success());
-    for row in lines(&String::from_utf8(out.stdout).expect("utf8")) {
+    for row in pyarrow_rows_with(&dir, &["--with-partition"]) {
         let start = row["start"].as_str().expect("start");
         let dt = row["dt"].as_str().expect("dt");
         assert_eq!(&start[..10], dt, "{row}");

@@ -149,16 +149,7 @@ fn staged_output(
         role: role.to_string(),
         dir: dir.display().to_string(),
         epoch: staged.epoch,
-        files: staged
-            .files
-            .iter()
-            .map(|f| StagedFileRef {
-                temp: f.temp.clone(),
-                name: f.name.clone(),
-                rows: f.rows,
-                bytes: f.bytes,
-            })
-            .collect(),
+        files: staged.files.clone(),
     }
 }
 
@@ -168,16 +159,7 @@ fn staged_output(
 pub fn staged_of(output: &StagedOutput) -> crate::parquet::Staged {
     crate::parquet::Staged {
         epoch: output.epoch,
-        files: output
-            .files
-            .iter()
-            .map(|f| crate::parquet::StagedFile {
-                temp: f.temp.clone(),
-                name: f.name.clone(),
-                rows: f.rows,
-                bytes: f.bytes,
-            })
-            .collect(),
+        files: output.files.clone(),
     }
 }
 

@@ -47,18 +47,11 @@ pub struct Staged {
     pub files: Vec<StagedFile>,
 }
 
-/// One staged file. Paths are relative to the output directory, `/` between names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StagedFile {
-    /// The temporary path (`.part-<epoch>-<n>.parquet.tmp`).
-    pub temp: String,
-    /// The final path (`part-<epoch>-<n>.parquet`, or under `dt=YYYY-MM-DD/`).
-    pub name: String,
-    /// Rows in the file.
-    pub rows: u64,
-    /// The file's length.
-    pub bytes: u64,
-}
+/// One staged file, as a checkpoint's manifest records it: the temporary path
+/// (`.part-<epoch>-<n>.parquet.tmp`) and the final one (`part-<epoch>-<n>.parquet`, or
+/// under `dt=YYYY-MM-DD/`), relative to the output directory with `/` between names, its
+/// rows and its length.
+pub use sessionizer_checkpoint::StagedFileRef as StagedFile;
 
 /// What [`ParquetFiles::recover`] did and found. Paths as in [`StagedFile`], sorted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -241,27 +241,21 @@ impl Committer {
     /// the committer waited for on its own (also when a sink's second phase then
     /// failed: the checkpoint itself is durable).
     pub fn poll(&mut self) -> Result<Option<Written>, CommitError> {
-        if let Some(done) = self.done.take() {
-            return Ok(Some(done));
-        }
-        match &self.in_flight {
-            Some(f) if f.thread.is_finished() => {
-                self.finish(&mut [])?;
-                Ok(self.done.take())
-            }
-            _ => Ok(None),
-        }
+        self.written(false)
     }
 
     /// Waits for the checkpoint being written, if any.
     pub fn wait(&mut self) -> Result<Option<Written>, CommitError> {
-        if let Some(done) = self.done.take() {
-            return Ok(Some(done));
+        self.written(true)
+    }
+
+    fn written(&mut self, block: bool) -> Result<Option<Written>, CommitError> {
+        if self.done.is_none()
+            && let Some(f) = &self.in_flight
+            && (block || f.thread.is_finished())
+        {
+            self.finish(&mut [])?;
         }
-        if self.in_flight.is_none() {
-            return Ok(None);
-        }
-        self.finish(&mut [])?;
         Ok(self.done.take())
     }
 

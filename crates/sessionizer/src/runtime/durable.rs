@@ -328,24 +328,18 @@ impl Durable {
     /// Takes in the checkpoint being written if it is done, without waiting: it is
     /// reported as soon as it is durable.
     pub fn poll(&mut self) -> Result<(), RunError> {
-        match self.committer.poll()? {
-            Some(done) => {
-                self.collect(done);
-                Ok(())
-            }
-            None => Ok(()),
+        if let Some(done) = self.committer.poll()? {
+            self.collect(done);
         }
+        Ok(())
     }
 
     /// Waits for the checkpoint being written, if any, and takes back its buffers.
     pub(crate) fn wait(&mut self) -> Result<(), RunError> {
-        match self.committer.wait()? {
-            Some(done) => {
-                self.collect(done);
-                Ok(())
-            }
-            None => Ok(()),
+        if let Some(done) = self.committer.wait()? {
+            self.collect(done);
         }
+        Ok(())
     }
 
     fn collect(&mut self, done: Written) {

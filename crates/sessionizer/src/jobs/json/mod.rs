@@ -727,29 +727,18 @@ impl<'c> Job<'c> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
-        let [sessions, dead, late] = [&mut self.sessions, &mut self.dead, &mut self.late];
-        let [r0, r1, r2] = durable::ROLES;
-        let mut files = [
-            FileSink {
-                role: r0,
-                writer: sessions,
-            },
-            FileSink {
-                role: r1,
-                writer: dead,
-            },
-            FileSink {
-                role: r2,
-                writer: late,
-            },
-        ];
-        let [f0, f1, f2] = &mut files;
-        let mut sinks: Vec<&mut dyn EpochSink> = vec![f0, f1, f2];
+        let mut files: Vec<FileSink<'_>> = [&mut self.sessions, &mut self.dead, &mut self.late]
+            .into_iter()
+            .zip(durable::ROLES)
+            .map(|(writer, role)| FileSink { role, writer })
+            .collect();
+        let mut sinks: Vec<&mut dyn EpochSink> =
+            files.iter_mut().map(|f| f as &mut dyn EpochSink).collect();
         if let Some(t) = self.topics.as_deref_mut() {
             sinks.push(t);
         }
-        // A Kafka output commits its transaction once the checkpoint is written, so
-        // that checkpoint is waited for.
+        // The committer waits for the last checkpoint of a run (`finished`), and for
+        // every checkpoint with a two-phase sink (a Kafka transaction, Parquet files).
         durable.checkpoint(
             self.pool.pool(),
             &mut self.shards,
