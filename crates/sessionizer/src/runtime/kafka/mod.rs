@@ -8,13 +8,23 @@
 //! * **Kafka in, Kafka out** (`--kafka-topic` with `--kafka-output-topic`): a consumer
 //!   group member. A commit is one transaction holding the output records, the side
 //!   outputs, each changed task's state changes and progress record in its changelog
-//!   partition, and the consumed offsets. A partition gained in a rebalance is restored
-//!   from its changelog before any of its records is read; one lost is committed first.
+//!   partition, and the consumed offsets (the protocol of
+//!   [`crate::runtime::commit::txn`]). A partition gained in a rebalance is restored
+//!   from its changelog before any of its records is read; one revoked is committed
+//!   first; one lost is given up with the open transaction aborted.
 //! * **Kafka in, files or stdout out**: the partitions of the topics are assigned
 //!   directly (no group); the state lives only in memory and nothing is committed, so a
 //!   run starts from `--kafka-start` every time, as a file run starts at the top.
 //! * **Files in, Kafka out** is the file driver with a Kafka sink (see [`super`]).
+//!
+//! Here: the loop, the commit and the run's summary. Beside it: the tasks a process
+//! holds as the group assigns them (assignment), one task (task), the seam to its
+//! operator (op), where its records go (output), the end of a `--stop-at-end` run
+//! (end), restoring a task from its changelog (restore), local snapshots (snapshot),
+//! standby copies (standby) and `--repartition` (repartition).
 
+mod assignment;
+mod end;
 mod op;
 mod output;
 mod repartition;
@@ -23,21 +33,18 @@ mod snapshot;
 mod standby;
 mod task;
 
-use crate::config::{KafkaConfig, KafkaStart, Partitioner, PipelineConfig};
+use crate::config::{KafkaConfig, PipelineConfig};
 use crate::error::RunError;
+use crate::runtime::commit::txn::{Changed, Outcome, Transactions, TxnTask, commit_error};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
-use crate::telemetry::{CheckpointKind, CheckpointReport, TaskReport, Telemetry};
+use crate::telemetry::{TaskReport, Telemetry};
 use output::Out;
 use repartition::Rekey;
-use sessionizer_checkpoint::Counters;
-use sessionizer_connectors::encode::SourceName;
+use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::kafka::admin::Admin;
-use sessionizer_connectors::kafka::changelog;
-use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, Rebalance, StartAt};
-use sessionizer_connectors::kafka::partitioner::KeyPlacement;
-use sessionizer_connectors::kafka::producer::{CommitError, SOURCE_HEADER, TxnProducer};
+use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled};
+use sessionizer_connectors::kafka::producer::{SOURCE_HEADER, TxnProducer};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
-use sessionizer_connectors::{Batch, OutputTarget};
 use sessionizer_core::Watermark;
 use snapshot::Snapshots;
 use standby::Standbys;
@@ -61,31 +68,9 @@ struct Restored {
     micros: u64,
 }
 
-/// Transactions aborted one after the other before the job gives up.
-const MAX_ABORTS_IN_ROW: u32 = 5;
-
-/// Test hook (cargo feature `fault-injection` only): when set, the open transaction is
-/// aborted and every task rewound at each assignment and revocation, before it is
-/// handled — as when the group moving on fences a commit made in the middle of a
-/// rebalance (the tests of scale-out run with it to make that path happen every time,
-/// not once in a while).
-#[cfg(feature = "fault-injection")]
-const ABORT_ON_REBALANCE_ENV: &str = "SESSIONIZER_TEST_ABORT_ON_REBALANCE";
-
-#[cfg(feature = "fault-injection")]
-fn abort_on_rebalance() -> bool {
-    std::env::var_os(ABORT_ON_REBALANCE_ENV).is_some()
-}
-
-/// Without the feature `fault-injection` there is no hook: never.
-#[cfg(not(feature = "fault-injection"))]
-fn abort_on_rebalance() -> bool {
-    false
-}
-
 /// The offset metadata of a task that emitted every session at the end of a
 /// `--stop-at-end` run.
-const FLUSHED: &str = "flushed";
+pub(super) const FLUSHED: &str = "flushed";
 
 /// The error of a record read for a task that already emitted every session.
 fn more_after_flush(task: &str, group: &Option<String>) -> RunError {
@@ -172,10 +157,8 @@ struct KafkaJob<'c, F: TaskFactory> {
     restored: Restored,
     /// This process's committed share of the tasks it gave up (revoked, lost, rewound).
     released: RunStats,
-    commits: u64,
-    aborts: u64,
-    /// Transactions aborted since the last one committed.
-    aborts_in_row: u32,
+    /// The job's transactions (durable mode) and their history.
+    txns: Transactions,
     assigned: u64,
     revoked: u64,
     /// Every restore of the run.
@@ -336,9 +319,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             last_commit: Instant::now(),
             restored: Restored::default(),
             released: RunStats::default(),
-            commits: 0,
-            aborts: 0,
-            aborts_in_row: 0,
+            txns: Transactions::default(),
             assigned: 0,
             revoked: 0,
             restores: Vec::new(),
@@ -539,9 +520,9 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             }
             // Every partition reached its end offset: end as a file input does.
             self.flush_done_tasks()?;
-            let aborts = self.aborts;
+            let aborts = self.txns.aborts;
             self.commit()?;
-            if self.aborts == aborts {
+            if self.txns.aborts == aborts {
                 break 'job;
             }
             // The last commit was aborted (a rebalance moved the group on while it was
@@ -562,32 +543,6 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         Ok(stats)
     }
 
-    /// `--stop-at-end` without `--keep-open`: the tasks that reached their end emit
-    /// every session (the watermark becomes +infinity) and are committed as finished.
-    fn flush_done_tasks(&mut self) -> Result<(), RunError> {
-        if self.keep_open() {
-            return Ok(());
-        }
-        let done: Vec<TopicPartition> = self
-            .tasks
-            .iter()
-            .filter(|(_, t)| t.done() && !t.flushed)
-            .map(|(&id, _)| id)
-            .collect();
-        if done.is_empty() {
-            return Ok(());
-        }
-        for id in &done {
-            let task = self.tasks.get_mut(id).expect("task exists");
-            task.op.clear_outputs();
-            task.op.finish();
-            task.flushed = true;
-            task.dirty = true;
-            self.send_outputs(*id)?;
-        }
-        self.commit()
-    }
-
     /// Where every task stands, for telemetry (and the progress line).
     fn report(&self) {
         let reports: Vec<TaskReport<'_>> = self
@@ -604,403 +559,12 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         self.telemetry.batch(&reports);
     }
 
-    /// `--stop-at-end`: whether this process may end — its tasks are done and so is
-    /// every other partition of the input (its committed offset reached its end). A
-    /// process stays in the group until then, to take over the partitions of a member
-    /// that dies. With `--repartition` the inputs come first: once every input
-    /// partition was re-keyed to its end and committed, the internal topic's end is
-    /// read, and the tasks run up to it. Asked of the group coordinator at most once a
-    /// second.
-    fn ready_to_stop(&mut self) -> Result<bool, RunError> {
-        if !self.durable {
-            return Ok(!self.tasks.is_empty() && self.tasks.values().all(Task::done));
-        }
-        // Not before the group gave this process its share (it may hold partitions
-        // that need restoring, or whose changelog is damaged).
-        if self.assigned_events == 0 {
-            return Ok(false);
-        }
-        let inputs_pending = self.rekey.as_ref().is_some_and(|r| !r.inputs_done);
-        let mine_finished = self
-            .tasks
-            .values()
-            .all(|t| t.done() && (t.flushed || self.keep_open()));
-        if !inputs_pending && !mine_finished {
-            return Ok(false);
-        }
-        if self
-            .last_group_check
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
-        {
-            return Ok(false);
-        }
-        self.last_group_check = Some(Instant::now());
-        if inputs_pending {
-            let rekey = self.rekey.as_ref().expect("re-keying");
-            let mine_done = rekey
-                .positions
-                .iter()
-                .all(|(tp, &at)| self.ends.get(tp).is_some_and(|&e| at >= e));
-            let others: Vec<TopicPartition> = self
-                .ends
-                .keys()
-                .filter(|tp| rekey.is_input(**tp) && !rekey.positions.contains_key(tp))
-                .copied()
-                .collect();
-            if !mine_done || !self.committed_reached_end(&others)? {
-                return Ok(false);
-            }
-            // What this process forwarded must be committed before the end of the
-            // internal topic is taken; an aborted commit put the inputs back, so they
-            // are not done.
-            let aborts = self.aborts;
-            self.commit()?;
-            if self.aborts != aborts {
-                return Ok(false);
-            }
-            // The internal topic is the last one read.
-            let t = self.topics.len() as u32 - 1;
-            let n = self.admin.require(&self.topics[t as usize], "internal")?;
-            let internal = (0..n as i32).map(|p| TopicPartition {
-                topic: t,
-                partition: p,
-            });
-            // Its end is its high watermark, not its last stable offset: a committed
-            // transaction's markers reach the partitions after the commit returns, so
-            // right after it the last stable offset can still stand before the records
-            // just committed (which would then count as past the end). Everything below
-            // the high watermark was committed or aborted by now; the tasks read up to it
-            // once the markers are there.
-            for tp in internal {
-                let high = self
-                    .admin
-                    .written_end(&self.topics[tp.topic as usize], tp.partition)?;
-                self.ends.insert(tp, high);
-                if let Some(task) = self.tasks.get_mut(&tp) {
-                    task.end = Some(high);
-                }
-            }
-            if let Some(r) = &mut self.rekey {
-                r.inputs_done = true;
-            }
-            self.last_group_check = None;
-            return Ok(false);
-        }
-        let others: Vec<TopicPartition> = self
-            .ends
-            .keys()
-            .filter(|tp| !self.tasks.contains_key(tp))
-            .filter(|tp| !self.rekey.as_ref().is_some_and(|r| r.is_input(**tp)))
-            .copied()
-            .collect();
-        self.committed_reached_end(&others)
-    }
-
-    /// Whether the group's committed offset of each of `parts` reached its end — and,
-    /// for a task partition of a run that emits every session at the end, whether the
-    /// task that owned it did so (the metadata it committed says [`FLUSHED`]).
-    fn committed_reached_end(&self, parts: &[TopicPartition]) -> Result<bool, RunError> {
-        if parts.is_empty() {
-            return Ok(true);
-        }
-        let committed = self.consumer.committed_with_metadata(parts)?;
-        Ok(parts.iter().zip(committed).all(|(tp, c)| {
-            let input = self.rekey.as_ref().is_some_and(|r| r.is_input(*tp));
-            // A task flushed by its owner reached that owner's end (a process that
-            // started later, when the partition had grown, has a later end).
-            c.is_some_and(|(o, meta)| {
-                (!input && meta == FLUSHED)
-                    || (o >= self.ends[tp] && (input || self.keep_open() || meta == FLUSHED))
-            })
-        }))
-    }
-
-    /// Moves each task's (and re-keyed input's) next offset up to the consumer's
-    /// position: past transaction markers and aborted records, which are never handed
-    /// out, so that a partition written with transactions can reach its end offset.
-    /// Called after the staged records were processed.
-    fn catch_up_positions(&mut self) -> Result<(), RunError> {
-        let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
-        if let Some(r) = &self.rekey {
-            parts.extend(r.positions.keys());
-        }
-        let positions = self.consumer.positions(&parts)?;
-        for (tp, at) in parts.iter().zip(positions) {
-            let Some(at) = at else { continue };
-            // Not past a --stop-at-end run's end (records after it are skipped).
-            let at = self.ends.get(tp).map_or(at, |&e| {
-                if self.kafka.stop_at_end {
-                    at.min(e)
-                } else {
-                    at
-                }
-            });
-            if let Some(task) = self.tasks.get_mut(tp) {
-                if task.batch.lines.is_empty() && at > task.next_offset {
-                    task.next_offset = at;
-                    // The progress record must say so: the committed offset and the
-                    // changelog's next offset always agree.
-                    task.dirty = true;
-                }
-            } else if let Some(r) = &mut self.rekey
-                && let Some(p) = r.positions.get_mut(tp)
-                && at > *p
-            {
-                *p = at;
-            }
-        }
-        Ok(())
-    }
-
     fn keep_open(&self) -> bool {
         self.kafka.keep_open
     }
 
     fn commit_interval(&self) -> Duration {
         self.kafka.commit_interval
-    }
-
-    /// Takes on partitions: restores each one's task (from its changelog in durable
-    /// mode), then starts reading them where their tasks stand.
-    fn gain(&mut self, parts: &[TopicPartition]) -> Result<(), RunError> {
-        let starts = self.build_tasks(parts)?;
-        self.consumer.assign(&starts)?;
-        Ok(())
-    }
-
-    /// Creates the tasks of `parts` — restored from their changelogs in durable mode —
-    /// and returns where each starts reading.
-    fn build_tasks(
-        &mut self,
-        parts: &[TopicPartition],
-    ) -> Result<Vec<(TopicPartition, StartAt)>, RunError> {
-        let committed = if self.durable {
-            // Waits for any transaction still open on these partitions' offsets (a
-            // previous owner's) to end, so the changelog read next is stable too.
-            self.consumer.committed(parts)?
-        } else {
-            vec![None; parts.len()]
-        };
-        let mut starts = Vec::with_capacity(parts.len());
-        let mut fresh = Vec::new();
-        let mut fresh_committed = Vec::new();
-        for (&tp, committed) in parts.iter().zip(committed) {
-            if let Some(rekey) = self.rekey.as_mut().filter(|r| r.is_input(tp)) {
-                // An input partition that is re-keyed: only its position.
-                let start = match (committed, self.kafka.start) {
-                    (Some(o), _) => StartAt::Offset(o),
-                    (None, KafkaStart::Earliest) => StartAt::Earliest,
-                    (None, KafkaStart::Latest) => StartAt::Latest,
-                };
-                let (low, high) = self
-                    .admin
-                    .watermarks(&self.topics[tp.topic as usize], tp.partition)?;
-                let at = match start {
-                    StartAt::Offset(o) => o.max(low),
-                    StartAt::Earliest => low,
-                    StartAt::Latest => high,
-                };
-                rekey.positions.insert(tp, at);
-                starts.push((tp, StartAt::Offset(at)));
-                continue;
-            }
-            fresh.push(self.new_task(tp)?);
-            fresh_committed.push(committed);
-        }
-        let restored = if self.durable {
-            self.restore_all(&mut fresh, &fresh_committed)?
-        } else {
-            vec![None; fresh.len()]
-        };
-        for ((mut task, restored_meta), committed) in
-            fresh.into_iter().zip(restored).zip(fresh_committed)
-        {
-            let tp = task.tp;
-            // A task new to the job commits its progress record with its first
-            // offsets: a committed offset always has a changelog that explains it.
-            task.dirty = restored_meta.is_none();
-            let start = match (restored_meta, committed) {
-                (Some(next), _) => StartAt::Offset(next),
-                (None, Some(o)) => StartAt::Offset(o),
-                (None, None) => match self.kafka.start {
-                    KafkaStart::Earliest => StartAt::Earliest,
-                    KafkaStart::Latest => StartAt::Latest,
-                },
-            };
-            let topic = &self.topics[tp.topic as usize];
-            let (low, high) = self.admin.watermarks(topic, tp.partition)?;
-            task.next_offset = match start {
-                StartAt::Offset(o) => o,
-                StartAt::Earliest => low,
-                StartAt::Latest => high,
-            };
-            if task.next_offset < low {
-                tracing::warn!(
-                    task = %task.names[0].name,
-                    from = task.next_offset,
-                    first_available = low,
-                    "records the task has not read were deleted by the topic's retention; it goes on from the first one still there"
-                );
-                task.next_offset = low;
-                task.dirty = true;
-            }
-            // Read from where the task stands; a task that starts fresh at "latest"
-            // pins its start now so that the offset is known.
-            starts.push((tp, StartAt::Offset(task.next_offset)));
-            if self.kafka.stop_at_end {
-                // The internal topic of --repartition has no end before every input was
-                // re-keyed to its own (then `ends` has it).
-                let internal = self.rekey.as_ref().is_some_and(|r| !r.is_input(tp));
-                task.end = match self.ends.get(&tp) {
-                    Some(&e) => Some(e),
-                    None if internal => None,
-                    None => Some(high),
-                };
-            }
-            self.tasks.insert(tp, task);
-        }
-        // A restore puts keys into the tasks' stores too (most of them on disk when
-        // the budget is small): the stats count them before any record is read.
-        self.sample_state_stores();
-        Ok(starts)
-    }
-
-    fn new_task(&self, tp: TopicPartition) -> Result<Task<F::Op>, RunError> {
-        let topic = &self.topics[tp.topic as usize];
-        let name = format!("{topic}-{}", tp.partition);
-        let mut op = self.factory.new_op(&name, self.stores.as_ref())?;
-        if self.durable {
-            op.track_changes();
-        }
-        // The job's own re-keying topic is keyed by it; an input declared keyed by a
-        // custom partitioner is trusted.
-        let checked = self.kafka.partitioner == Partitioner::Standard && self.rekey.is_none();
-        let placement = checked
-            .then(|| KeyPlacement::new(tp.partition, self.partition_counts[tp.topic as usize]));
-        Ok(Task {
-            tp,
-            names: vec![SourceName::partition(topic, tp.partition)],
-            last_offset: -1,
-            op,
-            first_invalid: None,
-            placement,
-            misplaced: (0, None),
-            batch: Batch::default(),
-            key_spans: Vec::new(),
-            keys: Vec::new(),
-            next_offset: 0,
-            next_seq: 0,
-            end: None,
-            changelog_end: None,
-            carried: Counters::default(),
-            committed: Counters::default(),
-            run: RunStats::default(),
-            dirty: false,
-            flushed: false,
-            last_input: Instant::now(),
-            watermark_at_last_input: Watermark::MIN,
-        })
-    }
-
-    /// Drops a task, keeping this process's committed share of its accounting.
-    fn release(&mut self, tp: &TopicPartition) {
-        if let Some(r) = &mut self.rekey {
-            r.positions.remove(tp);
-        }
-        if let Some(task) = self.tasks.remove(tp) {
-            if let Some(c) = task.op.spill_counts() {
-                self.released_store.0 += c.evicted;
-                self.released_store.1 += c.unspilled;
-            }
-            self.telemetry.task_removed(&task.names[0].name);
-            self.released.add_counters(&task.committed);
-            self.released.sub_counters(&task.carried);
-        }
-    }
-
-    fn rebalance(&mut self, event: Rebalance) -> Result<(), RunError> {
-        let (kind, parts) = match &event {
-            Rebalance::Assign(p) => ("assign", p),
-            Rebalance::Revoke(p) => ("revoke", p),
-            Rebalance::Lost(p) => ("lost", p),
-        };
-        self.telemetry.rebalance(kind, &self.names_of(parts));
-        if abort_on_rebalance() && !matches!(event, Rebalance::Lost(_)) {
-            // Test hook: the commit that a rebalance fences, at the worst instant.
-            self.abort_and_rewind(&"test hook: aborted at a rebalance")?;
-        }
-        match event {
-            Rebalance::Assign(parts) => {
-                self.assigned_events += 1;
-                self.assigned += parts.len() as u64;
-                let began = Instant::now();
-                let before = self.restored;
-                self.gain(&parts)?;
-                tracing::info!(
-                    partitions = ?self.names_of(&parts),
-                    restored_records = self.restored.records - before.records,
-                    restored_bytes = self.restored.bytes - before.bytes,
-                    restored_keys = self.restored.keys - before.keys,
-                    ms = began.elapsed().as_millis() as u64,
-                    "partitions assigned"
-                );
-                Ok(())
-            }
-            Rebalance::Revoke(parts) => {
-                // Commit what the leaving tasks did, keep a local snapshot of them
-                // (they may come back), then let them go.
-                self.commit()?;
-                self.write_snapshots(&parts);
-                self.revoked += parts.len() as u64;
-                for tp in &parts {
-                    self.release(tp);
-                }
-                self.consumer.unassign(&parts)?;
-                Ok(())
-            }
-            Rebalance::Lost(parts) => {
-                // Another member may own them already: nothing of theirs may be
-                // committed. The open transaction holds their changes and the others':
-                // abort it and rewind the others to their last commit.
-                self.revoked += parts.len() as u64;
-                for tp in &parts {
-                    self.release(tp);
-                }
-                self.consumer.unassign(&parts)?;
-                self.abort_and_rewind(&"partitions lost in a rebalance")
-            }
-        }
-    }
-
-    /// Aborts the open transaction and puts every task back to its last commit.
-    fn abort_and_rewind(&mut self, why: &dyn std::fmt::Display) -> Result<(), RunError> {
-        if let Some(p) = &mut self.producer {
-            p.abort().map_err(commit_error)?;
-        }
-        self.telemetry.transaction_aborted(why);
-        self.aborts += 1;
-        self.rewind()
-    }
-
-    /// Puts every task back to its last commit (after an aborted transaction): drops
-    /// them and restores them again from their changelogs.
-    fn rewind(&mut self) -> Result<(), RunError> {
-        let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
-        if let Some(r) = &self.rekey {
-            parts.extend(r.positions.keys());
-        }
-        if parts.is_empty() {
-            return Ok(());
-        }
-        for tp in &parts {
-            self.release(tp);
-        }
-        for (tp, start) in self.build_tasks(&parts)? {
-            if let StartAt::Offset(o) = start {
-                self.consumer.seek(tp, o)?;
-            }
-        }
-        Ok(())
     }
 
     /// Runs every task's staged records through decode and sessionize — the tasks in
@@ -1108,9 +672,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         Ok(())
     }
 
-    /// Commits: in durable mode one transaction with every changed task's state
-    /// changes and progress record and every task's offsets; otherwise the outputs are
-    /// flushed (and a transaction holding side outputs to topics committed).
+    /// `topic/partition` of each of `parts`, for the logs.
     fn names_of(&self, parts: &[TopicPartition]) -> Vec<String> {
         parts
             .iter()
@@ -1118,11 +680,15 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             .collect()
     }
 
+    /// Commits: in durable mode one transaction with every changed task's state
+    /// changes and progress record and every task's offsets (the protocol of
+    /// [`crate::runtime::commit::txn`]); otherwise the outputs are flushed (and a
+    /// transaction holding side outputs to topics committed).
     fn commit(&mut self) -> Result<(), RunError> {
         let began = Instant::now();
-        let commits = self.commits;
+        let commits = self.txns.commits;
         let result = self.commit_now();
-        if self.commits > commits {
+        if self.txns.commits > commits {
             tracing::debug!(ms = began.elapsed().as_millis() as u64, "committed");
         }
         result
@@ -1141,86 +707,54 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         if idle && self.producer.is_some() {
             return Ok(());
         }
-        let KafkaJob {
-            tasks,
-            producer,
-            changelogs,
-            options,
-            key_buf,
-            consumer,
-            factory,
-            durable,
-            rekey,
-            ..
-        } = self;
-        // The changelog records of the transaction, for telemetry.
-        let (mut bytes, mut keys) = (0u64, 0u64);
-        if let Some(p) = producer.as_mut() {
-            if *durable {
-                for task in tasks.values_mut().filter(|t| t.dirty) {
-                    let topic = &changelogs[task.tp.topic as usize];
-                    let partition = Some(task.tp.partition);
-                    let mut failed = None;
-                    task.op.drain_changes(&mut |key, value| {
-                        if failed.is_some() {
-                            return;
-                        }
-                        changelog::state_key(key, key_buf);
-                        keys += 1;
-                        bytes += (key_buf.len() + value.map_or(0, <[u8]>::len)) as u64;
-                        if let Err(e) = p.send(topic, partition, Some(key_buf), value, false) {
-                            failed = Some(e);
-                        }
-                    });
-                    if let Some(e) = failed {
-                        return Err(commit_error(e));
-                    }
-                    if let Some(e) = task.op.take_error() {
-                        return Err(e);
-                    }
-                    let meta = serde_json::to_vec(&task.meta(options, factory.state_format()))
-                        .expect("progress record encodes");
-                    bytes += meta.len() as u64;
-                    // Its offset tells a local snapshot how much of the changelog
-                    // it covers.
-                    p.send_tracked(
-                        topic,
-                        partition,
-                        Some(changelog::META_KEY),
-                        Some(&meta),
-                        false,
-                        meta_tag(task.tp),
-                    )
-                    .map_err(commit_error)?;
-                    task.dirty = false;
-                }
+        if let Some(p) = self.producer.as_mut() {
+            if self.durable {
                 // A task that emitted every session at the end of a --stop-at-end run
                 // says so beside its offset, so that the other processes of the group
                 // know it is finished, not only read.
-                let mut next: Vec<(TopicPartition, i64, &str)> = tasks
+                let mut next: Vec<(TopicPartition, i64, &str)> = self
+                    .tasks
                     .values()
                     .map(|t| (t.tp, t.next_offset, if t.flushed { FLUSHED } else { "" }))
                     .collect();
-                if let Some(r) = rekey.as_ref() {
+                if let Some(r) = self.rekey.as_ref() {
                     next.extend(r.positions.iter().map(|(&tp, &o)| (tp, o, "")));
                 }
-                let offsets = consumer.offsets(&next)?;
-                let group = consumer.group_metadata();
-                match p.commit(group.as_ref().map(|g| (&offsets, g))) {
-                    Ok(()) => {
-                        self.commits += 1;
-                        self.aborts_in_row = 0;
-                        self.telemetry.checkpoint(&CheckpointReport {
-                            kind: CheckpointKind::Transaction,
-                            epoch: None,
-                            bytes,
-                            keys,
-                            took: self.last_commit.elapsed(),
-                        });
-                        let tracked = p.take_tracked();
+                let (options, format) = (&self.options, self.factory.state_format());
+                let mut changed: Vec<(&str, TopicPartition, TaskInTxn<'_, F::Op>)> = self
+                    .tasks
+                    .values_mut()
+                    .filter(|t| t.dirty)
+                    .map(|task| {
+                        let changelog = self.changelogs[task.tp.topic as usize].as_str();
+                        (
+                            changelog,
+                            task.tp,
+                            TaskInTxn {
+                                task,
+                                options,
+                                format,
+                            },
+                        )
+                    })
+                    .collect();
+                let changed = changed
+                    .iter_mut()
+                    .map(|(changelog, tp, task)| Changed {
+                        changelog: (changelog, tp.partition),
+                        tag: meta_tag(*tp),
+                        task,
+                    })
+                    .collect();
+                let outcome =
+                    self.txns
+                        .commit(p, &self.consumer, changed, &next, &self.telemetry)?;
+                match outcome {
+                    Outcome::Committed { progress_offsets } => {
                         for task in self.tasks.values_mut() {
+                            task.dirty = false;
                             task.committed = task.counters();
-                            if let Some(&o) = tracked.get(&meta_tag(task.tp)) {
+                            if let Some(&o) = progress_offsets.get(&meta_tag(task.tp)) {
                                 task.changelog_end = Some(o + 1);
                             }
                         }
@@ -1229,21 +763,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                             self.write_snapshots(&all);
                         }
                     }
-                    Err(CommitError::Aborted(why)) => {
-                        self.telemetry.transaction_aborted(&why);
-                        self.aborts += 1;
-                        self.aborts_in_row += 1;
-                        // A cause that does not go away (a record the broker refuses)
-                        // would abort every replay: give up, saying why.
-                        if self.aborts_in_row >= MAX_ABORTS_IN_ROW {
-                            return Err(commit_error(CommitError::Fatal(format!(
-                                "{} transactions in a row were aborted; the last because: {why}",
-                                self.aborts_in_row
-                            ))));
-                        }
-                        return self.rewind();
-                    }
-                    Err(e) => return Err(commit_error(e)),
+                    Outcome::Aborted => return self.rewind(),
                 }
             } else {
                 p.commit(None).map_err(commit_error)?;
@@ -1288,8 +808,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 .values()
                 .map(|t| (t.names[0].name.clone(), t.committed.clone()))
                 .collect(),
-            commits: self.commits,
-            aborts: self.aborts,
+            commits: self.txns.commits,
+            aborts: self.txns.aborts,
             assigned: self.assigned,
             revoked: self.revoked,
             restored_records: self.restored.records,
@@ -1314,11 +834,30 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     }
 }
 
-fn commit_error(e: CommitError) -> RunError {
-    RunError::Kafka(KafkaError::Invalid(e.to_string()))
+/// The differences between a changelog's options and this run's, one line each.
+/// A changed task as a transaction takes it: its progress record carries the job's
+/// options and state format.
+struct TaskInTxn<'t, O> {
+    task: &'t mut Task<O>,
+    options: &'t [(String, String)],
+    format: u16,
 }
 
-/// The differences between a changelog's options and this run's, one line each.
+impl<O: TaskOp> TxnTask for TaskInTxn<'_, O> {
+    fn drain_changes(&mut self, f: &mut PutChange<'_>) {
+        self.task.op.drain_changes(f);
+    }
+
+    fn take_error(&mut self) -> Option<RunError> {
+        self.task.op.take_error()
+    }
+
+    fn progress(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.task.meta(self.options, self.format))
+            .expect("progress record encodes")
+    }
+}
+
 fn option_differences(then: &[(String, String)], now: &[(String, String)]) -> Vec<String> {
     let manifest = sessionizer_checkpoint::Manifest {
         options: then.to_vec(),

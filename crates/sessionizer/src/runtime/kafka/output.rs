@@ -1,8 +1,9 @@
 //! Where a task's records go: Kafka topics (in the open transaction) or JSON-lines
 //! writers, and how a record becomes a Kafka message (docs/semantics.md K-7).
 
-use super::{KafkaJob, commit_error};
+use super::KafkaJob;
 use crate::error::RunError;
+use crate::runtime::commit::txn::commit_error;
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
 use crate::runtime::kafka::task::message_key;
 use sessionizer_connectors::kafka::TopicPartition;

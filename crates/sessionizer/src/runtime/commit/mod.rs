@@ -27,6 +27,9 @@
 //! previous one before encoding its state (whether the next is a base is known only
 //! then).
 
+#[cfg(feature = "kafka")]
+pub(crate) mod txn;
+
 use crate::error::CommitError;
 use sessionizer_checkpoint::{CheckpointWriter, Committed, EncodedState, Manifest, StateEntries};
 use sessionizer_connectors::encode::PendingSync;
