@@ -63,10 +63,18 @@ pub struct KafkaArgs {
     #[arg(long, value_name = "DUR")]
     pub kafka_transaction_timeout: Option<String>,
 
-    /// How long a call to the cluster (metadata, commit, restore) may take before the
-    /// run fails with an error. [default: 30s]
+    /// How long a call to the cluster (metadata, commit, restore) may take before it
+    /// fails (at the start, the run then fails; later, see --kafka-outage-limit).
+    /// [default: 30s]
     #[arg(long, value_name = "DUR")]
     pub kafka_timeout: Option<String>,
+
+    /// How long a running job with a Kafka input waits for a cluster that does not
+    /// answer (a broker restarting, a leader or coordinator moving) before it stops
+    /// with an error: meanwhile it retries, aborts its open transaction and goes back
+    /// to its last commit. [default: 5m]
+    #[arg(long, value_name = "DUR")]
+    pub kafka_outage_limit: Option<String>,
 
     /// Extra librdkafka client property KEY=VALUE (repeat), e.g. security settings.
     #[arg(long, value_name = "KEY=VALUE")]
@@ -136,6 +144,7 @@ pub struct KafkaFile {
     pub kafka_instance_id: Option<String>,
     pub kafka_transaction_timeout: Option<String>,
     pub kafka_timeout: Option<String>,
+    pub kafka_outage_limit: Option<String>,
     pub kafka_config: Option<Vec<String>>,
     pub standby_replicas: Option<usize>,
     pub snapshot_interval: Option<String>,
@@ -184,6 +193,7 @@ pub fn resolve(
         .kafka_transaction_timeout
         .or(file.kafka_transaction_timeout);
     let timeout = args.kafka_timeout.or(file.kafka_timeout);
+    let outage_limit = args.kafka_outage_limit.or(file.kafka_outage_limit);
     let standby_replicas = args.standby_replicas.or(file.standby_replicas);
     let snapshot_interval = args.snapshot_interval.or(file.snapshot_interval);
     let repartition = args.repartition || file.repartition.unwrap_or(false);
@@ -203,6 +213,7 @@ pub fn resolve(
         ("--kafka-instance-id", instance_id.is_some()),
         ("--kafka-transaction-timeout", txn_timeout.is_some()),
         ("--kafka-timeout", timeout.is_some()),
+        ("--kafka-outage-limit", outage_limit.is_some()),
         ("--standby-replicas", standby_replicas.is_some()),
         ("--snapshot-interval", snapshot_interval.is_some()),
         ("--kafka-config", config_given),
@@ -220,6 +231,11 @@ pub fn resolve(
     if topics.is_empty() && output_topic.is_none() {
         return conflict(
             "--kafka-brokers needs --kafka-topic (a Kafka input) or --kafka-output-topic (a Kafka output)",
+        );
+    }
+    if topics.is_empty() && outage_limit.is_some() {
+        return conflict(
+            "--kafka-outage-limit needs --kafka-topic: it bounds how long a job with a Kafka input waits for its cluster",
         );
     }
     if !topics.is_empty() && ctx.inputs_given {
@@ -286,6 +302,7 @@ pub fn resolve(
     }
     let transaction_timeout = at_least_1s("--kafka-transaction-timeout", txn_timeout, 10)?;
     let timeout = at_least_1s("--kafka-timeout", timeout, 30)?;
+    let outage_limit = at_least_1s("--kafka-outage-limit", outage_limit, 300)?;
     let snapshot_interval = match snapshot_interval {
         Some(v) => {
             let d = parse_duration(&v).map_err(|e| ConfigError::Invalid {
@@ -323,6 +340,7 @@ pub fn resolve(
             Some(PartitionerArg::Custom) => Partitioner::Custom,
             _ => Partitioner::Standard,
         },
+        outage_limit,
     }))
 }
 

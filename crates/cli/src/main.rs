@@ -25,10 +25,13 @@ fn main() -> ExitCode {
     // Logs (`RUST_LOG=sessionizer=info`) are events with fields on stderr; colours only
     // on a terminal, so that a log file or collector gets plain text. Unset, only
     // errors are logged — but not the "run failed" event, whose error the binary
-    // prints itself (once).
+    // prints itself (once) — and a Kafka job's waits for its cluster.
     let filter = match std::env::var_os("RUST_LOG") {
         Some(_) => tracing_subscriber::EnvFilter::from_default_env(),
-        None => tracing_subscriber::EnvFilter::new("error,sessionizer::telemetry=off"),
+        None => tracing_subscriber::EnvFilter::new(format!(
+            "error,{}=info,sessionizer::telemetry=off",
+            sessionizer::telemetry::OUTAGE_TARGET
+        )),
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -179,6 +179,10 @@ pub struct KafkaConfig {
     pub repartition: bool,
     /// `--kafka-partitioner`: how the input topics are keyed by the session key.
     pub partitioner: Partitioner,
+    /// `--kafka-outage-limit`: how long a job with a Kafka input waits for a cluster
+    /// that does not answer (brokers restarting, leaders or coordinators moving) before
+    /// it stops with an error.
+    pub outage_limit: std::time::Duration,
 }
 
 /// How the producers of the input topics place records in partitions

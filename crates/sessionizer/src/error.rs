@@ -322,6 +322,22 @@ pub enum RunError {
     #[cfg(feature = "kafka")]
     #[error(transparent)]
     Kafka(#[from] sessionizer_connectors::kafka::KafkaError),
+    /// The Kafka cluster stayed unreachable (or kept failing the job's calls with errors
+    /// that usually pass) for longer than the job waits.
+    #[cfg(feature = "kafka")]
+    #[error(
+        "the Kafka brokers at {brokers} did not answer for {waited:?}, longer than --kafka-outage-limit ({limit:?}); the last error: {cause}. Everything committed is safe: run the job again once the cluster is back"
+    )]
+    KafkaOutage {
+        /// `--kafka-brokers`.
+        brokers: String,
+        /// How long the job waited.
+        waited: std::time::Duration,
+        /// `--kafka-outage-limit`.
+        limit: std::time::Duration,
+        /// The last error met while waiting.
+        cause: String,
+    },
     /// The run asks for something this build or this mode cannot do.
     #[error(transparent)]
     Unsupported(#[from] Unsupported),

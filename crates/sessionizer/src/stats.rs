@@ -117,6 +117,14 @@ pub struct KafkaStats {
     /// (the input is not keyed by the session key): the job stopped at the first batch
     /// holding any, committing nothing of it.
     pub records_misplaced: u64,
+    /// Times the cluster stopped answering and the process waited for it.
+    pub outages: u64,
+    /// Time spent waiting for the cluster (milliseconds).
+    pub outage_ms: u64,
+    /// `--stop-at-end`: for each partition this process worked on, the longest time
+    /// it had records left to read but processed none (milliseconds): how long a
+    /// broker restart or a rebalance held it up.
+    pub longest_stall_ms: std::collections::BTreeMap<String, u64>,
 }
 
 /// One task restore.

@@ -55,6 +55,10 @@ impl Observer for Quiet {}
 /// The `Content-Type` of [`Telemetry::encode_metrics`]: the Prometheus text format.
 pub const METRICS_CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
+/// The log target of a job waiting for its Kafka cluster, and of the wait's end: logged
+/// by default, where the other events of a run are asked for with `RUST_LOG`.
+pub const OUTAGE_TARGET: &str = "sessionizer::outage";
+
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -66,6 +70,9 @@ pub enum Phase {
     Running,
     /// Its input ended, or it failed.
     Ended,
+    /// Waiting for a Kafka cluster that does not answer (brokers restarting): not
+    /// ready.
+    Waiting,
 }
 
 impl Phase {
@@ -76,6 +83,7 @@ impl Phase {
             Phase::Restoring => "restoring",
             Phase::Running => "running",
             Phase::Ended => "ended",
+            Phase::Waiting => "waiting",
         }
     }
 
@@ -84,6 +92,7 @@ impl Phase {
             1 => Phase::Restoring,
             2 => Phase::Running,
             3 => Phase::Ended,
+            4 => Phase::Waiting,
             _ => Phase::Starting,
         }
     }
@@ -306,6 +315,8 @@ struct Metrics {
     rebalance_partitions: Family<Labels, Counter>,
     transactions_aborted: Counter,
     records_misplaced: Family<Labels, Counter>,
+    outages: Counter,
+    outage_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Metrics {
@@ -335,6 +346,8 @@ impl Metrics {
             rebalance_partitions: Family::default(),
             transactions_aborted: Counter::default(),
             records_misplaced: Family::default(),
+            outages: Counter::default(),
+            outage_seconds: Counter::default(),
         };
         r.register(
             "records",
@@ -459,6 +472,17 @@ impl Metrics {
             "records_misplaced",
             "Kafka records whose session key cannot belong to their partition (the topic is not keyed by the session key; the job stops)",
             m.records_misplaced.clone(),
+        );
+        r.register(
+            "kafka_outages",
+            "Times the Kafka cluster stopped answering and the job waited for it",
+            m.outages.clone(),
+        );
+        r.register_with_unit(
+            "kafka_outage_duration",
+            "Time spent waiting for the Kafka cluster to answer again",
+            Unit::Seconds,
+            m.outage_seconds.clone(),
         );
         r.register_collector(Box::new(WatermarkCollector { tasks }));
         m
@@ -616,6 +640,41 @@ impl Telemetry {
             duration_ms = millis(r.took),
             "state restored"
         );
+    }
+
+    /// The Kafka cluster stopped answering (`cause`: the first error): the job waits
+    /// for it, not ready. Said (and counted) when `new`, not when the failure follows
+    /// from an outage that just ended.
+    pub fn waiting(&self, cause: &dyn fmt::Display, limit: Duration, new: bool) {
+        if self.phase() == Phase::Waiting {
+            return;
+        }
+        self.set_phase(Phase::Waiting);
+        if new {
+            self.inner.m.outages.inc();
+            // Said by default (unlike the other events of a run): a service that stops
+            // making progress must say why.
+            tracing::warn!(
+                target: OUTAGE_TARGET,
+                cause = %cause,
+                limit_s = limit.as_secs(),
+                "the Kafka cluster does not answer; waiting for it"
+            );
+        }
+    }
+
+    /// The Kafka cluster answers again after `waited` (said when the wait was
+    /// announced).
+    pub fn answered(&self, waited: Duration, say: bool) {
+        self.inner.m.outage_seconds.inc_by(waited.as_secs_f64());
+        if say {
+            tracing::info!(
+                target: OUTAGE_TARGET,
+                waited_ms = millis(waited),
+                "the Kafka cluster answers again"
+            );
+        }
+        self.running();
     }
 
     /// The input is being read: ready.

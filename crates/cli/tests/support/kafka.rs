@@ -37,6 +37,38 @@ pub fn broker() -> &'static str {
     })
 }
 
+/// The brokers of a test binary that stops and restarts them (`scripts/kafka-dev.sh`
+/// with `KAFKA_DEV_PORT` and `KAFKA_DEV_NODES`), so that no other binary's broker is
+/// touched: set before the first use of [`broker`].
+static OWN: OnceLock<(u16, u32)> = OnceLock::new();
+
+/// This test binary's brokers are `nodes` nodes from `port` on (see [`OWN`]). Call it
+/// first in every test of the binary, always with the same values.
+pub fn own_brokers(port: u16, nodes: u32) {
+    let set = OWN.get_or_init(|| (port, nodes));
+    assert_eq!(*set, (port, nodes), "one set of brokers per test binary");
+}
+
+/// Kills node `n` of this binary's brokers (SIGKILL).
+pub fn kill_node(n: u32) {
+    script(&["node", &n.to_string(), "kill"], false);
+}
+
+/// Stops node `n` of this binary's brokers (SIGTERM: a controlled shutdown).
+pub fn stop_node(n: u32) {
+    script(&["node", &n.to_string(), "stop"], false);
+}
+
+/// Starts node `n` of this binary's brokers and waits until it is ready.
+pub fn start_node(n: u32) {
+    script(&["node", &n.to_string(), "start"], false);
+}
+
+/// Waits until node `n` is back in the in-sync replicas of every partition it holds.
+pub fn wait_isr(n: u32) {
+    script(&["node", &n.to_string(), "wait-isr", "180"], false);
+}
+
 /// Runs `scripts/kafka-dev.sh ARGS` (with `KAFKA_DEV_SECURE=1` when `secure`); its
 /// stdout, trimmed.
 fn script(args: &[&str], secure: bool) -> String {
@@ -45,6 +77,10 @@ fn script(args: &[&str], secure: bool) -> String {
     cmd.arg(&path).args(args);
     if secure {
         cmd.env("KAFKA_DEV_SECURE", "1");
+    }
+    if let Some((port, nodes)) = OWN.get() {
+        cmd.env("KAFKA_DEV_PORT", port.to_string())
+            .env("KAFKA_DEV_NODES", nodes.to_string());
     }
     let out = cmd.output().expect("run scripts/kafka-dev.sh");
     assert!(
@@ -197,7 +233,9 @@ pub fn create_topics(names: &[&str], partitions: i32) {
     let admin: AdminClient<DefaultClientContext> = config().create().expect("admin client");
     let topics: Vec<NewTopic<'_>> = names
         .iter()
-        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(1)))
+        // The brokers' default: 1, or for a cluster min(nodes, 3) with
+        // min.insync.replicas one less (scripts/kafka-dev.sh).
+        .map(|n| NewTopic::new(n, partitions, TopicReplication::Fixed(-1)))
         .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let res = futures_block_on(admin.create_topics(topics.iter(), &opts)).expect("create topics");

@@ -49,6 +49,10 @@ pub struct GroupContext {
 }
 
 impl ClientContext for GroupContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        super::security::forward_log(&self.watch, level, fac, message);
+    }
+
     fn error(&self, error: ClientError, reason: &str) {
         // The end of a partition is news for the job (it comes back from `poll`), not an
         // error; librdkafka reports it here too when the partition was assigned at its
@@ -356,6 +360,26 @@ impl GroupConsumer {
         self.consumer
             .incremental_unassign(&tpl)
             .map_err(KafkaError::client("unassign partitions"))
+    }
+
+    /// The partitions of the job's topics this consumer has assigned now, from the
+    /// client's own state: no round trip.
+    pub fn assigned(&self) -> Result<Vec<TopicPartition>, KafkaError> {
+        let tpl = self
+            .consumer
+            .assignment()
+            .map_err(KafkaError::client("read the consumer's assignment"))?;
+        Ok(tpl
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let topic = self.topics.iter().position(|t| t == e.topic())?;
+                Some(TopicPartition {
+                    topic: topic as u32,
+                    partition: e.partition(),
+                })
+            })
+            .collect())
     }
 
     /// Moves the read position of an assigned partition (records fetched beyond it are

@@ -237,6 +237,10 @@ pub enum KafkaError {
     /// Something the broker returned makes no sense for the job.
     #[error("Kafka: {}", crate::secrets::redact(.0))]
     Invalid(String),
+    /// The cluster did not answer a transaction in time (see
+    /// [`producer::CommitError::Unavailable`]).
+    #[error("Kafka: {}", crate::secrets::redact(.0))]
+    Unavailable(String),
     /// A changelog record the job cannot use (its state or progress record does not
     /// decode): the changelog was written by another build or job, or damaged.
     #[error("Kafka: the changelog {topic}/{partition} is damaged at offset {offset}: {reason}")]
@@ -265,11 +269,63 @@ pub enum KafkaError {
 }
 
 impl KafkaError {
+    /// Whether the error may go away by itself: the brokers did not answer, a
+    /// partition's leader or a group's or transaction's coordinator moved, a request
+    /// timed out. A job rides these out (for a bounded time); anything else — a
+    /// refused client, a missing topic, a fenced producer, a damaged changelog — ends
+    /// it, because no retry cures it.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            KafkaError::Unreachable { .. } | KafkaError::Unavailable(_) => true,
+            KafkaError::Client { error, .. } => is_transient(error),
+            _ => false,
+        }
+    }
+
     /// Wraps a client error with what we were doing.
     pub fn client(what: impl Into<String>) -> impl FnOnce(ClientError) -> KafkaError {
         let what = what.into();
         move |error| KafkaError::Client { what, error }
     }
+}
+
+/// Whether a client error may go away by itself (see [`KafkaError::is_transient`]):
+/// by its error code, the same for every client.
+pub fn is_transient(error: &ClientError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as Code;
+    if let ClientError::Transaction(t) = error
+        && t.is_fatal()
+    {
+        return false;
+    }
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            Code::BrokerTransportFailure
+                | Code::AllBrokersDown
+                | Code::OperationTimedOut
+                | Code::RequestTimedOut
+                | Code::MessageTimedOut
+                | Code::NetworkException
+                | Code::NotCoordinator
+                | Code::CoordinatorLoadInProgress
+                | Code::CoordinatorNotAvailable
+                | Code::LeaderNotAvailable
+                | Code::NotLeaderForPartition
+                | Code::PreferredLeaderNotAvailable
+                | Code::FencedLeaderEpoch
+                | Code::UnknownLeaderEpoch
+                | Code::BrokerNotAvailable
+                | Code::ReplicaNotAvailable
+                | Code::NotEnoughReplicas
+                | Code::NotEnoughReplicasAfterAppend
+                | Code::KafkaStorageError
+                | Code::OffsetNotAvailable
+                | Code::ConcurrentTransactions
+                | Code::RebalanceInProgress
+                | Code::Resolve
+        )
+    )
 }
 
 /// Where a record came from: `topic`, partition, offset.
@@ -288,6 +344,10 @@ pub struct TopicPartition {
 pub(crate) struct Reader(pub(crate) &'static str, pub(crate) security::ClientWatch);
 
 impl rdkafka::ClientContext for Reader {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        security::forward_log(&self.1, level, fac, message);
+    }
+
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         let eof = matches!(
             error,

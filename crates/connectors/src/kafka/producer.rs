@@ -32,6 +32,10 @@ pub struct DeliveryContext {
 }
 
 impl ClientContext for DeliveryContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        super::security::forward_log(&self.watch, level, fac, message);
+    }
+
     fn error(&self, error: ClientError, reason: &str) {
         super::security::log_error(&self.watch, &error, reason, "Kafka producer");
     }
@@ -83,14 +87,25 @@ pub enum CommitError {
     /// id took over, or the broker refused it): the process must stop.
     #[error("{0}")]
     Fatal(String),
+    /// The cluster did not answer in time, or aborted the transaction because it stayed
+    /// open longer than the transaction timeout (the coordinator then fences the
+    /// producer's epoch: no other process is involved). Nothing of the transaction is
+    /// visible; a new producer with the same transactional id settles what this one
+    /// left open, and the job rewinds its tasks once the cluster answers again.
+    #[error("Kafka did not answer: {0}")]
+    Unavailable(String),
 }
 
 /// The transactional producer of one process.
 pub struct TxnProducer {
     producer: BaseProducer<DeliveryContext>,
     timeout: Duration,
+    /// How long the coordinator lets a transaction stay open.
+    transaction_timeout: Duration,
     id: String,
     in_txn: bool,
+    /// When the open transaction began.
+    began: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for TxnProducer {
@@ -150,8 +165,10 @@ impl TxnProducer {
         Ok(TxnProducer {
             producer,
             timeout: settings.timeout,
+            transaction_timeout,
             id: transactional_id.to_string(),
             in_txn: false,
+            began: None,
         })
     }
 
@@ -165,6 +182,7 @@ impl TxnProducer {
         if !self.in_txn {
             self.producer.begin_transaction().map_err(classify)?;
             self.in_txn = true;
+            self.began = Some(std::time::Instant::now());
         }
         Ok(())
     }
@@ -301,7 +319,7 @@ impl TxnProducer {
         offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
     ) -> Result<(), CommitError> {
         self.begin()?;
-        let result = self.try_commit(offsets);
+        let result = self.try_commit(offsets).map_err(|e| self.expired(e));
         self.in_txn = false;
         match result {
             Ok(()) => Ok(()),
@@ -375,11 +393,11 @@ impl TxnProducer {
                     return Ok(());
                 }
                 Err(ClientError::Transaction(t)) if t.is_fatal() => {
-                    return Err(classify(ClientError::Transaction(t)));
+                    return Err(self.expired(classify(ClientError::Transaction(t))));
                 }
                 Err(e) => {
                     if began.elapsed() > self.timeout {
-                        return Err(CommitError::Fatal(format!(
+                        return Err(CommitError::Unavailable(format!(
                             "cannot abort the transaction within {:?}: {e}",
                             self.timeout
                         )));
@@ -387,6 +405,25 @@ impl TxnProducer {
                     std::thread::sleep(Duration::from_millis(50));
                 }
             }
+        }
+    }
+
+    /// A fatal error of a transaction that stayed open longer than the transaction
+    /// timeout: the coordinator aborted it and fenced this producer's epoch because
+    /// the cluster or this process was away, not because another process took over.
+    fn expired(&self, e: CommitError) -> CommitError {
+        match e {
+            CommitError::Fatal(why)
+                if self
+                    .began
+                    .is_some_and(|b| b.elapsed() >= self.transaction_timeout) =>
+            {
+                CommitError::Unavailable(format!(
+                    "the transaction stayed open longer than its timeout ({:?}) and was aborted by the coordinator: {why}",
+                    self.transaction_timeout
+                ))
+            }
+            e => e,
         }
     }
 
@@ -404,6 +441,9 @@ impl TxnProducer {
             }
             (CommitError::Fatal(m), Some(d)) => {
                 CommitError::Fatal(format!("{m} (a record was not delivered: {d})"))
+            }
+            (CommitError::Unavailable(m), Some(d)) => {
+                CommitError::Unavailable(format!("{m} (a record was not delivered: {d})"))
             }
             (e, None) => e,
         }

@@ -22,22 +22,13 @@ pub struct Watched(pub ClientWatch, pub i32);
 
 impl rdkafka::ClientContext for Watched {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        use rdkafka::config::RDKafkaLogLevel as L;
         if fac == "FAIL" {
             self.0.failed_connection(message);
         }
         if level as i32 > self.1 {
             return;
         }
-        let message = redact(message);
-        match level {
-            L::Emerg | L::Alert | L::Critical | L::Error => {
-                tracing::error!(target: "librdkafka", "{fac} {message}")
-            }
-            L::Warning => tracing::warn!(target: "librdkafka", "{fac} {message}"),
-            L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac} {message}"),
-            L::Debug => tracing::debug!(target: "librdkafka", "{fac} {message}"),
-        }
+        forward_log(&self.0, level, fac, message);
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
@@ -47,9 +38,57 @@ impl rdkafka::ClientContext for Watched {
 
 impl rdkafka::consumer::ConsumerContext for Watched {}
 
-/// Notes `error` in `watch` and logs it, secrets hidden.
+/// Passes a librdkafka log line on to the logs, its secrets hidden. Once the cluster
+/// answered, a failed connection (`FAIL`) is a broker going away — restarting,
+/// replaced — which librdkafka retries and a job that has to wait says once (see
+/// [`crate::kafka::is_transient`]): a detail, logged at debug level.
+pub fn forward_log(
+    watch: &ClientWatch,
+    level: rdkafka::config::RDKafkaLogLevel,
+    fac: &str,
+    message: &str,
+) {
+    use rdkafka::config::RDKafkaLogLevel as L;
+    // Also the failures that follow from a broker going away (a request or a
+    // transaction's records timed out, a transport failure).
+    let away = fac == "FAIL"
+        || [
+            "transport failure",
+            "timed out",
+            "Connection refused",
+            "Disconnected",
+        ]
+        .iter()
+        .any(|m| message.contains(m));
+    let level = if away && watch.is_connected() {
+        L::Debug
+    } else {
+        level
+    };
+    let message = redact(message);
+    match level {
+        L::Emerg | L::Alert | L::Critical | L::Error => {
+            tracing::error!(target: "librdkafka", "{fac} {message}")
+        }
+        L::Warning => tracing::warn!(target: "librdkafka", "{fac} {message}"),
+        L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac} {message}"),
+        L::Debug => tracing::debug!(target: "librdkafka", "{fac} {message}"),
+    }
+}
+
+/// Notes `error` in `watch` and logs it, secrets hidden (an error that usually passes
+/// as a detail: see [`crate::kafka::is_transient`]).
 pub fn log_error(watch: &ClientWatch, error: &rdkafka::error::KafkaError, reason: &str, who: &str) {
     watch.note(error, reason);
+    if crate::kafka::is_transient(error) {
+        // The client retries it; a job that has to wait says so once.
+        tracing::debug!(
+            error = %redact(&error.to_string()),
+            reason = %redact(reason),
+            "{who}"
+        );
+        return;
+    }
     tracing::error!(
         error = %redact(&error.to_string()),
         reason = %redact(reason),
@@ -173,6 +212,14 @@ impl ClientWatch {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .connected = true;
+    }
+
+    /// Whether a call to the cluster succeeded.
+    pub fn is_connected(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .connected
     }
 
     fn set_fatal(&self, state: &mut WatchState, cause: &str, reason: &str) {

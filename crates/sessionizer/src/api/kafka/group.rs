@@ -115,6 +115,7 @@ impl KafkaGroup {
                 standby_replicas: 0,
                 repartition: false,
                 partitioner: Partitioner::Standard,
+                outage_limit: Duration::from_secs(300),
             },
             idle_timeout: None,
             workers: 1,

@@ -190,5 +190,8 @@ impl Transactions {
 
 /// A producer's failure as the run's error.
 pub(crate) fn commit_error(e: CommitError) -> RunError {
-    RunError::Kafka(KafkaError::Invalid(e.to_string()))
+    match e {
+        CommitError::Unavailable(why) => RunError::Kafka(KafkaError::Unavailable(why)),
+        e => RunError::Kafka(KafkaError::Invalid(e.to_string())),
+    }
 }

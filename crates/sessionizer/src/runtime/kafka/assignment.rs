@@ -135,6 +135,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                     None => Some(high),
                 };
             }
+            self.progress_at.entry(tp).or_insert_with(Instant::now);
             self.tasks.insert(tp, task);
         }
         // A restore puts keys into the tasks' stores too (most of them on disk when

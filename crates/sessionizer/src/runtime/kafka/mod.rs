@@ -26,6 +26,7 @@
 mod assignment;
 mod end;
 mod op;
+mod outage;
 mod output;
 mod repartition;
 mod restore;
@@ -159,6 +160,14 @@ struct KafkaJob<'c, F: TaskFactory> {
     released: RunStats,
     /// The job's transactions (durable mode) and their history.
     txns: Transactions,
+    /// The cluster does not answer: since when, and why.
+    outage: Option<outage::Outage>,
+    /// What the job waited for the cluster.
+    outages: outage::Outages,
+    /// `--stop-at-end`: when each task last processed records (or was created), and
+    /// the longest time it went without (its partition had records left to read).
+    progress_at: BTreeMap<TopicPartition, Instant>,
+    longest_stall: BTreeMap<TopicPartition, Duration>,
     assigned: u64,
     revoked: u64,
     /// Every restore of the run.
@@ -320,6 +329,10 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             restored: Restored::default(),
             released: RunStats::default(),
             txns: Transactions::default(),
+            outage: None,
+            outages: outage::Outages::default(),
+            progress_at: BTreeMap::new(),
+            longest_stall: BTreeMap::new(),
             assigned: 0,
             revoked: 0,
             restores: Vec::new(),
@@ -391,6 +404,32 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     }
 
     fn run(&mut self) -> Result<RunStats, RunError> {
+        let stopped = loop {
+            match self.run_rounds() {
+                Ok(stopped) => break stopped,
+                // A cluster that does not answer for a while is waited for (up to
+                // --kafka-outage-limit); the job then goes on from its last commit.
+                Err(e) if outage::is_transient(&e) => self.ride_out(e)?,
+                Err(e) => return Err(e),
+            }
+        };
+        let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+        self.write_snapshots(&all);
+        for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
+            if let Out::Writer(w) = w {
+                w.finish()?;
+            }
+        }
+        self.report();
+        let mut stats = self.stats();
+        stats.stopped = stopped;
+        self.consumer.close();
+        Ok(stats)
+    }
+
+    /// Polls, processes and commits until the input ends (`--stop-at-end`) or a stop
+    /// is asked for (then `true`).
+    fn run_rounds(&mut self) -> Result<bool, RunError> {
         let idle = self
             .cfg
             .idle_timeout
@@ -437,7 +476,9 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                         break;
                     }
                 }
-                self.telemetry.running();
+                if self.outage.is_none() {
+                    self.telemetry.running();
+                }
                 self.telemetry.answer_queries(|key| {
                     let key = key.as_bytes();
                     self.tasks
@@ -450,7 +491,15 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 let mut ended = false;
                 let mut wait = Duration::from_millis(100);
                 loop {
-                    match self.consumer.poll(wait)? {
+                    let polled = match self.consumer.poll(wait) {
+                        Ok(p) => p,
+                        Err(e) if e.is_transient() => {
+                            self.poll_failed(e)?;
+                            break;
+                        }
+                        Err(e) => return Err(e.into()),
+                    };
+                    match polled {
                         Polled::Nothing => break,
                         Polled::End => ended = true,
                         Polled::Record(r) => {
@@ -514,7 +563,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                     self.advance_idle(limit)?;
                 }
                 self.report();
-                if self.last_commit.elapsed() >= interval {
+                // While the cluster does not answer a commit could only time out.
+                if !self.waiting_for_cluster()? && self.last_commit.elapsed() >= interval {
                     self.commit()?;
                 }
             }
@@ -529,18 +579,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             // made): the tasks were put back to their previous commit. Read on and end
             // again.
         }
-        let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
-        self.write_snapshots(&all);
-        for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
-            if let Out::Writer(w) = w {
-                w.finish()?;
-            }
-        }
-        self.report();
-        let mut stats = self.stats();
-        stats.stopped = stopped;
-        self.consumer.close();
-        Ok(stats)
+        Ok(stopped)
     }
 
     /// Where every task stands, for telemetry (and the progress line).
@@ -621,6 +660,12 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             }
             self.send_outputs(id)?;
             let task = self.tasks.get_mut(&id).expect("task exists");
+            if task.end.is_some() {
+                let now = Instant::now();
+                let last = self.progress_at.insert(id, now).unwrap_or(self.started);
+                let stall = self.longest_stall.entry(id).or_default();
+                *stall = (*stall).max(now - last);
+            }
             task.batch.clear();
             task.key_spans.clear();
             task.keys.clear();
@@ -827,6 +872,13 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             snapshot_bytes: self.snapshots.as_ref().map_or(0, |s| s.bytes),
             stale_records_skipped: self.stale_skipped,
             records_misplaced: self.misplaced,
+            outages: self.outages.count,
+            outage_ms: self.outages.waited.as_millis() as u64,
+            longest_stall_ms: self
+                .longest_stall
+                .iter()
+                .map(|(tp, d)| (self.names_of(&[*tp]).remove(0), d.as_millis() as u64))
+                .collect(),
         });
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
