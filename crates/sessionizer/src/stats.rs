@@ -121,9 +121,10 @@ pub struct KafkaStats {
     pub outages: u64,
     /// Time spent waiting for the cluster (milliseconds).
     pub outage_ms: u64,
-    /// `--stop-at-end`: for each partition this process worked on, the longest time
-    /// it had records left to read but processed none (milliseconds): how long a
-    /// broker restart or a rebalance held it up.
+    /// For each partition this process worked on, the longest time between two
+    /// batches of its records processed (or from taking it on to the first),
+    /// milliseconds: how long a broker restart or a rebalance held it up — and how
+    /// long its input was quiet, which counts too.
     pub longest_stall_ms: std::collections::BTreeMap<String, u64>,
 }
 

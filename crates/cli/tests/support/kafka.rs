@@ -576,6 +576,25 @@ fn end_offsets_if_there(topic: &str, partitions: usize, isolation: &str) -> Opti
         .collect()
 }
 
+/// The offsets `group` committed for the first `partitions` partitions of `topic` (-1
+/// where none is).
+pub fn committed_offsets(group: &str, topic: &str, partitions: usize) -> Vec<i64> {
+    let client: BaseConsumer = config().set("group.id", group).create().expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions as i32 {
+        tpl.add_partition(topic, p);
+    }
+    let got = client
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    (0..partitions as i32)
+        .map(|p| match got.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(o)) => o,
+            _ => -1,
+        })
+        .collect()
+}
+
 /// A record's value as text.
 pub fn text(r: &Read) -> String {
     String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()

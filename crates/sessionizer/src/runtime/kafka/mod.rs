@@ -164,8 +164,8 @@ struct KafkaJob<'c, F: TaskFactory> {
     outage: Option<outage::Outage>,
     /// What the job waited for the cluster.
     outages: outage::Outages,
-    /// `--stop-at-end`: when each task last processed records (or was created), and
-    /// the longest time it went without (its partition had records left to read).
+    /// When each task last processed records (or was created), and the longest time
+    /// it went without.
     progress_at: BTreeMap<TopicPartition, Instant>,
     longest_stall: BTreeMap<TopicPartition, Duration>,
     assigned: u64,
@@ -660,12 +660,10 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             }
             self.send_outputs(id)?;
             let task = self.tasks.get_mut(&id).expect("task exists");
-            if task.end.is_some() {
-                let now = Instant::now();
-                let last = self.progress_at.insert(id, now).unwrap_or(self.started);
-                let stall = self.longest_stall.entry(id).or_default();
-                *stall = (*stall).max(now - last);
-            }
+            let now = Instant::now();
+            let last = self.progress_at.insert(id, now).unwrap_or(self.started);
+            let stall = self.longest_stall.entry(id).or_default();
+            *stall = (*stall).max(now - last);
             task.batch.clear();
             task.key_spans.clear();
             task.keys.clear();
