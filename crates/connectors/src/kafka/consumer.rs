@@ -362,6 +362,14 @@ impl GroupConsumer {
             .map_err(KafkaError::client("unassign partitions"))
     }
 
+    /// Whether the cluster answers a metadata request within `timeout` (a source
+    /// waiting for its brokers asks this).
+    pub fn answers(&self, timeout: Duration) -> bool {
+        self.consumer
+            .fetch_metadata(self.topics.first().map(String::as_str), timeout)
+            .is_ok()
+    }
+
     /// The partitions of the job's topics this consumer has assigned now, from the
     /// client's own state: no round trip.
     pub fn assigned(&self) -> Result<Vec<TopicPartition>, KafkaError> {

@@ -364,3 +364,67 @@ impl rdkafka::ClientContext for Reader {
 }
 
 impl rdkafka::consumer::ConsumerContext for Reader {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::error::RDKafkaErrorCode as Code;
+
+    #[test]
+    fn transient_errors_are_told_from_fatal_ones() {
+        let client = |error| KafkaError::Client {
+            what: "read the input".into(),
+            error,
+        };
+        // A broker going away, a leader or coordinator moving, a timeout: retried.
+        for code in [
+            Code::BrokerTransportFailure,
+            Code::AllBrokersDown,
+            Code::OperationTimedOut,
+            Code::RequestTimedOut,
+            Code::NotCoordinator,
+            Code::CoordinatorLoadInProgress,
+            Code::NotLeaderForPartition,
+            Code::NotEnoughReplicas,
+        ] {
+            assert!(
+                client(ClientError::MessageConsumption(code)).is_transient(),
+                "{code:?}"
+            );
+            assert!(is_transient(&ClientError::Global(code)), "{code:?}");
+        }
+        assert!(KafkaError::Unavailable("the transaction timed out".into()).is_transient());
+        // A configuration the cluster refuses, a missing topic, anything the job
+        // cannot use: fatal.
+        for code in [
+            Code::SaslAuthenticationFailed,
+            Code::TopicAuthorizationFailed,
+            Code::GroupAuthorizationFailed,
+            Code::ProducerFenced,
+            Code::InvalidProducerEpoch,
+            Code::UnknownTopicOrPartition,
+            Code::MessageSizeTooLarge,
+        ] {
+            assert!(
+                !client(ClientError::MessageConsumption(code)).is_transient(),
+                "{code:?}"
+            );
+        }
+        assert!(
+            !KafkaError::Refused {
+                brokers: "b:9092".into(),
+                cause: "authentication failed".into(),
+            }
+            .is_transient()
+        );
+        assert!(!KafkaError::Invalid("a fenced producer".into()).is_transient());
+        assert!(
+            !KafkaError::TopicMissing {
+                topic: "visits".into(),
+                role: "input",
+                hint: String::new(),
+            }
+            .is_transient()
+        );
+    }
+}

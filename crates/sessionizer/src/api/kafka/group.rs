@@ -173,6 +173,15 @@ impl KafkaGroup {
         self
     }
 
+    /// How long the job waits for a cluster that does not answer (brokers restarting,
+    /// a leader or coordinator moving) before it stops with an error
+    /// (`--kafka-outage-limit`; default 5 minutes). Meanwhile it goes back to its last
+    /// commit as after an aborted transaction: nothing is lost or written twice.
+    pub fn outage_limit(mut self, limit: Duration) -> Self {
+        self.kafka.outage_limit = limit;
+        self
+    }
+
     /// Keeps warm copies of `n` other processes' tasks (`--standby-replicas`), so that
     /// a failover does not wait for a restore.
     pub fn standby_replicas(mut self, n: usize) -> Self {

@@ -67,7 +67,7 @@ use sessionizer_connectors::kafka::producer::{KeyField, LineProducer};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use group::KafkaGroup;
 pub use sessionizer_connectors::kafka::KafkaError;
@@ -112,6 +112,11 @@ pub struct KafkaJson<E, D> {
     /// hand out, so the source takes no more polls (a restart goes on from the last
     /// checkpoint's position).
     failed: Option<String>,
+    /// The cluster stopped answering: since when, when it was last asked whether it
+    /// answers again, and the last error.
+    outage: Option<(Instant, Instant, String)>,
+    /// How long polls wait for a cluster that does not answer before they fail.
+    outage_limit: Duration,
     dead: D,
     counts: SourceCounts,
     max_record: usize,
@@ -266,6 +271,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             topic: topic.to_string(),
             next,
             failed: None,
+            outage: None,
+            outage_limit: Duration::from_secs(300),
             dead: dead_letters,
             counts: SourceCounts::default(),
             max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
@@ -285,8 +292,10 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// Returns how many records it read. A record without a value (a tombstone), or
     /// whose value is empty or only whitespace, is skipped and counted in
     /// [`SourceCounts::blank_lines`], as the command line's Kafka input counts it.
-    /// An error (Kafka failed, the dead-letter sink refused a record) ends the source:
-    /// later polls are refused, and a restart goes on from the last checkpoint.
+    /// A cluster that does not answer is waited for (see
+    /// [`outage_limit`](Self::outage_limit)); any other error (Kafka refused the
+    /// client, the dead-letter sink refused a record) ends the source: later polls are
+    /// refused, and a restart goes on from the last checkpoint.
     pub fn poll(
         &mut self,
         timeout: Duration,
@@ -298,11 +307,55 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
                 "this source failed earlier ({why}) and takes no more polls: restart the job, which goes on from its last checkpoint"
             )));
         }
+        if let Err(e) = self.waited_out() {
+            self.failed = Some(e.to_string());
+            return Err(e);
+        }
         let polled = self.poll_records(timeout, max, events);
         if let Err(e) = &polled {
             self.failed = Some(e.to_string());
         }
         polled
+    }
+
+    /// How long [`poll`](Self::poll) waits for a cluster that does not answer (brokers
+    /// restarting, a leader moving) before it fails: default 5 minutes, as the command
+    /// line's `--kafka-outage-limit`. Meanwhile a poll that meets such an error returns
+    /// what it read so far, and the next ones go on where the consumer stands (it
+    /// reconnects by itself): no record is skipped.
+    pub fn outage_limit(mut self, limit: Duration) -> Self {
+        self.outage_limit = limit;
+        self
+    }
+
+    /// During an outage, asks the cluster once a second whether it answers again;
+    /// fails once it has not for the outage limit.
+    fn waited_out(&mut self) -> Result<(), SourceError> {
+        let Some((since, probed, cause)) = &mut self.outage else {
+            return Ok(());
+        };
+        if probed.elapsed() >= Duration::from_secs(1) {
+            *probed = Instant::now();
+            if self.consumer.answers(Duration::from_secs(2)) {
+                tracing::info!(
+                    target: crate::telemetry::OUTAGE_TARGET,
+                    topic = %self.topic,
+                    waited_ms = since.elapsed().as_millis() as u64,
+                    "the Kafka cluster answers again"
+                );
+                self.outage = None;
+                return Ok(());
+            }
+        }
+        if since.elapsed() > self.outage_limit {
+            return Err(KafkaError::Unavailable(format!(
+                "the brokers did not answer for {:?}, longer than the source's outage limit ({:?}); the last error: {cause}",
+                since.elapsed(),
+                self.outage_limit
+            ))
+            .into());
+        }
+        Ok(())
     }
 
     fn poll_records(
@@ -318,10 +371,28 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         let next = self.next.clone();
         let mut next = next.lock();
         while read < max {
-            let record = match self.consumer.poll(wait)? {
-                Polled::Record(r) => r,
-                Polled::End => continue,
-                Polled::Nothing => break,
+            let record = match self.consumer.poll(wait) {
+                Ok(Polled::Record(r)) => r,
+                Ok(Polled::End) => continue,
+                Ok(Polled::Nothing) => break,
+                // The cluster does not answer: nothing was handed out past what was
+                // read, and the consumer reconnects by itself (see `outage_limit`).
+                Err(e) if e.is_transient() => {
+                    if self.outage.is_none() {
+                        tracing::warn!(
+                            target: crate::telemetry::OUTAGE_TARGET,
+                            topic = %self.topic,
+                            cause = %e,
+                            "the Kafka cluster does not answer; waiting for it"
+                        );
+                        let now = Instant::now();
+                        self.outage = Some((now, now, e.to_string()));
+                    } else if let Some((_, _, cause)) = &mut self.outage {
+                        *cause = e.to_string();
+                    }
+                    break;
+                }
+                Err(e) => return Err(e.into()),
             };
             wait = Duration::ZERO;
             read += 1;
