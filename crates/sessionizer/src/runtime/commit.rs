@@ -182,6 +182,7 @@ impl Committer {
                         manifest.kafka_txn = Some(txn);
                     }
                     SinkMark::Staged(files) => manifest.staged.push(files),
+                    SinkMark::Delta(epoch) => manifest.delta.push(epoch),
                 }
             }
             Ok(())
