@@ -341,9 +341,13 @@ impl DeltaOutput {
     }
 }
 
-/// The table's last transaction version of job `job` in the table at `dir` (`None`: the
-/// job never committed to it), and the table's version; without writing anything.
-pub fn committed_version(dir: &Path, job: &str) -> Result<(Option<i64>, Option<u64>), DeltaError> {
+/// The last transaction version of application id `app_id` in the table at `dir`
+/// (`None`: it never committed there), and the table's version; without writing
+/// anything.
+pub fn committed_version(
+    dir: &Path,
+    app_id: &str,
+) -> Result<(Option<i64>, Option<u64>), DeltaError> {
     let label = dir.display().to_string();
     let failed = |source| DeltaError::Table {
         table: label.clone(),
@@ -360,7 +364,7 @@ pub fn committed_version(dir: &Path, job: &str) -> Result<(Option<i64>, Option<u
             let table = deltalake::open_table(url).await?;
             let state = table.snapshot()?;
             let txn = state
-                .transaction_version(table.log_store().as_ref(), app_id(job))
+                .transaction_version(table.log_store().as_ref(), app_id)
                 .await?;
             Ok((txn, table.version()))
         })
@@ -393,9 +397,18 @@ async fn open_or_create(
     if url.scheme() != "file" {
         return Err(DeltaError::Location(label.to_string()));
     }
-    let table = DeltaTable::try_from_url(url)
-        .await
-        .map_err(failed("read the log"))?;
+    // A directory without a log is no table yet: loading it would fail (and delta-rs
+    // would log that failure as an error).
+    let has_log = fs::read_dir(dir.join("_delta_log")).is_ok_and(|mut l| l.next().is_some());
+    let table = if has_log {
+        DeltaTable::try_from_url(url)
+            .await
+            .map_err(failed("read the log"))?
+    } else {
+        deltalake::DeltaTableBuilder::from_url(url)
+            .and_then(deltalake::DeltaTableBuilder::build)
+            .map_err(failed("open the directory"))?
+    };
     if table.version().is_some() {
         let theirs = table
             .snapshot()

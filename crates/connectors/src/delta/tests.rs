@@ -46,7 +46,7 @@ fn logged(dir: &Path) -> (Vec<String>, Option<u64>, Option<i64>) {
         .enable_all()
         .build()
         .expect("runtime");
-    let (txn, version) = committed_version(dir, JOB).expect("readable");
+    let (txn, version) = committed_version(dir, &app_id(JOB)).expect("readable");
     let files = runtime.block_on(async {
         let url = deltalake::table::builder::parse_table_uri(dir.to_string_lossy()).expect("url");
         let table = deltalake::open_table(url).await.expect("a table");
