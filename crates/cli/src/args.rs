@@ -192,7 +192,8 @@ pub struct RunArgs {
     /// each time they change (records then carry "complete"); final: emit each session
     /// once, when it can no longer change (the watermark passed its close plus
     /// --allowed-lateness): no revisions, no retractions, no "revision" field — plain
-    /// inserts for a table. [default: on-close]
+    /// inserts for a table. [default: on-close; final with --delta-table, which takes
+    /// no other]
     #[arg(long, value_enum)]
     pub emit: Option<EmitArg>,
 
