@@ -4,6 +4,8 @@ test can compare a reader's view of a `--delta-table` run with the JSON-lines ou
 the same run.
 
 usage: delta-read.py TABLE                 the rows, as JSON lines
+       delta-read.py TABLE --key K         the rows of key K
+       delta-read.py TABLE --start-from T  the rows whose start is T (RFC 3339) or later
        delta-read.py TABLE --files         the table's data files, one path a line, sorted
        delta-read.py TABLE --txn APP_ID    the table's transaction version of APP_ID
                                            (`none` when it has none)
@@ -12,9 +14,12 @@ Each row is printed as the record the JSON encoder writes with `--emit final`: i
 columns in table order, `start` and `end` in RFC 3339 with milliseconds, UTC; the
 collect, first and last columns (known by their field metadata `sessionizer.aggregate`)
 as the JSON text they hold; a sum, min or max as scripts/parquet-read.py prints it. Rows
-come in the order the table's scan gives them: compare them as a set.
+come in the order the table's scan gives them: compare them as a set. --key and
+--start-from are filters the package applies with the files' statistics (it skips the
+files whose bounds rule them out), so they check those statistics too.
 """
 import argparse
+from datetime import datetime
 import importlib.util
 import json
 import os
@@ -22,6 +27,7 @@ import signal
 import sys
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 AGGREGATE_METADATA = "sessionizer.aggregate"
@@ -36,10 +42,10 @@ def parquet_reader():
     return module
 
 
-def rows(table, render):
+def rows(table, render, where):
     kinds = {f.name: (f.metadata or {}).get(AGGREGATE_METADATA, "")
              for f in table.schema().fields}
-    data = table.to_pyarrow_table()
+    data = table.to_pyarrow_table(filters=where)
     names = data.column_names
     columns = []
     times = set()
@@ -65,6 +71,9 @@ def main():
                         help="print the table's data files instead of its rows")
     parser.add_argument("--txn", metavar="APP_ID",
                         help="print the table's transaction version of APP_ID")
+    parser.add_argument("--key", help="only the rows of this key")
+    parser.add_argument("--start-from", metavar="TIME",
+                        help="only the rows whose start is TIME (RFC 3339) or later")
     args = parser.parse_args()
     table = DeltaTable(args.table)
     out = sys.stdout
@@ -78,8 +87,16 @@ def main():
             path = uri[len("file://"):] if uri.startswith("file://") else uri
             out.write(os.path.relpath(os.path.realpath(path), root) + "\n")
         return
+    where = None
+    if args.key is not None:
+        where = pc.field("key") == args.key
+    if args.start_from is not None:
+        since = datetime.fromisoformat(args.start_from.replace("Z", "+00:00"))
+        start = pa.scalar(since, type=pa.timestamp("us", tz="UTC"))
+        later = pc.field("start") >= start
+        where = later if where is None else where & later
     render = parquet_reader().render
-    for line in rows(table, render):
+    for line in rows(table, render, where):
         out.write(line + "\n")
 
 

@@ -115,6 +115,9 @@ fn an_epoch_becomes_one_commit_with_the_job_transaction() {
     assert_eq!(stats["maxValues"]["start"], "2024-01-01T00:00:04.000Z");
     assert_eq!(stats["maxValues"]["event_count"], 2);
     assert_eq!(stats["nullCount"]["key"], 0);
+    // Text columns have bounds too: a reader that finds none matches no row.
+    assert_eq!(stats["minValues"]["key"], "k0");
+    assert_eq!(stats["maxValues"]["key"], "k4");
     // Prepared, not committed: on disk, but not in the table.
     assert_eq!(logged(&dir), (vec![], Some(0), None));
     assert_eq!(out.commit().expect("committed"), Some(1));
