@@ -332,3 +332,30 @@ fn schema_differences_name_types_and_extra_columns() {
         vec!["column `pages` is long in the table, string in the session records"]
     );
 }
+
+#[test]
+fn a_long_job_gets_delta_checkpoints_and_its_transaction_survives_them() {
+    let tmp = tempfile::tempdir().expect("temp dir");
+    let dir = tmp.path().join("table");
+    let (mut out, _) = open(&dir, 1, None);
+    let mut last = None;
+    for epoch in 1..=105 {
+        out.write(&sessions(epoch as usize, 1)).expect("written");
+        last = Some(out.prepare(epoch).expect("prepared"));
+        out.commit().expect("committed");
+    }
+    drop(out);
+    // delta-rs writes a checkpoint of the log every 100 commits; the table is read from
+    // it and the commits after it, the job's transaction version included.
+    let log = dir.join("_delta_log");
+    assert!(
+        log.join(format!("{:020}.checkpoint.parquet", 99)).exists(),
+        "{:?}",
+        fs::read_dir(&log).expect("log").count()
+    );
+    let (files, version, txn) = logged(&dir);
+    assert_eq!(files.len(), 105);
+    assert_eq!((version, txn), (Some(105), Some(105)));
+    let (_, found) = open(&dir, 106, last.as_ref());
+    assert_eq!(found, Recovered::default());
+}
