@@ -416,6 +416,9 @@ impl<'c> Job<'c> {
                         .and_then(|(m, _)| m.delta.iter().find(|d| d.role == role));
                     let epoch = self.durable.as_ref().map_or(1, Durable::next_epoch);
                     let found = w.open_delta(epoch, &job, committed)?;
+                    if found.created {
+                        tracing::info!(table = %w.target().display_name(), "Delta table created");
+                    }
                     if let Some(e) = found.rolled_forward {
                         telemetry.warn(&format!(
                             "the Delta table {} had not committed checkpoint {e} (the run before stopped in between): committed now",
