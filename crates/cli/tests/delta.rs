@@ -255,6 +255,13 @@ fn python_deltalake_reads_the_sessions_of_the_json_final_run() {
         text.contains("committed (the table's transaction version"),
         "{text}"
     );
+    let out = run_ok(&["inspect", "--state-dir", s(&state), "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mark = &report["newest_valid"]["delta"][0];
+    assert_eq!(mark["epoch"], last);
+    assert_eq!(mark["role"], "sessions");
+    let id = std::fs::read_to_string(state.join("instance-id")).expect("instance id");
+    assert_eq!(mark["app_id"], format!("sessionizer-{}", id.trim()));
 }
 
 #[test]
