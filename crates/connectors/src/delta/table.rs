@@ -271,9 +271,10 @@ impl DeltaOutput {
                     .with_actions(actions)
                     .build(Some(snapshot), table.log_store(), operation)
                     .await?;
-                let version = done.version();
-                table.update_state().await?;
-                Ok(version)
+                // The commit's own snapshot: reloading the table would read the log
+                // again.
+                table.state = Some(done.snapshot());
+                Ok(done.version())
             })
             .map_err(self.failed_commit())?;
         Ok(committed)
