@@ -68,7 +68,7 @@ impl DeltaOutput {
     /// Opens the table in directory `dir` (created, with the columns of `schema`, when
     /// it has no table yet) for job `job` (its instance id), whose next rows belong to
     /// checkpoint epoch `epoch`; `committed` is what the checkpoint resumed from
-    /// recorded of this output (`None`: no checkpoint, or one without rows here).
+    /// recorded of this output (`None`: no checkpoint).
     /// Brings the table back to that checkpoint first: the recorded epoch is committed
     /// if it was not, and the job's files that no commit names are deleted.
     pub fn open(
@@ -81,8 +81,11 @@ impl DeltaOutput {
         let label = dir.display().to_string();
         let app_id = app_id(job);
         // The record names the table by its absolute path: the run may be started from
-        // another directory, or name the table another way.
-        let location = fs::canonicalize(dir).map(|p| p.display().to_string());
+        // another directory, or name the table another way. (A table directory that is
+        // gone is still the one recorded: its recorded files are then found missing.)
+        let location = fs::canonicalize(dir)
+            .or_else(|_| std::path::absolute(dir))
+            .map(|p| p.display().to_string());
         if let Some(c) = committed
             && (c.app_id != app_id || location.as_ref().ok() != Some(&c.table))
         {

@@ -276,6 +276,11 @@ fn a_recorded_file_that_is_gone_is_reported_not_committed() {
         DeltaOutput::open(&dir, schema(EmitMode::Final), JOB, 2, Some(&mark)).expect_err("lost");
     assert!(matches!(refused, DeltaError::Lost { .. }), "{refused}");
     assert_eq!(logged(&dir), (vec![], Some(0), None));
+    // So is a table directory deleted whole.
+    fs::remove_dir_all(&dir).expect("removed");
+    let refused =
+        DeltaOutput::open(&dir, schema(EmitMode::Final), JOB, 2, Some(&mark)).expect_err("lost");
+    assert!(matches!(refused, DeltaError::Lost { .. }), "{refused}");
 }
 
 #[test]
