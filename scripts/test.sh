@@ -8,8 +8,9 @@
 # Needs: Rust, a C/C++ compiler, cmake, pkg-config and OpenSSL's and libcurl's headers
 # (librdkafka is built from source, with TLS and SASL), libclang (bindgen, for
 # librocksdb, also built from source), Java 17, Maven and openssl (the brokers and their
-# test certificates), and Python 3 with pip (pyarrow, installed here, reads the Parquet
-# tests' files). On Debian, as root, missing packages are installed.
+# test certificates), and Python 3 with pip (pyarrow and deltalake, installed here, read
+# the Parquet tests' files and the Delta tests' tables). On Debian, as root, missing
+# packages are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,11 +38,14 @@ if [ "${#need[@]}" -gt 0 ]; then
   fi
 fi
 
-# The Parquet tests read the files back with pyarrow (scripts/parquet-read.py).
-if ! python3 -c "import pyarrow" 2>/dev/null; then
-  echo "scripts/test.sh: installing pyarrow" >&2
-  python3 -m pip install -q pyarrow 2>/dev/null \
-    || python3 -m pip install -q --break-system-packages pyarrow
-fi
+# The Parquet tests read the files back with pyarrow (scripts/parquet-read.py), the
+# Delta tests the tables with the deltalake package (scripts/delta-read.py).
+for module in pyarrow deltalake; do
+  if ! python3 -c "import $module" 2>/dev/null; then
+    echo "scripts/test.sh: installing $module" >&2
+    python3 -m pip install -q "$module" 2>/dev/null \
+      || python3 -m pip install -q --break-system-packages "$module"
+  fi
+done
 
 exec cargo test --workspace --all-features --locked "$@"

@@ -26,8 +26,9 @@ pub use dir::{CheckpointInfo, KEEP_MANIFESTS, Listing, Recovered, Recovery, Stat
 pub use error::{CheckpointError, Damage, FrameError};
 pub use frame::{FORMAT_VERSION, FileKind, OLDEST_FORMAT_VERSION};
 pub use manifest::{
-    Counters, InputPosition, KafkaPosition, KafkaSource, KafkaTxn, Manifest, OutputCommit,
-    StagedFileRef, StagedOutput, StateFileRef, StoreFileRef, StoreRef, WatermarkState,
+    Counters, DeltaEpoch, DeltaFileRef, InputPosition, KafkaPosition, KafkaSource, KafkaTxn,
+    Manifest, OutputCommit, StagedFileRef, StagedOutput, StateFileRef, StoreFileRef, StoreRef,
+    WatermarkState,
 };
 pub use state::{LoadedState, StateEntries};
 pub use stores::{LoadedStore, StoreImageDir, StoreReader};

@@ -68,6 +68,49 @@ pub struct Manifest {
     /// an output.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub staged: Vec<StagedOutput>,
+    /// Outputs that are Delta Lake tables: the data files this checkpoint wrote into
+    /// the table, committed to the table's log (one commit carrying the transaction
+    /// `(app_id, epoch)`) only after this manifest is durable. Recovery asks the table
+    /// for the job's last transaction version: if it is below this epoch, the files are
+    /// committed then (rolled forward). Absent for a run without a Delta table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delta: Vec<DeltaEpoch>,
+}
+
+/// The data files an output wrote into a Delta Lake table in one checkpoint
+/// ([`Manifest::delta`]): what the table's commit of the epoch adds, so that a later
+/// process can make exactly that commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaEpoch {
+    /// The output's role (`sessions`).
+    pub role: String,
+    /// The table's location: the absolute path of its directory.
+    pub table: String,
+    /// The application id of the job's transactions in the table.
+    pub app_id: String,
+    /// The checkpoint's epoch: the version of the transaction that commits the files.
+    pub epoch: u64,
+    /// The files, in the order they were opened (none when the epoch had no rows: the
+    /// epoch then makes no commit).
+    pub files: Vec<DeltaFileRef>,
+}
+
+/// One data file of a [`DeltaEpoch`]: what the table's Add action says of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeltaFileRef {
+    /// The path relative to the table's root.
+    pub path: String,
+    /// Rows in the file.
+    pub rows: u64,
+    /// The file's length in bytes.
+    pub bytes: u64,
+    /// When the file was written, milliseconds since the Unix epoch.
+    pub modified_unix_ms: i64,
+    /// The Delta statistics of the file (JSON: `numRecords`, `minValues`, `maxValues`,
+    /// `nullCount`), as its Add action carries them.
+    pub stats: String,
 }
 
 /// The files an output staged in one checkpoint ([`Manifest::staged`]).

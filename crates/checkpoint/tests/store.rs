@@ -274,6 +274,7 @@ fn write_fixture(dir: &Path) {
         kafka_positions: Vec::new(),
         kafka_source: None,
         staged: Vec::new(),
+        delta: Vec::new(),
     };
     d.write_manifest(&manifest).expect("manifest");
 }

@@ -102,6 +102,15 @@ pub struct RunArgs {
     #[arg(long)]
     pub partition_by_date: bool,
 
+    /// Append the sessions to the Delta Lake table in directory PATH (created with the
+    /// session columns if it has no table yet) instead of writing --output: exactly
+    /// once, one table commit per checkpoint, so --state-dir is required. The emit mode
+    /// defaults to final (plain inserts); on-close and on-update are refused. Dead
+    /// letters and late events stay JSON lines. Local directories only (no s3:// yet).
+    /// Needs a build with the cargo feature `delta`.
+    #[arg(long, value_name = "PATH")]
+    pub delta_table: Option<String>,
+
     /// Field holding the session key; a dotted path reaches into nested objects.
     /// [default: visit_id]
     #[arg(long, value_name = "FIELD")]
@@ -183,7 +192,8 @@ pub struct RunArgs {
     /// each time they change (records then carry "complete"); final: emit each session
     /// once, when it can no longer change (the watermark passed its close plus
     /// --allowed-lateness): no revisions, no retractions, no "revision" field — plain
-    /// inserts for a table. [default: on-close]
+    /// inserts for a table. [default: on-close; final with --delta-table, which takes
+    /// no other]
     #[arg(long, value_enum)]
     pub emit: Option<EmitArg>,
 

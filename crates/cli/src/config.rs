@@ -49,6 +49,7 @@ pub struct FileConfig {
     pub output: Option<String>,
     pub output_format: Option<OutputFormatArg>,
     pub partition_by_date: Option<bool>,
+    pub delta_table: Option<String>,
     pub key: Option<String>,
     pub time: Option<String>,
     pub time_format: Option<TimeFormatArg>,
@@ -329,18 +330,30 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             "stdin ('-') can be given as --input only once".into(),
         ));
     }
+    let partition_by_date = args.partition_by_date || file.partition_by_date.unwrap_or(false);
+    let delta_table = args.delta_table.take().or(file.delta_table.take());
+    let explicit_format = args.output_format.or(file.output_format);
+    if let Some(table) = &delta_table {
+        check_delta_table(
+            table,
+            &[
+                ("--output", args.output.is_some() || file.output.is_some()),
+                ("--output-format", explicit_format.is_some()),
+                ("--partition-by-date", partition_by_date),
+                ("a Kafka input or output", kafka_in || kafka_out),
+            ],
+        )?;
+    }
     // With a Kafka output topic the side outputs default to stderr, as with stdout.
     let output = if kafka_out {
         OutputTarget::Stdout
+    } else if let Some(table) = &delta_table {
+        OutputTarget::File(PathBuf::from(table))
     } else {
         OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()))
     };
-    let partition_by_date = args.partition_by_date || file.partition_by_date.unwrap_or(false);
-    let output_format = match args
-        .output_format
-        .or(file.output_format)
-        .unwrap_or(OutputFormatArg::Jsonl)
-    {
+    let output_format = match explicit_format.unwrap_or(OutputFormatArg::Jsonl) {
+        _ if delta_table.is_some() => OutputFormat::Delta,
         OutputFormatArg::Jsonl if partition_by_date => {
             return Err(ConfigError::Conflict(
                 "--partition-by-date applies to --output-format parquet".into(),
@@ -511,7 +524,18 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             (false, None) => DedupMode::Off,
         }
     };
-    let emit = match args.emit.or(file.emit).unwrap_or(EmitArg::OnClose) {
+    // A table takes plain inserts: each session once, when final.
+    let default_emit = if delta_table.is_some() {
+        EmitArg::Final
+    } else {
+        EmitArg::OnClose
+    };
+    let emit = match args.emit.or(file.emit).unwrap_or(default_emit) {
+        EmitArg::OnClose | EmitArg::OnUpdate if delta_table.is_some() => {
+            return Err(ConfigError::Conflict(
+                "--delta-table appends each session once, when it is final (--emit final): on-close and on-update emit revisions and retractions, which a table of plain inserts cannot take back; leave --emit out, or write JSON lines or Parquet with --output".into(),
+            ));
+        }
         EmitArg::OnClose => EmitMode::OnClose,
         EmitArg::OnUpdate => EmitMode::OnUpdate,
         EmitArg::Final => EmitMode::Final,
@@ -567,6 +591,11 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             &inputs,
         )?
     };
+    if delta_table.is_some() && checkpoint.is_none() {
+        return Err(ConfigError::Conflict(
+            "--delta-table needs --state-dir: the table is written exactly once, one commit per checkpoint, and its recovery starts from the checkpoints kept there".into(),
+        ));
+    }
     let state_memory = args.state_memory.or(file.state_memory);
     let state_backend = match args.state_backend.or(file.state_backend) {
         None | Some(StateBackendArg::Memory) => {
@@ -794,6 +823,36 @@ fn fail_write_at() -> Result<Option<u64>, ConfigError> {
 #[cfg(not(feature = "fault-injection"))]
 fn fail_write_at() -> Result<Option<u64>, ConfigError> {
     Ok(None)
+}
+
+/// A Delta table's location must be a local directory, and `--delta-table` takes the
+/// place of the options in `replaced` (name, given).
+fn check_delta_table(table: &str, replaced: &[(&str, bool)]) -> Result<(), ConfigError> {
+    if let Some((scheme, _)) = table.split_once("://") {
+        let reason = if scheme.eq_ignore_ascii_case("s3") {
+            "tables on S3 are not supported yet; give a local directory".to_string()
+        } else {
+            format!("{scheme}:// locations are not supported; give a local directory")
+        };
+        return Err(ConfigError::Invalid {
+            option: "--delta-table",
+            value: table.to_string(),
+            reason,
+        });
+    }
+    if table.is_empty() || table == "-" {
+        return Err(ConfigError::Invalid {
+            option: "--delta-table",
+            value: table.to_string(),
+            reason: "give the table's directory".into(),
+        });
+    }
+    if let Some((name, _)) = replaced.iter().find(|(_, given)| *given) {
+        return Err(ConfigError::Conflict(format!(
+            "--delta-table cannot be combined with {name}: the sessions go to the table (dead letters and late events stay JSON lines, --dead-letter and --late-output)"
+        )));
+    }
+    Ok(())
 }
 
 fn checkpoint_config(

@@ -207,6 +207,20 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
             s.epoch
         )?;
     }
+    for d in &m.delta {
+        let rows: u64 = d.files.iter().map(|f| f.rows).sum();
+        let bytes: u64 = d.files.iter().map(|f| f.bytes).sum();
+        writeln!(
+            out,
+            "    {:<12} {} (Delta table, application id {}): epoch {}, {} files, {rows} rows, {bytes} bytes; {}",
+            d.role,
+            d.table,
+            d.app_id,
+            d.epoch,
+            d.files.len(),
+            delta_committed(d)
+        )?;
+    }
     let c = &m.counters;
     writeln!(
         out,
@@ -231,6 +245,38 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(out, "    {name} {value}")?;
     }
     Ok(())
+}
+
+/// What the table says of a checkpoint's Delta epoch: whether its commit is there.
+#[cfg(feature = "delta")]
+fn delta_committed(d: &sessionizer_checkpoint::DeltaEpoch) -> String {
+    let dir = std::path::Path::new(&d.table);
+    match sessionizer_connectors::delta::committed_version(dir, &d.app_id) {
+        Ok((txn, version)) => {
+            let version = version.map_or_else(|| "none".to_string(), |v| v.to_string());
+            match txn {
+                _ if d.files.is_empty() => {
+                    format!("no rows in this epoch, nothing to commit (table version {version})")
+                }
+                Some(t) if t >= d.epoch as i64 => format!(
+                    "committed (the table's transaction version for the id is {t}, table version {version})"
+                ),
+                Some(t) => format!(
+                    "not committed yet: the table's transaction version for the id is {t} (table version {version}); the next run commits it"
+                ),
+                None => format!(
+                    "not committed yet: the table has no transaction of the id (table version {version}); the next run commits it"
+                ),
+            }
+        }
+        Err(e) => format!("the table cannot be read: {e}"),
+    }
+}
+
+/// Without the feature `delta` the table is not read.
+#[cfg(not(feature = "delta"))]
+fn delta_committed(_: &sessionizer_checkpoint::DeltaEpoch) -> String {
+    "the table was not read (a build without the feature `delta`)".to_string()
 }
 
 fn checkpoint_json(c: &CheckpointInfo) -> Value {

@@ -45,6 +45,10 @@ enum Sink {
     /// into (`--output-format parquet`).
     #[cfg(feature = "parquet")]
     Parquet(Box<crate::parquet::ParquetFiles>),
+    /// Session records appended to a Delta Lake table, as Parquet data files
+    /// committed with the checkpoints.
+    #[cfg(feature = "delta")]
+    Delta(Box<crate::delta::DeltaOutput>),
 }
 
 impl Sink {
@@ -54,6 +58,8 @@ impl Sink {
             Sink::Stream(w) => w.write_all(bytes),
             #[cfg(feature = "parquet")]
             Sink::Parquet(p) => p.write(bytes).map(drop).map_err(io::Error::other),
+            #[cfg(feature = "delta")]
+            Sink::Delta(d) => d.write(bytes).map(drop).map_err(io::Error::other),
         }
     }
 
@@ -65,6 +71,8 @@ impl Sink {
             // checkpoint.
             #[cfg(feature = "parquet")]
             Sink::Parquet(_) => Ok(()),
+            #[cfg(feature = "delta")]
+            Sink::Delta(_) => Ok(()),
         }
     }
 }
@@ -93,7 +101,11 @@ pub struct RecordWriter {
     failed: bool,
     /// Records written as Parquet files into the target directory instead.
     #[cfg(feature = "parquet")]
-    parquet: Option<ParquetSetup>,
+    parquet: Option<Box<ParquetSetup>>,
+    /// Records appended to the Delta table in the target directory instead: the
+    /// table's columns.
+    #[cfg(feature = "delta")]
+    delta: Option<crate::parquet::SessionSchema>,
 }
 
 impl std::fmt::Debug for RecordWriter {
@@ -118,6 +130,8 @@ impl RecordWriter {
             failed: false,
             #[cfg(feature = "parquet")]
             parquet: None,
+            #[cfg(feature = "delta")]
+            delta: None,
         }
     }
 
@@ -130,22 +144,92 @@ impl RecordWriter {
         options: crate::parquet::ParquetOptions,
     ) -> RecordWriter {
         let mut w = RecordWriter::new(target);
-        w.parquet = Some(ParquetSetup {
+        w.parquet = Some(Box::new(ParquetSetup {
             schema,
             options,
             staged: None,
-        });
+        }));
+        w
+    }
+
+    /// A writer of session records into the Delta table in the directory `target`,
+    /// opened with [`open_delta`](Self::open_delta).
+    #[cfg(feature = "delta")]
+    pub fn delta(target: OutputTarget, schema: crate::parquet::SessionSchema) -> RecordWriter {
+        let mut w = RecordWriter::new(target);
+        w.delta = Some(schema);
         w
     }
 
     /// Whether the records become visible only when a checkpoint commits them (files
-    /// staged under temporary names: Parquet).
+    /// staged under temporary names: Parquet; data files a table commit names: Delta).
     pub fn is_staged(&self) -> bool {
         #[cfg(feature = "parquet")]
         if self.parquet.is_some() {
             return true;
         }
+        self.is_delta()
+    }
+
+    /// Whether the records go to a Delta table.
+    pub fn is_delta(&self) -> bool {
+        #[cfg(feature = "delta")]
+        if self.delta.is_some() {
+            return true;
+        }
         false
+    }
+
+    /// Opens a Delta table output to write epoch `epoch` on, for job `job` (its
+    /// instance id): the table is created if missing, and brought back to the
+    /// checkpoint that recorded `committed` (see [`crate::delta`]).
+    #[cfg(feature = "delta")]
+    pub fn open_delta(
+        &mut self,
+        epoch: u64,
+        job: &str,
+        committed: Option<&crate::delta::DeltaEpoch>,
+    ) -> Result<crate::delta::Recovered, OutputError> {
+        let OutputTarget::File(dir) = &self.target else {
+            return Err(self.error(io::Error::other(
+                "a Delta table is a directory, not stdout or stderr",
+            )));
+        };
+        let Some(schema) = &self.delta else {
+            return Err(self.error(io::Error::other("not a Delta table output")));
+        };
+        let (output, found) =
+            crate::delta::DeltaOutput::open(dir, schema.clone(), job, epoch, committed)
+                .map_err(|e| self.error(io::Error::other(e)))?;
+        self.out = Some(Sink::Delta(Box::new(output)));
+        Ok(found)
+    }
+
+    /// Phase one of epoch `epoch` of a Delta table output: everything buffered is
+    /// written, the epoch's data files are closed, synced and listed.
+    #[cfg(feature = "delta")]
+    pub fn prepare_delta(&mut self, epoch: u64) -> Result<crate::delta::DeltaEpoch, OutputError> {
+        self.write_buffer()?;
+        let prepared = match &mut self.out {
+            Some(Sink::Delta(table)) => table.prepare(epoch),
+            _ => return Err(self.error(io::Error::other("the Delta table is not open"))),
+        };
+        prepared.map_err(|e| {
+            self.failed = true;
+            self.error(io::Error::other(e))
+        })
+    }
+
+    /// Phase two: the epoch prepared last is committed to the Delta table.
+    #[cfg(feature = "delta")]
+    pub fn commit_delta(&mut self) -> Result<(), OutputError> {
+        match &mut self.out {
+            Some(Sink::Delta(table)) => table
+                .commit()
+                .map(drop)
+                .map_err(|e| error(&self.target, io::Error::other(e))),
+            _ => Ok(()),
+        }
     }
 
     /// Opens a Parquet output to write epoch `epoch` on: the directory is brought back
@@ -234,6 +318,11 @@ impl RecordWriter {
 
     /// Opens (creates or truncates) the target now.
     pub fn open(&mut self) -> Result<(), OutputError> {
+        if self.is_delta() && self.out.is_none() {
+            return Err(self.error(io::Error::other(
+                "a Delta table is written with checkpoints only (exactly once): give a state directory",
+            )));
+        }
         #[cfg(feature = "parquet")]
         if self.parquet.is_some() && self.out.is_none() {
             // A run without a checkpoint: the directory starts empty at epoch 1.

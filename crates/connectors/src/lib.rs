@@ -10,9 +10,13 @@
 //!   phases per checkpoint (prepare, commit), and the mark a checkpoint records.
 //! * `parquet` (cargo feature `parquet`) — session records as typed Parquet files in a
 //!   directory, rolled per checkpoint and committed in two phases.
+//! * `delta` (cargo feature `delta`) — session records appended to a Delta Lake table
+//!   as those Parquet files, one table commit per checkpoint, exactly once.
 //! * `kafka` (cargo feature `kafka`) — Apache Kafka topics: a consumer group member,
 //!   a transactional producer, the changelog topics of the tasks' state.
 
+#[cfg(feature = "delta")]
+pub mod delta;
 pub mod encode;
 pub mod input;
 #[cfg(feature = "kafka")]

@@ -19,7 +19,7 @@
 
 use crate::encode::{OutputError, PendingSync, RecordWriter};
 use crate::output::OutputTarget;
-pub use sessionizer_checkpoint::{KafkaTxn, OutputCommit, StagedFileRef, StagedOutput};
+pub use sessionizer_checkpoint::{DeltaEpoch, KafkaTxn, OutputCommit, StagedFileRef, StagedOutput};
 
 /// What a checkpoint records of one sink's prepared epoch: data, read back on recovery.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +33,10 @@ pub enum SinkMark {
     /// Files written under temporary names (Parquet), renamed when the epoch commits;
     /// recovery renames those of the checkpoint it resumes from and deletes the rest.
     Staged(StagedOutput),
+    /// Data files written into a Delta table, committed to its log with a transaction
+    /// `(app id, epoch)` when the epoch commits; recovery commits them if the table's
+    /// transaction version for the app id is below the epoch.
+    Delta(DeltaEpoch),
 }
 
 /// One sink's prepared epoch.
@@ -95,6 +99,16 @@ pub struct FileSink<'w> {
 
 impl EpochSink for FileSink<'_> {
     fn prepare(&mut self, epoch: u64) -> Result<Option<Prepared>, SinkError> {
+        #[cfg(feature = "delta")]
+        if self.writer.is_delta() {
+            let mut mark = self.writer.prepare_delta(epoch)?;
+            mark.role = self.role.to_string();
+            return Ok(Some(Prepared {
+                mark: SinkMark::Delta(mark),
+                // The files were synced as they were closed.
+                sync: None,
+            }));
+        }
         #[cfg(feature = "parquet")]
         if self.writer.is_staged() {
             let staged = self.writer.prepare_staged(epoch)?;
@@ -130,6 +144,11 @@ impl EpochSink for FileSink<'_> {
 
     fn commit(&mut self, epoch: u64) -> Result<(), SinkError> {
         let _ = epoch;
+        #[cfg(feature = "delta")]
+        if self.writer.is_delta() {
+            self.writer.commit_delta()?;
+            return Ok(());
+        }
         #[cfg(feature = "parquet")]
         if self.writer.is_staged() {
             self.writer.commit_staged()?;

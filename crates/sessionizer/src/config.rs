@@ -30,6 +30,10 @@ pub enum OutputFormat {
         /// Hive-style directories by the start date.
         partition_by_date: bool,
     },
+    /// Rows appended to the Delta Lake table in the output directory (cargo feature
+    /// `delta`): the Parquet format's files, committed to the table's log with each
+    /// checkpoint, so only a run with a state directory writes one.
+    Delta,
 }
 
 /// One aggregate of the output record.
@@ -364,6 +368,7 @@ impl PipelineConfig {
                     "parquet".to_string()
                 },
             )),
+            OutputFormat::Delta => Some(("--output-format".to_string(), "delta".to_string())),
         })
         .collect()
     }

@@ -217,6 +217,16 @@ pub enum Unsupported {
         "this sessionizer was built without Parquet output; build it with `cargo build --release --features parquet`"
     )]
     NoParquet,
+    /// A Delta table output in a build without the cargo feature `delta`.
+    #[error(
+        "this sessionizer was built without Delta Lake output; build it with `cargo build --release --features delta`"
+    )]
+    NoDelta,
+    /// A Delta table output without a state directory.
+    #[error(
+        "a Delta table is written exactly once, through checkpoints: give a state directory (--state-dir)"
+    )]
+    DeltaWithoutCheckpoints,
 
     /// A library job that cannot be a task of a Kafka group.
     #[error(transparent)]

@@ -25,6 +25,12 @@ pub struct ParquetOptions {
     /// Files in Hive-style directories by the UTC date of the session's start
     /// (`dt=2024-01-01/`). Default off.
     pub partition_by_date: bool,
+    /// Files written under their final names `part-<tag>-<epoch>-<n>.parquet` from the
+    /// start, for a directory whose readers see only the files something else lists
+    /// (a Delta table's log): the epoch's commit then names them rather than renaming
+    /// them, and the tag tells one writer's files from another's. Default `None`:
+    /// hidden temporary names, renamed on commit.
+    pub final_names: Option<String>,
 }
 
 impl Default for ParquetOptions {
@@ -33,6 +39,7 @@ impl Default for ParquetOptions {
             row_group_rows: 65_536,
             max_file_bytes: 128 << 20,
             partition_by_date: false,
+            final_names: None,
         }
     }
 }
@@ -191,7 +198,14 @@ impl ParquetFiles {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
                 let n = self.next_file;
-                let file = create(&self.dir, e.key(), self.epoch, n, &self.schema, &self.props)?;
+                let file = create(
+                    &self.dir,
+                    e.key(),
+                    (self.epoch, n),
+                    self.options.final_names.as_deref(),
+                    &self.schema,
+                    &self.props,
+                )?;
                 self.next_file += 1;
                 e.insert(file)
             }
@@ -368,17 +382,30 @@ impl OpenFile {
     }
 }
 
-/// Opens file `n` of `epoch` in directory `sub` of `dir`, under its temporary name.
+/// Opens file `n` of `epoch` in directory `sub` of `dir`, under its temporary name (or,
+/// with a `final_tag`, under its final name).
 fn create(
     dir: &Path,
     sub: &str,
-    epoch: u64,
-    n: u32,
+    (epoch, n): (u64, u32),
+    final_tag: Option<&str>,
     schema: &SessionSchema,
     props: &WriterProperties,
 ) -> Result<OpenFile, ParquetError> {
-    let stem = format!("part-{epoch:020}-{n:05}");
-    let (temp, name) = if sub.is_empty() {
+    let stem = match final_tag {
+        None => format!("part-{epoch:020}-{n:05}"),
+        Some(tag) => format!("part-{tag}-{epoch:020}-{n:05}"),
+    };
+    let (temp, name) = if final_tag.is_some() {
+        let name = if sub.is_empty() {
+            format!("{stem}.parquet")
+        } else {
+            let sub_dir = dir.join(sub);
+            fs::create_dir_all(&sub_dir).map_err(io_error("create the directory", &sub_dir))?;
+            format!("{sub}/{stem}.parquet")
+        };
+        (name.clone(), name)
+    } else if sub.is_empty() {
         (format!(".{stem}.parquet.tmp"), format!("{stem}.parquet"))
     } else {
         let sub_dir = dir.join(sub);

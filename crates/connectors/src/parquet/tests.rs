@@ -498,6 +498,7 @@ fn files_roll_by_size_and_their_rows_concatenate_to_the_input() {
         row_group_rows: 10,
         max_file_bytes: 2000,
         partition_by_date: false,
+        final_names: None,
     };
     let mut files = ParquetFiles::new(dir.path(), fx.schema(), opts, 7).expect("files");
     let mut keys = Vec::new();
@@ -610,6 +611,7 @@ fn abort_deletes_the_open_epoch_and_leaves_prepared_ones() {
         row_group_rows: 2,
         max_file_bytes: 1,
         partition_by_date: false,
+        final_names: None,
     };
     let mut files = ParquetFiles::new(dir.path(), fx.schema(), opts, 1).expect("files");
     fx.session("a", T0, T0, &[]);
@@ -737,6 +739,7 @@ fn a_replay_writes_the_same_files_under_the_same_names() {
         row_group_rows: 4,
         max_file_bytes: 3000,
         partition_by_date: true,
+        final_names: None,
     };
     let run = |dir: &Path| {
         let mut files = ParquetFiles::new(dir, fx.schema(), opts.clone(), 12).expect("files");

@@ -162,7 +162,7 @@ fn progress_epoch(value: &[u8]) -> Option<u64> {
 #[cfg(feature = "kafka")]
 mod imp {
     use super::{Outcome, RunError, Side, Tag, Tagged, TopicSink, progress_epoch, progress_value};
-    use crate::runtime::kafka::{persisted_instance, random_instance};
+    use crate::runtime::instance::{persisted_instance, random_instance};
     use sessionizer_checkpoint::KafkaTxn;
     use sessionizer_connectors::kafka::admin::Admin;
     use sessionizer_connectors::kafka::partitioner::partition_for;

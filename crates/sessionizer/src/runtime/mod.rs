@@ -17,6 +17,8 @@ pub(crate) mod backend;
 pub(crate) mod commit;
 pub(crate) mod durable;
 mod idle;
+#[cfg(any(feature = "kafka", feature = "delta"))]
+pub(crate) mod instance;
 #[cfg(feature = "kafka")]
 pub(crate) mod kafka;
 pub(crate) mod kafka_sink;

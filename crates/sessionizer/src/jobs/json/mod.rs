@@ -124,36 +124,55 @@ fn run_driver(
     Job::new(cfg, workers, pool, topics, sessions).run(checkpoint, telemetry)
 }
 
-/// The writer of the session records: JSON lines, or Parquet files in a directory.
+/// The writer of the session records: JSON lines, Parquet files in a directory, or a
+/// Delta table.
 fn sessions_writer(cfg: &PipelineConfig) -> Result<RecordWriter, RunError> {
     match cfg.output_format {
         OutputFormat::JsonLines => Ok(RecordWriter::new(cfg.output.clone())),
         #[cfg(feature = "parquet")]
         OutputFormat::Parquet { partition_by_date } => {
-            use sessionizer_connectors::parquet::{ParquetOptions, SessionSchema};
-            let aggregates: Vec<_> = cfg
-                .aggregates
-                .iter()
-                .map(|a| (a.name.clone(), a.kind))
-                .collect();
-            // Two aggregates with one name, or one named like a fixed column.
-            let schema = SessionSchema::new(&aggregates, cfg.emit).map_err(|e| {
-                RunError::Output(sessionizer_connectors::encode::OutputError {
-                    name: cfg.output.display_name(),
-                    source: std::io::Error::other(e),
-                })
-            })?;
+            use sessionizer_connectors::parquet::ParquetOptions;
             let options = ParquetOptions {
                 partition_by_date,
                 ..ParquetOptions::default()
             };
-            Ok(RecordWriter::parquet(cfg.output.clone(), schema, options))
+            Ok(RecordWriter::parquet(
+                cfg.output.clone(),
+                session_schema(cfg)?,
+                options,
+            ))
         }
         #[cfg(not(feature = "parquet"))]
         OutputFormat::Parquet { .. } => {
             Err(RunError::Unsupported(crate::error::Unsupported::NoParquet))
         }
+        #[cfg(feature = "delta")]
+        OutputFormat::Delta => Ok(RecordWriter::delta(
+            cfg.output.clone(),
+            session_schema(cfg)?,
+        )),
+        #[cfg(not(feature = "delta"))]
+        OutputFormat::Delta => Err(RunError::Unsupported(crate::error::Unsupported::NoDelta)),
     }
+}
+
+/// The columns of the session records' table (Parquet files, a Delta table).
+#[cfg(feature = "parquet")]
+fn session_schema(
+    cfg: &PipelineConfig,
+) -> Result<sessionizer_connectors::parquet::SessionSchema, RunError> {
+    let aggregates: Vec<_> = cfg
+        .aggregates
+        .iter()
+        .map(|a| (a.name.clone(), a.kind))
+        .collect();
+    // Two aggregates with one name, or one named like a fixed column.
+    sessionizer_connectors::parquet::SessionSchema::new(&aggregates, cfg.emit).map_err(|e| {
+        RunError::Output(sessionizer_connectors::encode::OutputError {
+            name: cfg.output.display_name(),
+            source: std::io::Error::other(e),
+        })
+    })
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -381,6 +400,37 @@ impl<'c> Job<'c> {
             .into_iter()
             .zip(durable::ROLES)
         {
+            if w.is_delta() {
+                // A Delta table: its log is brought back to the checkpoint.
+                #[cfg(feature = "delta")]
+                {
+                    let Some(c) = checkpoint else {
+                        return Err(RunError::Unsupported(
+                            crate::error::Unsupported::DeltaWithoutCheckpoints,
+                        ));
+                    };
+                    let job = crate::runtime::instance::persisted_instance(&c.state_dir)?;
+                    let committed = start
+                        .restore
+                        .as_ref()
+                        .and_then(|(m, _)| m.delta.iter().find(|d| d.role == role));
+                    let epoch = self.durable.as_ref().map_or(1, Durable::next_epoch);
+                    let found = w.open_delta(epoch, &job, committed)?;
+                    if found.created {
+                        tracing::info!(table = %w.target().display_name(), "Delta table created");
+                    }
+                    if let Some(e) = found.rolled_forward {
+                        telemetry.warn(&format!(
+                            "the Delta table {} had not committed checkpoint {e} (the run before stopped in between): committed now",
+                            w.target().display_name()
+                        ));
+                    }
+                    if !found.deleted.is_empty() {
+                        tracing::info!(output = %w.target().display_name(), removed = found.deleted.len(), "Delta data files of no checkpoint removed");
+                    }
+                }
+                continue;
+            }
             if w.is_staged() {
                 // Parquet files: the directory is brought back to the checkpoint.
                 #[cfg(feature = "parquet")]

@@ -185,6 +185,7 @@ impl Committer {
                         manifest.kafka_txn = Some(txn);
                     }
                     SinkMark::Staged(files) => manifest.staged.push(files),
+                    SinkMark::Delta(epoch) => manifest.delta.push(epoch),
                 }
             }
             Ok(())
@@ -277,6 +278,8 @@ impl Committer {
         self.writer = Some(writer);
         self.done = Some(result?);
         if f.two_phase {
+            #[cfg(feature = "fault-injection")]
+            exit_before_second_phase(f.epoch);
             // Phase two: the checkpoint naming the sinks' marks is durable.
             for sink in sinks.iter_mut().filter(|s| s.two_phase()) {
                 if let Err(e) = sink.commit(f.epoch) {
@@ -290,6 +293,21 @@ impl Committer {
         }
         self.committed = Some(f.epoch);
         Ok(())
+    }
+}
+
+/// Test hook (cargo feature `fault-injection` only): with
+/// `SESSIONIZER_TEST_EXIT_BEFORE_SECOND_PHASE=N` the process exits (code 86, without
+/// cleaning up) once checkpoint N is durable and before its two-phase sinks commit it
+/// (Parquet files renamed, a Delta table's commit) — the instant a `kill -9` rarely
+/// hits. A build without the feature has no such exit.
+#[cfg(feature = "fault-injection")]
+fn exit_before_second_phase(epoch: u64) {
+    const ENV: &str = "SESSIONIZER_TEST_EXIT_BEFORE_SECOND_PHASE";
+    let asked = std::env::var(ENV).ok().and_then(|v| v.parse::<u64>().ok());
+    if asked == Some(epoch) {
+        eprintln!("sessionizer: {ENV}: exiting before the second phase of checkpoint {epoch}");
+        std::process::exit(86);
     }
 }
 

@@ -37,6 +37,7 @@ mod task;
 use crate::config::{KafkaConfig, PipelineConfig};
 use crate::error::RunError;
 use crate::runtime::commit::txn::{Changed, Outcome, Transactions, TxnTask, commit_error};
+use crate::runtime::instance::{persisted_instance, random_instance};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
 use crate::telemetry::{TaskReport, Telemetry};
 use output::Out;
@@ -924,41 +925,6 @@ fn changelog_topic(group: &str, topic: &str) -> String {
 /// The delivery tag of a task's progress record (non-zero).
 fn meta_tag(tp: TopicPartition) -> usize {
     ((tp.topic as usize) << 32 | tp.partition as usize) + 1
-}
-
-/// A made-up instance name for a process that has none.
-pub(super) fn random_instance() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(seed);
-    h.write_u32(std::process::id());
-    format!("{:016x}", h.finish())
-}
-
-/// The instance name kept in the state directory (made up and stored on first use), so
-/// that a restarted process fences its predecessor's transaction at once.
-pub(super) fn persisted_instance(dir: &std::path::Path) -> Result<String, RunError> {
-    let path = dir.join("instance-id");
-    match std::fs::read_to_string(&path) {
-        Ok(id) if !id.trim().is_empty() => return Ok(id.trim().to_string()),
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(RunError::Resume {
-                dir: dir.display().to_string(),
-                message: format!("cannot read {}: {e}", path.display()),
-            });
-        }
-    }
-    let id = random_instance();
-    std::fs::write(&path, format!("{id}\n")).map_err(|e| RunError::Resume {
-        dir: dir.display().to_string(),
-        message: format!("cannot write {}: {e}", path.display()),
-    })?;
-    Ok(id)
 }
 
 /// A task's counts for telemetry from its run's counts, the operator's included.

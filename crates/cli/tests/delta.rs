@@ -1,0 +1,512 @@
+//! `--delta-table` end to end: the real binary appends sessions to a Delta table, and
+//! the Python `deltalake` package (not our code) reads the table back through
+//! `scripts/delta-read.py`; its rows must be the session records of the JSON-lines
+//! `--emit final` run of the same input, each once — after a resume over new input,
+//! after `kill -9` at random instants, and after a crash between a checkpoint and the
+//! table's commit.
+#![cfg(feature = "delta")]
+
+#[path = "support/outputs.rs"]
+mod outputs;
+#[path = "support/process.rs"]
+mod process;
+
+use outputs::{KillDelays, done_fraction, run_or_kill};
+use process::{run, run_ok, s};
+use rand::SeedableRng;
+use serde_json::Value;
+use sessionizer_checkpoint::StateDir;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// The job's options: aggregates of every column type a table gets.
+const JOB: &[&str] = &[
+    "--collect",
+    "page",
+    "--first",
+    "referrer",
+    "--count-distinct",
+    "pages=page",
+    "--sum",
+    "dwell=duration_ms",
+    "--max",
+    "max_dwell=duration_ms",
+    "--gap",
+    "10m",
+    "--watermark-delay",
+    "1m",
+    "--allowed-lateness",
+    "5m",
+    "--progress",
+    "never",
+];
+
+/// Dirty generated visits (out of order, late, duplicated and invalid lines) of 100
+/// concurrent keys: about five events a second of event time, so that sessions become
+/// final all along the input and every checkpoint has rows for the table.
+fn generate(path: &Path, events: u64, seed: u64) {
+    run_ok(&[
+        "generate",
+        "--events",
+        &events.to_string(),
+        "--keys",
+        "100",
+        "--seed",
+        &seed.to_string(),
+        "--out-of-order",
+        "30s",
+        "--late-fraction",
+        "0.03",
+        "--late-by",
+        "4m",
+        "--duplicate-fraction",
+        "0.005",
+        "--invalid-fraction",
+        "0.002",
+        "--return-fraction",
+        "0.3",
+        "--output",
+        s(path),
+    ]);
+}
+
+/// What `scripts/delta-read.py TABLE OPTIONS` prints.
+fn delta_read(table: &Path, options: &[&str]) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/delta-read.py");
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(table)
+        .args(options)
+        .output()
+        .expect("python3 runs (scripts/test.sh installs deltalake)");
+    assert!(
+        out.status.success(),
+        "delta-read.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8")
+}
+
+/// The table's rows as the `deltalake` package reads them, typed and sorted.
+fn table_rows(table: &Path) -> Vec<String> {
+    sorted(&delta_read(table, &[]))
+}
+
+/// The table's data files as its log lists them.
+fn logged_files(table: &Path) -> Vec<String> {
+    delta_read(table, &["--files"])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The table's transaction version of the job in `state` (`None`: it has none).
+fn txn_version(table: &Path, state: &Path) -> Option<u64> {
+    let id = std::fs::read_to_string(state.join("instance-id")).expect("instance id");
+    let app = format!("sessionizer-{}", id.trim());
+    let text = delta_read(table, &["--txn", &app]);
+    match text.trim() {
+        "none" => None,
+        v => Some(v.parse().expect("a version")),
+    }
+}
+
+/// The Parquet files in the table's directory.
+fn files_on_disk(table: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(table)
+        .expect("table dir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .filter(|n| n.ends_with(".parquet"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// JSON lines with their numbers as floats (a table types numbers: 3 and 3.0 are one
+/// value), sorted: a table's scan has no order.
+fn sorted(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .lines()
+        .map(|l| typed(&serde_json::from_str(l).expect("a JSON line")).to_string())
+        .collect();
+    out.sort();
+    out
+}
+
+fn typed(v: &Value) -> Value {
+    match v {
+        Value::Number(n) => {
+            let f = n.as_f64().expect("a number");
+            serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+        }
+        Value::Array(a) => Value::Array(a.iter().map(typed).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, v)| (k.clone(), typed(v))).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The sessions of the JSON-lines `--emit final` run over `inputs`, sorted.
+fn json_final(dir: &Path, inputs: &[&Path]) -> Vec<String> {
+    let out = dir.join("want.jsonl");
+    let mut args = vec!["run"];
+    for i in inputs {
+        args.extend(["--input", s(i)]);
+    }
+    args.extend(["--output", s(&out), "--emit", "final"]);
+    args.extend_from_slice(JOB);
+    run_ok(&args);
+    sorted(&std::fs::read_to_string(&out).expect("JSON lines"))
+}
+
+/// The arguments of a run into `table` with state in `state`.
+fn delta_args(inputs: &[&Path], table: &Path, state: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["run".to_string()];
+    for i in inputs {
+        args.extend(["--input".to_string(), s(i).to_string()]);
+    }
+    args.extend(
+        ["--delta-table", s(table), "--state-dir", s(state)]
+            .iter()
+            .chain(JOB)
+            .chain(extra)
+            .map(|a| a.to_string()),
+    );
+    args
+}
+
+fn run_delta(inputs: &[&Path], table: &Path, state: &Path, extra: &[&str]) -> String {
+    let args = delta_args(inputs, table, state, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    String::from_utf8_lossy(&run_ok(&args).stderr).into_owned()
+}
+
+/// Every file the log names is on disk, each once, and no file of the job is left
+/// outside the log.
+fn assert_files_consistent(table: &Path) {
+    let logged = logged_files(table);
+    let mut unique = logged.clone();
+    unique.dedup();
+    assert_eq!(unique, logged, "a file is named twice by the log");
+    assert_eq!(files_on_disk(table), logged, "data files outside the log");
+}
+
+#[test]
+fn python_deltalake_reads_the_sessions_of_the_json_final_run() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 30_000, 5);
+    let want = json_final(tmp.path(), &[&input]);
+    assert!(want.len() > 1_000, "{} sessions", want.len());
+    let table = tmp.path().join("sessions");
+    let state = tmp.path().join("state");
+    run_delta(
+        &[&input],
+        &table,
+        &state,
+        &["--checkpoint-every-records", "7000"],
+    );
+    let got = table_rows(&table);
+    assert_eq!(got.len(), want.len(), "rows");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "row {i}");
+    }
+    // Reads that skip files by their statistics find the same rows: the statistics
+    // bound every file's values.
+    for i in [0, want.len() / 3, want.len() - 1] {
+        let row: Value = serde_json::from_str(&want[i]).expect("JSON");
+        let key = row["key"].as_str().expect("a key");
+        let of_key: Vec<&String> = want
+            .iter()
+            .filter(|r| r.contains(&format!("\"key\":\"{key}\",")))
+            .collect();
+        let read = sorted(&delta_read(&table, &["--key", key]));
+        assert_eq!(read.iter().collect::<Vec<_>>(), of_key, "key {key}");
+        let start = row["start"].as_str().expect("a start");
+        let later = want
+            .iter()
+            .filter(|r| {
+                let r: Value = serde_json::from_str(r).expect("JSON");
+                r["start"].as_str().expect("a start") >= start
+            })
+            .count();
+        let read = sorted(&delta_read(&table, &["--start-from", start]));
+        assert_eq!(read.len(), later, "rows from {start}");
+    }
+    // One commit per checkpoint that had rows, each carrying the job's transaction.
+    let files = logged_files(&table);
+    assert!(files.len() >= 3, "{files:?}");
+    let (last, _) = newest_checkpoint(&state);
+    assert!(last >= 4, "checkpoints every 7000 records: {last}");
+    assert_eq!(txn_version(&table, &state), Some(last));
+    assert_files_consistent(&table);
+    // The side outputs stay JSON lines, next to the table.
+    let dead = std::fs::read_to_string(tmp.path().join("sessions.dead-letter.jsonl"))
+        .expect("dead letters");
+    assert!(dead.lines().count() > 10, "the input has invalid lines");
+    // inspect names the table, the job's id and that the last epoch committed.
+    let out = run_ok(&["inspect", "--state-dir", s(&state)]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(Delta table, application id sessionizer-"),
+        "{text}"
+    );
+    assert!(
+        text.contains("committed (the table's transaction version"),
+        "{text}"
+    );
+    let out = run_ok(&["inspect", "--state-dir", s(&state), "--json"]);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mark = &report["newest_valid"]["delta"][0];
+    assert_eq!(mark["epoch"], last);
+    assert_eq!(mark["role"], "sessions");
+    let id = std::fs::read_to_string(state.join("instance-id")).expect("instance id");
+    assert_eq!(mark["app_id"], format!("sessionizer-{}", id.trim()));
+}
+
+#[test]
+fn a_resumed_run_over_the_next_file_appends_without_duplicates() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let all = tmp.path().join("all.jsonl");
+    generate(&all, 40_000, 11);
+    let text = std::fs::read_to_string(&all).expect("generated");
+    let lines: Vec<&str> = text.lines().collect();
+    let (a, b) = lines.split_at(lines.len() / 2);
+    let day1 = tmp.path().join("day1.jsonl");
+    let day2 = tmp.path().join("day2.jsonl");
+    std::fs::write(&day1, a.join("\n") + "\n").expect("day 1");
+    std::fs::write(&day2, b.join("\n") + "\n").expect("day 2");
+    let want = json_final(tmp.path(), &[&day1, &day2]);
+
+    let table = tmp.path().join("t");
+    let state = tmp.path().join("state");
+    run_delta(&[&day1], &table, &state, &["--keep-open"]);
+    let first = table_rows(&table);
+    assert!(
+        !first.is_empty() && first.len() < want.len(),
+        "{}",
+        first.len()
+    );
+    let version = txn_version(&table, &state);
+    run_delta(&[&day2], &table, &state, &[]);
+    let got = table_rows(&table);
+    assert_eq!(got, want);
+    assert!(txn_version(&table, &state) > version);
+    assert_files_consistent(&table);
+    // The finished command again reads nothing and commits nothing.
+    let logged = logged_files(&table);
+    run_delta(&[&day2], &table, &state, &[]);
+    assert_eq!(logged_files(&table), logged);
+    assert_eq!(table_rows(&table), want);
+}
+
+/// The crash test's checkpoints: many, so that kills fall before, between and after
+/// table commits.
+const CHECKPOINTS: [&str; 4] = [
+    "--checkpoint-interval",
+    "50ms",
+    "--checkpoint-every-records",
+    "5000",
+];
+
+#[test]
+fn a_run_killed_at_random_instants_keeps_every_session_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let events = 120_000;
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, events, 21);
+    let want = json_final(tmp.path(), &[&input]);
+    // How long an uninterrupted run takes, checkpoints and commits included.
+    let began = Instant::now();
+    run_delta(
+        &[&input],
+        &tmp.path().join("timing"),
+        &tmp.path().join("timing-state"),
+        &CHECKPOINTS,
+    );
+    let took = began.elapsed();
+
+    let table = tmp.path().join("t");
+    let state = tmp.path().join("state");
+    let log = tmp.path().join("runs.log");
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
+    let mut delays = KillDelays::new(took, took / 8, 10);
+    let (mut kills, mut runs) = (0u32, 0u32);
+    loop {
+        runs += 1;
+        assert!(runs <= 300, "no run finished after {runs} restarts");
+        let delay = delays.next(done_fraction(&state, events), kills, &mut rng);
+        let args = delta_args(&[&input], &table, &state, &CHECKPOINTS);
+        match run_or_kill(&args, &log, delay) {
+            Some(status) if status.success() => break,
+            Some(status) => panic!(
+                "run {runs} failed ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
+            None => kills += 1,
+        }
+    }
+    assert!(kills >= 8, "only {kills} kills (runs take {took:?})");
+    let got = table_rows(&table);
+    assert_eq!(got.len(), want.len(), "rows after {kills} kills");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "row {i} after {kills} kills");
+    }
+    assert_files_consistent(&table);
+    eprintln!(
+        "delta crash test: {kills} kills in {runs} runs, {} files",
+        logged_files(&table).len()
+    );
+}
+
+/// The newest checkpoint of `state` and the number of data files it recorded for the
+/// table.
+fn newest_checkpoint(state: &Path) -> (u64, usize) {
+    let dir = StateDir::existing(state).expect("state dir");
+    let found = dir
+        .recover()
+        .expect("recovery")
+        .found
+        .expect("a checkpoint");
+    let files = found.manifest.delta.iter().map(|d| d.files.len()).sum();
+    (found.manifest.epoch, files)
+}
+
+#[cfg(feature = "fault-injection")]
+#[test]
+fn a_crash_between_the_checkpoint_and_the_table_commit_is_rolled_forward() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 60_000, 3);
+    let want = json_final(tmp.path(), &[&input]);
+    let table = tmp.path().join("t");
+    let state = tmp.path().join("state");
+    let extra = ["--checkpoint-every-records", "10000"];
+    let args = delta_args(&[&input], &table, &state, &extra);
+    let out = process::bin()
+        .args(&args)
+        .env("SESSIONIZER_TEST_EXIT_BEFORE_SECOND_PHASE", "3")
+        .output()
+        .expect("spawn");
+    assert_eq!(
+        out.status.code(),
+        Some(86),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Checkpoint 3 is durable and lists its files; the table stops before it.
+    let (epoch, files) = newest_checkpoint(&state);
+    assert_eq!(epoch, 3);
+    assert!(files > 0, "checkpoint 3 has rows");
+    assert!(txn_version(&table, &state).is_none_or(|v| v < 3));
+    let before = logged_files(&table).len();
+    let inspected = run_ok(&["inspect", "--state-dir", s(&state)]);
+    let text = String::from_utf8_lossy(&inspected.stdout);
+    assert!(text.contains("not committed yet"), "{text}");
+
+    let stderr = run_delta(&[&input], &table, &state, &extra);
+    assert!(
+        stderr.contains("had not committed checkpoint 3"),
+        "the roll-forward is reported: {stderr}"
+    );
+    assert!(logged_files(&table).len() >= before + files);
+    assert_eq!(table_rows(&table), want);
+    assert_files_consistent(&table);
+}
+
+#[test]
+fn a_table_of_other_columns_is_refused_naming_the_difference() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 3_000, 1);
+    let table = tmp.path().join("t");
+    run_delta(&[&input], &table, &tmp.path().join("state"), &[]);
+    let before = logged_files(&table);
+    // Another job, without the aggregates, into the same table.
+    let out = run(&[
+        "run",
+        "--input",
+        s(&input),
+        "--delta-table",
+        s(&table),
+        "--state-dir",
+        s(&tmp.path().join("state2")),
+        "--progress",
+        "never",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not fit the session records"), "{err}");
+    assert!(
+        err.contains("the table has a column `pages` (long) that the session records do not have"),
+        "{err}"
+    );
+    assert_eq!(logged_files(&table), before);
+}
+
+#[test]
+fn what_a_table_cannot_take_is_refused_with_a_reason() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 100, 1);
+    let table = tmp.path().join("t");
+    let state = tmp.path().join("state");
+    let cases: [(Vec<&str>, &str); 5] = [
+        (
+            vec!["--delta-table", s(&table)],
+            "--delta-table needs --state-dir",
+        ),
+        (
+            vec![
+                "--delta-table",
+                s(&table),
+                "--state-dir",
+                s(&state),
+                "--emit",
+                "on-close",
+            ],
+            "on-close and on-update emit revisions and retractions",
+        ),
+        (
+            vec![
+                "--delta-table",
+                "s3://bucket/sessions",
+                "--state-dir",
+                s(&state),
+            ],
+            "tables on S3 are not supported yet",
+        ),
+        (
+            vec![
+                "--delta-table",
+                s(&table),
+                "--state-dir",
+                s(&state),
+                "--output",
+                "o.jsonl",
+            ],
+            "--delta-table cannot be combined with --output",
+        ),
+        (
+            vec![
+                "--delta-table",
+                s(&table),
+                "--state-dir",
+                s(&state),
+                "--output-format",
+                "parquet",
+            ],
+            "--delta-table cannot be combined with --output-format",
+        ),
+    ];
+    for (extra, reason) in cases {
+        let mut args = vec!["run", "--input", s(&input)];
+        args.extend(extra);
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+    assert!(!table.exists(), "nothing was created");
+    assert!(!PathBuf::from("o.jsonl").exists());
+}

@@ -1,0 +1,515 @@
+//! The table side of the Delta output: opening or creating the table, its recovery, and
+//! the commit of a prepared epoch.
+
+use super::stats::file_stats;
+use super::{DeltaEpoch, DeltaError, DeltaFileRef};
+use crate::parquet::{ParquetFiles, ParquetOptions, SessionSchema};
+use deltalake::DeltaTable;
+use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, Add, StructType, Transaction};
+use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
+use std::collections::HashMap;
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+/// The application id of a job's transactions in a table: `sessionizer-<job>`, `job`
+/// being the job's instance id.
+pub fn app_id(job: &str) -> String {
+    format!("sessionizer-{job}")
+}
+
+/// What [`DeltaOutput::open`] did to bring the table back to the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovered {
+    /// The table was created (it did not exist).
+    pub created: bool,
+    /// The epoch whose recorded files were committed now (the run before stopped
+    /// between its checkpoint and the table's commit).
+    pub rolled_forward: Option<u64>,
+    /// The job's data files deleted: no commit names them or ever will (paths relative
+    /// to the table's root, sorted).
+    pub deleted: Vec<String>,
+}
+
+/// A Delta table that session records are appended to, in epochs (see the module's
+/// documentation for the protocol).
+pub struct DeltaOutput {
+    /// The table's directory.
+    dir: PathBuf,
+    /// Its location as given, for messages.
+    label: String,
+    /// Its absolute path, for the checkpoint's record.
+    location: String,
+    app_id: String,
+    runtime: tokio::runtime::Runtime,
+    table: DeltaTable,
+    files: ParquetFiles,
+    /// The epoch prepared last, until it is committed.
+    prepared: Option<DeltaEpoch>,
+}
+
+impl fmt::Debug for DeltaOutput {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeltaOutput")
+            .field("table", &self.label)
+            .field("app_id", &self.app_id)
+            .field("version", &self.table.version())
+            .field("files", &self.files)
+            .field("prepared", &self.prepared.as_ref().map(|p| p.epoch))
+            .finish()
+    }
+}
+
+impl DeltaOutput {
+    /// Opens the table in directory `dir` (created, with the columns of `schema`, when
+    /// it has no table yet) for job `job` (its instance id), whose next rows belong to
+    /// checkpoint epoch `epoch`; `committed` is what the checkpoint resumed from
+    /// recorded of this output (`None`: no checkpoint).
+    /// Brings the table back to that checkpoint first: the recorded epoch is committed
+    /// if it was not, and the job's files that no commit names are deleted.
+    pub fn open(
+        dir: &Path,
+        schema: SessionSchema,
+        job: &str,
+        epoch: u64,
+        committed: Option<&DeltaEpoch>,
+    ) -> Result<(DeltaOutput, Recovered), DeltaError> {
+        let label = dir.display().to_string();
+        let app_id = app_id(job);
+        // The record names the table by its absolute path: the run may be started from
+        // another directory, or name the table another way. (A table directory that is
+        // gone is still the one recorded: its recorded files are then found missing.)
+        let location = fs::canonicalize(dir)
+            .or_else(|_| std::path::absolute(dir))
+            .map(|p| p.display().to_string());
+        if let Some(c) = committed
+            && (c.app_id != app_id || location.as_ref().ok() != Some(&c.table))
+        {
+            return Err(DeltaError::Mismatch {
+                recorded_table: c.table.clone(),
+                recorded_app: c.app_id.clone(),
+                table: label,
+                app_id,
+            });
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(DeltaError::Runtime)?;
+        let mut found = Recovered::default();
+        let (table, created) = runtime.block_on(open_or_create(dir, &label, &schema))?;
+        found.created = created;
+        let location = fs::canonicalize(dir).map_err(io_error("inspect", dir))?;
+        let mut output = DeltaOutput {
+            dir: dir.to_path_buf(),
+            location: location.display().to_string(),
+            label,
+            app_id,
+            runtime,
+            table,
+            files: ParquetFiles::new(
+                dir,
+                schema,
+                ParquetOptions {
+                    final_names: Some(job.to_string()),
+                    ..ParquetOptions::default()
+                },
+                epoch,
+            )?,
+            prepared: None,
+        };
+        let version = output.transaction_version()?;
+        let resumed = committed.map(|c| c.epoch);
+        if let Some(v) = version
+            && resumed.is_none_or(|e| v > e as i64)
+        {
+            return Err(DeltaError::Ahead {
+                table: output.label,
+                app_id: output.app_id,
+                committed: v,
+                resumed,
+            });
+        }
+        if let Some(c) = committed
+            && !c.files.is_empty()
+            && version.is_none_or(|v| v < c.epoch as i64)
+        {
+            for f in &c.files {
+                check_recorded(&output.dir.join(&f.path), f)?;
+            }
+            output.commit_epoch(c)?;
+            found.rolled_forward = Some(c.epoch);
+        }
+        found.deleted = output.delete_unnamed(job, committed)?;
+        Ok((output, found))
+    }
+
+    /// The table's location, as given.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The job's application id in the table.
+    pub fn app_id(&self) -> &str {
+        &self.app_id
+    }
+
+    /// The epoch whose rows are being written.
+    pub fn epoch(&self) -> u64 {
+        self.files.epoch()
+    }
+
+    /// Adds encoded session records (JSON lines), as
+    /// [`ParquetFiles::write`](crate::parquet::ParquetFiles::write) does; returns how
+    /// many there were.
+    pub fn write(&mut self, records: &[u8]) -> Result<u64, DeltaError> {
+        Ok(self.files.write(records)?)
+    }
+
+    /// Phase one of epoch `epoch`: its files are closed and synced, and returned with
+    /// what their Add actions need, for the checkpoint to record (its `role` left
+    /// empty: the caller's).
+    pub fn prepare(&mut self, epoch: u64) -> Result<DeltaEpoch, DeltaError> {
+        let staged = self.files.prepare(epoch)?;
+        let mut files = Vec::with_capacity(staged.files.len());
+        for f in staged.files {
+            let path = self.dir.join(&f.name);
+            let modified = fs::metadata(&path)
+                .and_then(|m| m.modified())
+                .map_err(io_error("inspect", &path))?;
+            let (stats, rows) = file_stats(&path)?;
+            files.push(DeltaFileRef {
+                path: f.name,
+                rows,
+                bytes: f.bytes,
+                modified_unix_ms: modified
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64),
+                stats,
+            });
+        }
+        let mark = DeltaEpoch {
+            role: String::new(),
+            table: self.location.clone(),
+            app_id: self.app_id.clone(),
+            epoch,
+            files,
+        };
+        self.prepared = Some(mark.clone());
+        Ok(mark)
+    }
+
+    /// Phase two: the epoch prepared last is committed to the table, in one commit
+    /// carrying the transaction `(app id, epoch)`. Returns the table version it made
+    /// (`None`: the epoch had no rows, or nothing was prepared).
+    pub fn commit(&mut self) -> Result<Option<u64>, DeltaError> {
+        match self.prepared.take() {
+            Some(mark) if !mark.files.is_empty() => self.commit_epoch(&mark).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Drops the open epoch: its files are deleted (they are in no commit).
+    pub fn abort(&mut self) -> Result<(), DeltaError> {
+        self.prepared = None;
+        Ok(self.files.abort()?)
+    }
+
+    /// The table's last transaction version of this job.
+    pub fn transaction_version(&self) -> Result<Option<i64>, DeltaError> {
+        let table = &self.table;
+        self.runtime
+            .block_on(async {
+                let state = table.snapshot()?;
+                state
+                    .transaction_version(table.log_store().as_ref(), &self.app_id)
+                    .await
+            })
+            .map_err(self.failed("read the transaction of its application id"))
+    }
+
+    /// The table's version.
+    pub fn version(&self) -> Option<u64> {
+        self.table.version()
+    }
+
+    fn commit_epoch(&mut self, mark: &DeltaEpoch) -> Result<u64, DeltaError> {
+        let actions = mark
+            .files
+            .iter()
+            .map(|f| {
+                Action::Add(Add {
+                    path: f.path.clone(),
+                    partition_values: HashMap::new(),
+                    size: f.bytes as i64,
+                    modification_time: f.modified_unix_ms,
+                    data_change: true,
+                    stats: Some(f.stats.clone()),
+                    tags: None,
+                    deletion_vector: None,
+                    base_row_id: None,
+                    default_row_commit_version: None,
+                    clustering_provider: None,
+                })
+            })
+            .collect();
+        let version = mark.epoch as i64;
+        let properties = CommitProperties::default()
+            .with_application_transaction(Transaction::new(&self.app_id, version));
+        let operation = DeltaOperation::StreamingUpdate {
+            output_mode: OutputMode::Append,
+            query_id: self.app_id.clone(),
+            epoch_id: version,
+        };
+        let table = &mut self.table;
+        let committed = self
+            .runtime
+            .block_on(async {
+                let snapshot = table.snapshot()?;
+                let done = CommitBuilder::from(properties)
+                    .with_actions(actions)
+                    .build(Some(snapshot), table.log_store(), operation)
+                    .await?;
+                // The commit's own snapshot: reloading the table would read the log
+                // again.
+                table.state = Some(done.snapshot());
+                Ok(done.version())
+            })
+            .map_err(self.failed_commit())?;
+        Ok(committed)
+    }
+
+    fn failed(
+        &self,
+        action: &'static str,
+    ) -> impl FnOnce(deltalake::DeltaTableError) -> DeltaError {
+        let table = self.label.clone();
+        move |source| DeltaError::Table {
+            table,
+            action,
+            source: Box::new(source),
+        }
+    }
+
+    fn failed_commit(&self) -> impl FnOnce(deltalake::DeltaTableError) -> DeltaError + use<> {
+        let table = self.label.clone();
+        move |source| DeltaError::Table {
+            table,
+            action: "commit",
+            source: Box::new(source),
+        }
+    }
+
+    /// Deletes the job's data files that no commit names or will name: those of epochs
+    /// after the checkpoint resumed from, and those of its epoch that it does not list.
+    fn delete_unnamed(
+        &self,
+        job: &str,
+        committed: Option<&DeltaEpoch>,
+    ) -> Result<Vec<String>, DeltaError> {
+        let list = match fs::read_dir(&self.dir) {
+            Ok(list) => list,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_error("list", &self.dir)(e)),
+        };
+        let mut deleted = Vec::new();
+        for entry in list {
+            let entry = entry.map_err(io_error("list", &self.dir))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let Some(epoch) = epoch_of(&name, job) else {
+                continue;
+            };
+            let named = match committed {
+                None => false,
+                Some(c) => epoch < c.epoch || c.files.iter().any(|f| f.path == name),
+            };
+            if !named {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(io_error("remove", &path))?;
+                deleted.push(name);
+            }
+        }
+        if !deleted.is_empty() {
+            fs::File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io_error("sync the directory", &self.dir))?;
+        }
+        deleted.sort();
+        Ok(deleted)
+    }
+}
+
+/// The last transaction version of application id `app_id` in the table at `dir`
+/// (`None`: it never committed there), and the table's version; without writing
+/// anything.
+pub fn committed_version(
+    dir: &Path,
+    app_id: &str,
+) -> Result<(Option<i64>, Option<u64>), DeltaError> {
+    let label = dir.display().to_string();
+    let failed = |source| DeltaError::Table {
+        table: label.clone(),
+        action: "read the table",
+        source: Box::new(source),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(DeltaError::Runtime)?;
+    runtime
+        .block_on(async {
+            let url = deltalake::table::builder::parse_table_uri(dir.to_string_lossy())?;
+            let table = deltalake::open_table(url).await?;
+            let state = table.snapshot()?;
+            let txn = state
+                .transaction_version(table.log_store().as_ref(), app_id)
+                .await?;
+            Ok((txn, table.version()))
+        })
+        .map_err(failed)
+}
+
+/// Loads the table at `dir`, or creates it with `schema`'s columns; an existing table
+/// must have exactly those columns. Returns whether it was created.
+async fn open_or_create(
+    dir: &Path,
+    label: &str,
+    schema: &SessionSchema,
+) -> Result<(DeltaTable, bool), DeltaError> {
+    let failed = |action| {
+        move |source| DeltaError::Table {
+            table: label.to_string(),
+            action,
+            source: Box::new(source),
+        }
+    };
+    let Some(text) = dir.to_str() else {
+        return Err(DeltaError::Location(label.to_string()));
+    };
+    let ours: StructType = schema
+        .arrow_schema()
+        .as_ref()
+        .try_into_kernel()
+        .map_err(|e| failed("convert the session columns")(e.into()))?;
+    let url = deltalake::ensure_table_uri(text).map_err(failed("open the directory"))?;
+    if url.scheme() != "file" {
+        return Err(DeltaError::Location(label.to_string()));
+    }
+    // A directory without a log is no table yet: loading it would fail (and delta-rs
+    // would log that failure as an error).
+    let has_log = fs::read_dir(dir.join("_delta_log")).is_ok_and(|mut l| l.next().is_some());
+    let table = if has_log {
+        DeltaTable::try_from_url(url)
+            .await
+            .map_err(failed("read the log"))?
+    } else {
+        deltalake::DeltaTableBuilder::from_url(url)
+            .and_then(deltalake::DeltaTableBuilder::build)
+            .map_err(failed("open the directory"))?
+    };
+    if table.version().is_some() {
+        let theirs = table
+            .snapshot()
+            .map_err(failed("read the schema"))?
+            .schema();
+        let differences = schema_differences(&theirs, &ours);
+        if !differences.is_empty() {
+            return Err(DeltaError::Schema {
+                table: label.to_string(),
+                differences,
+            });
+        }
+        return Ok((table, false));
+    }
+    let table = table
+        .create()
+        .with_columns(ours.fields().cloned())
+        .with_save_mode(SaveMode::ErrorIfExists)
+        .with_comment("sessions written by sessionizer")
+        .await
+        .map_err(failed("create the table"))?;
+    Ok((table, true))
+}
+
+/// How the table's columns `theirs` differ from the session records' `ours` (names,
+/// types, and a column of ours that may be null where the table's may not).
+pub(super) fn schema_differences(theirs: &StructType, ours: &StructType) -> Vec<String> {
+    let mut out = Vec::new();
+    for field in ours.fields() {
+        match theirs.field(field.name()) {
+            None => out.push(format!(
+                "the table has no column `{}` ({})",
+                field.name(),
+                field.data_type()
+            )),
+            Some(t) if t.data_type() != field.data_type() => out.push(format!(
+                "column `{}` is {} in the table, {} in the session records",
+                field.name(),
+                t.data_type(),
+                field.data_type()
+            )),
+            Some(t) if field.is_nullable() && !t.is_nullable() => out.push(format!(
+                "column `{}` is not nullable in the table, but the session records may leave it null",
+                field.name()
+            )),
+            Some(_) => {}
+        }
+    }
+    for field in theirs.fields() {
+        if ours.field(field.name()).is_none() {
+            out.push(format!(
+                "the table has a column `{}` ({}) that the session records do not have",
+                field.name(),
+                field.data_type()
+            ));
+        }
+    }
+    out
+}
+
+/// The epoch of a data file of job `job`, from its name
+/// `part-<job>-<epoch>-<n>.parquet`.
+fn epoch_of(name: &str, job: &str) -> Option<u64> {
+    let stem = name
+        .strip_prefix("part-")?
+        .strip_prefix(job)?
+        .strip_prefix('-')?
+        .strip_suffix(".parquet")?;
+    let (epoch, n) = stem.split_once('-')?;
+    if epoch.len() != 20 || n.len() != 5 {
+        return None;
+    }
+    n.parse::<u32>().ok()?;
+    epoch.parse().ok()
+}
+
+/// A recorded file must be there, as long as recorded, before a commit names it.
+fn check_recorded(path: &Path, f: &DeltaFileRef) -> Result<(), DeltaError> {
+    match fs::metadata(path) {
+        Ok(m) if m.len() == f.bytes => Ok(()),
+        Ok(m) => Err(DeltaError::Lost {
+            path: path.to_path_buf(),
+            what: format!("{} bytes long, not the {} recorded", m.len(), f.bytes),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(DeltaError::Lost {
+            path: path.to_path_buf(),
+            what: "missing".to_string(),
+        }),
+        Err(e) => Err(io_error("inspect", path)(e)),
+    }
+}
+
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DeltaError + use<> {
+    let path = path.to_path_buf();
+    move |source| DeltaError::Io {
+        action,
+        path,
+        source,
+    }
+}
