@@ -87,9 +87,9 @@ fn wait_for(mut child: Child, limit: Duration) -> Output {
     child.wait_with_output().expect("output")
 }
 
-/// One job over `events` generated visits whose broker is killed once its first output
-/// is committed and started again `pause` later.
-fn killed_broker(pause: Duration, events: u64, seed: u64) {
+/// One job over `events` generated visits (with `extra` options) whose broker is
+/// killed once its first output is committed and started again `pause` later.
+fn killed_broker(pause: Duration, extra: &[&str], events: u64, seed: u64) {
     kafka::own_brokers(PORT, 1);
     let _one_at_a_time = kafka::exclusive();
     kafka::broker();
@@ -99,7 +99,7 @@ fn killed_broker(pause: Duration, events: u64, seed: u64) {
     let t = Topics::new(4);
     let produced = kafka::produce_lines(&t.input, &data, "visit_id");
     let stats = dir.path().join("stats.json");
-    let args = job_args(&t, &stats, &[]);
+    let args = job_args(&t, &stats, extra);
     let mut job = start_job(&args, &t);
     kafka::kill_node(1);
     assert!(
@@ -142,17 +142,23 @@ fn killed_broker(pause: Duration, events: u64, seed: u64) {
     );
 }
 
+/// Down for 2 s (and the broker's start): less than the transaction timeout (10 s).
 #[test]
 fn a_broker_killed_for_less_than_the_transaction_timeout_is_waited_for() {
-    killed_broker(Duration::from_secs(5), 120_000, 31);
+    killed_broker(Duration::from_secs(2), &[], 120_000, 31);
 }
 
-/// Longer than the transaction timeout (10 s): the coordinator aborts the open
-/// transaction and fences the producer's epoch, with no other process anywhere. The
-/// job takes a new producer and goes back to its last commit instead of stopping.
+/// Down for longer than the transaction timeout (3 s here): the coordinator aborts the
+/// open transaction and fences the producer's epoch, with no other process anywhere.
+/// The job takes a new producer and goes back to its last commit instead of stopping.
 #[test]
 fn a_broker_killed_for_longer_than_the_transaction_timeout_is_waited_for() {
-    killed_broker(Duration::from_secs(20), 120_000, 32);
+    killed_broker(
+        Duration::from_secs(8),
+        &["--kafka-transaction-timeout", "3s"],
+        120_000,
+        32,
+    );
 }
 
 #[test]
