@@ -46,29 +46,7 @@ const JOB: &[&str] = &[
 /// concurrent keys: about five events a second of event time, so that sessions become
 /// final all along the input and every checkpoint has rows for the table.
 fn generate(path: &Path, events: u64, seed: u64) {
-    run_ok(&[
-        "generate",
-        "--events",
-        &events.to_string(),
-        "--keys",
-        "100",
-        "--seed",
-        &seed.to_string(),
-        "--out-of-order",
-        "30s",
-        "--late-fraction",
-        "0.03",
-        "--late-by",
-        "4m",
-        "--duplicate-fraction",
-        "0.005",
-        "--invalid-fraction",
-        "0.002",
-        "--return-fraction",
-        "0.3",
-        "--output",
-        s(path),
-    ]);
+    process::generate_with(path, events, 100, seed, &process::DIRTY);
 }
 
 /// What `scripts/delta-read.py TABLE OPTIONS` prints.

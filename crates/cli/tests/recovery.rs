@@ -26,29 +26,7 @@ fn stderr(o: &Output) -> String {
 
 /// Generates dirty visits: out of order, late, duplicated and invalid lines.
 fn generate(path: &Path, events: u64, seed: u64) {
-    run_ok(&[
-        "generate",
-        "--events",
-        &events.to_string(),
-        "--keys",
-        "3000",
-        "--seed",
-        &seed.to_string(),
-        "--out-of-order",
-        "30s",
-        "--late-fraction",
-        "0.003",
-        "--late-by",
-        "4m",
-        "--duplicate-fraction",
-        "0.003",
-        "--invalid-fraction",
-        "0.001",
-        "--return-fraction",
-        "0.05",
-        "--output",
-        s(path),
-    ]);
+    process::generate_with(path, events, 3000, seed, &process::LIGHTLY_DIRTY);
 }
 
 /// The options of every job here: lateness (revisions, retractions, late events),

@@ -85,29 +85,7 @@ fn without_the_feature_the_rocksdb_backend_says_how_to_build_it() {
 /// Generates dirty visits: out of order, late, duplicated and invalid lines.
 #[cfg(feature = "rocksdb")]
 fn generate(path: &Path, events: u64, keys: u64, seed: u64) {
-    run_ok(&[
-        "generate",
-        "--events",
-        &events.to_string(),
-        "--keys",
-        &keys.to_string(),
-        "--seed",
-        &seed.to_string(),
-        "--out-of-order",
-        "30s",
-        "--late-fraction",
-        "0.003",
-        "--late-by",
-        "4m",
-        "--duplicate-fraction",
-        "0.003",
-        "--invalid-fraction",
-        "0.001",
-        "--return-fraction",
-        "0.05",
-        "--output",
-        s(path),
-    ]);
+    process::generate_with(path, events, keys, seed, &process::LIGHTLY_DIRTY);
 }
 
 /// The job: an aggregate whose order depends on input sequence numbers, dedup.

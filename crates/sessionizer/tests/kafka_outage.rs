@@ -23,31 +23,42 @@ use visits::{Visit, job, lines, produce};
 /// The broker the command line's outage tests use too (binaries run one at a time).
 const PORT: u16 = 39592;
 
+/// A source over a new one-partition topic `input` holding `records`, opened on a
+/// job's new state directory in `dir`, once it has handed out its first events.
+fn reading<'d>(
+    input: &str,
+    records: &[String],
+    dir: &std::path::Path,
+    dead: &'d mut Vec<DeadLetter>,
+    events: &mut Vec<Visit>,
+) -> KafkaJson<Visit, &'d mut Vec<DeadLetter>> {
+    kafka::create_topics(&[input], 1);
+    produce(input, records);
+    let mut checkpoints = Checkpoints::open(dir).expect("state dir");
+    job().restore(&mut checkpoints).expect("restore");
+    let mut source = KafkaJson::<Visit, _>::open(kafka::broker(), input, &mut checkpoints, dead)
+        .expect("source");
+    let began = Instant::now();
+    while events.is_empty() {
+        assert!(began.elapsed() < Duration::from_secs(60), "nothing read");
+        source
+            .poll(Duration::from_millis(200), 10, events)
+            .expect("poll");
+    }
+    source
+}
+
 #[test]
 fn a_source_waits_through_a_broker_restart_and_reads_every_record_once() {
     kafka::own_brokers(PORT, 1);
     let _one = kafka::exclusive();
     let input = kafka::unique("lib-outage");
-    kafka::create_topics(&[&input], 1);
     let records = lines(0, 2_000, None);
-    produce(&input, &records);
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
-    job().restore(&mut checkpoints).expect("restore");
     let mut dead: Vec<DeadLetter> = Vec::new();
-    let mut source =
-        KafkaJson::<Visit, _>::open(kafka::broker(), &input, &mut checkpoints, &mut dead)
-            .expect("source")
-            .outage_limit(Duration::from_secs(120));
     let mut events = Vec::new();
-    // A few records, then the broker goes away.
-    let began = Instant::now();
-    while events.is_empty() {
-        assert!(began.elapsed() < Duration::from_secs(60), "nothing read");
-        source
-            .poll(Duration::from_millis(200), 100, &mut events)
-            .expect("poll");
-    }
+    let mut source = reading(&input, &records, dir.path(), &mut dead, &mut events)
+        .outage_limit(Duration::from_secs(120));
     kafka::kill_node(1);
     let down = Instant::now();
     while down.elapsed() < Duration::from_secs(6) {
@@ -94,24 +105,17 @@ fn a_source_whose_broker_stays_away_past_its_limit_fails_and_says_so() {
     kafka::own_brokers(PORT, 1);
     let _one = kafka::exclusive();
     let input = kafka::unique("lib-outage-limit");
-    kafka::create_topics(&[&input], 1);
-    produce(&input, &lines(0, 100, None));
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut checkpoints = Checkpoints::open(dir.path()).expect("state dir");
-    job().restore(&mut checkpoints).expect("restore");
     let mut dead: Vec<DeadLetter> = Vec::new();
-    let mut source =
-        KafkaJson::<Visit, _>::open(kafka::broker(), &input, &mut checkpoints, &mut dead)
-            .expect("source")
-            .outage_limit(Duration::from_secs(3));
     let mut events = Vec::new();
-    let began = Instant::now();
-    while events.is_empty() {
-        assert!(began.elapsed() < Duration::from_secs(60), "nothing read");
-        source
-            .poll(Duration::from_millis(200), 10, &mut events)
-            .expect("poll");
-    }
+    let mut source = reading(
+        &input,
+        &lines(0, 100, None),
+        dir.path(),
+        &mut dead,
+        &mut events,
+    )
+    .outage_limit(Duration::from_secs(3));
     kafka::kill_node(1);
     let down = Instant::now();
     let error = loop {

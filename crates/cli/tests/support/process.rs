@@ -30,29 +30,59 @@ pub fn run_ok(args: &[&str]) -> Output {
     out
 }
 
-/// Dirty generated visits: out of order, late (some within the lateness, so there are
-/// revisions and retractions), duplicated and invalid lines.
+/// How dirty generated visits are: the fractions of late, duplicated and invalid lines
+/// and of keys that come back after a pause (every run here is out of order by up to
+/// 30 s, the late ones by up to 4 minutes).
+pub struct Dirt {
+    pub late: &'static str,
+    pub duplicate: &'static str,
+    pub invalid: &'static str,
+    pub returning: &'static str,
+}
+
+/// Dirty enough that every rule shows on a small input.
+pub const DIRTY: Dirt = Dirt {
+    late: "0.03",
+    duplicate: "0.005",
+    invalid: "0.002",
+    returning: "0.3",
+};
+
+/// Dirty as real input tends to be.
+pub const LIGHTLY_DIRTY: Dirt = Dirt {
+    late: "0.003",
+    duplicate: "0.003",
+    invalid: "0.001",
+    returning: "0.05",
+};
+
+/// Generates `events` [`DIRTY`] visits of 2,000 concurrent keys into `path`.
 pub fn generate(path: &Path, events: u64, seed: u64) {
+    generate_with(path, events, 2000, seed, &DIRTY);
+}
+
+/// Generates `events` visits of `keys` concurrent keys, as dirty as `dirt`, into `path`.
+pub fn generate_with(path: &Path, events: u64, keys: u64, seed: u64, dirt: &Dirt) {
     run_ok(&[
         "generate",
         "--events",
         &events.to_string(),
         "--keys",
-        "2000",
+        &keys.to_string(),
         "--seed",
         &seed.to_string(),
         "--out-of-order",
         "30s",
         "--late-fraction",
-        "0.03",
+        dirt.late,
         "--late-by",
         "4m",
         "--duplicate-fraction",
-        "0.005",
+        dirt.duplicate,
         "--invalid-fraction",
-        "0.002",
+        dirt.invalid,
         "--return-fraction",
-        "0.3",
+        dirt.returning,
         "--output",
         s(path),
     ]);
