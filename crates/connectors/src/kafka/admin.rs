@@ -104,12 +104,6 @@ impl Admin {
         }
     }
 
-    /// Whether the cluster answers a metadata request about `topic` within
-    /// `timeout` (a job waiting for its brokers asks this).
-    pub fn answers(&self, topic: &str, timeout: std::time::Duration) -> bool {
-        self.meta.fetch_metadata(Some(topic), timeout).is_ok()
-    }
-
     /// The number of partitions of a topic that must exist.
     pub fn require(&self, topic: &str, role: &'static str) -> Result<usize, KafkaError> {
         match self.partitions(topic)? {

@@ -362,8 +362,8 @@ impl GroupConsumer {
             .map_err(KafkaError::client("unassign partitions"))
     }
 
-    /// Whether the cluster answers a metadata request within `timeout` (a source
-    /// waiting for its brokers asks this).
+    /// Whether the cluster answers a metadata request about the first topic within
+    /// `timeout` (a job or source waiting for its brokers asks this).
     pub fn answers(&self, timeout: Duration) -> bool {
         self.consumer
             .fetch_metadata(self.topics.first().map(String::as_str), timeout)

@@ -165,8 +165,9 @@ impl Transactions {
         }
     }
 
-    /// Aborts the open transaction, if any, because the job gives up what it holds
-    /// (partitions lost in a rebalance): the caller rewinds its tasks.
+    /// Aborts the open transaction, if any (`producer`; `None` when a new producer
+    /// aborted it already), because the job gives up what it holds (partitions lost
+    /// in a rebalance, a cluster that did not answer): the caller rewinds its tasks.
     pub fn abort(
         &mut self,
         producer: Option<&mut TxnProducer>,

@@ -164,9 +164,9 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                 &id,
                 self.kafka.transaction_timeout,
             )?);
-            self.txns.aborts += 1;
-            self.telemetry
-                .transaction_aborted(&"the Kafka cluster did not answer");
+            // The new producer aborted what the old one left open.
+            self.txns
+                .abort(None, &self.telemetry, &"the Kafka cluster did not answer")?;
         }
         for tp in parts {
             self.release(tp);
@@ -192,7 +192,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
 
     /// Whether the cluster answers a metadata request now.
     fn cluster_answers(&self) -> bool {
-        self.admin.answers(&self.topics[0], PROBE_TIMEOUT)
+        self.consumer.answers(PROBE_TIMEOUT)
     }
 
     fn outage_began(&mut self, e: &KafkaError) {
