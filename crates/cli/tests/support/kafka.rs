@@ -600,13 +600,49 @@ pub fn text(r: &Read) -> String {
     String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned()
 }
 
-/// Whether a transaction holding records is open on `topic` (its first `partitions`
-/// partitions): a high watermark above the last stable offset.
-pub fn transaction_holds_records(topic: &str, partitions: usize) -> bool {
-    high_watermarks(topic, partitions)
-        .iter()
-        .zip(last_stable_offsets(topic, partitions))
-        .any(|(high, stable)| *high > stable)
+/// Tells whether a transaction holding records is open on a topic: a high watermark
+/// above the last stable offset. Its two clients (one per isolation level) live as long
+/// as it does, so that a check is two round trips per partition, quick enough to catch
+/// a transaction that is open for a few milliseconds only.
+pub struct OpenTransactions {
+    topic: String,
+    partitions: i32,
+    uncommitted: BaseConsumer,
+    committed: BaseConsumer,
+}
+
+impl OpenTransactions {
+    /// A watch over the first `partitions` partitions of `topic`.
+    pub fn on(topic: &str, partitions: usize) -> Self {
+        let client = |isolation: &str| -> BaseConsumer {
+            config()
+                .set("isolation.level", isolation)
+                .create()
+                .expect("consumer")
+        };
+        OpenTransactions {
+            topic: topic.to_string(),
+            partitions: partitions as i32,
+            uncommitted: client("read_uncommitted"),
+            committed: client("read_committed"),
+        }
+    }
+
+    /// Whether a transaction holding records is open now. The high watermark is read
+    /// before the last stable offset, so a transaction committed between the two reads
+    /// is not taken for an open one.
+    pub fn any(&self) -> bool {
+        let end = |client: &BaseConsumer, p: i32| {
+            client
+                .fetch_watermarks(&self.topic, p, Duration::from_secs(10))
+                .map(|w| w.1)
+                .ok()
+        };
+        (0..self.partitions).any(|p| match end(&self.uncommitted, p) {
+            Some(high) => end(&self.committed, p).is_some_and(|stable| high > stable),
+            None => false,
+        })
+    }
 }
 
 /// Kills `child` (SIGKILL) as soon as `due()` says so, unless it exits first: then its
@@ -652,12 +688,13 @@ pub fn kill_repeatedly(
     runs: usize,
     mut wait: impl FnMut() -> Duration,
 ) -> (usize, bool) {
+    let open = OpenTransactions::on(topic, partitions);
     for run in 0..runs {
         let mut child = spawn();
         let wait = wait();
         let began = Instant::now();
         let due = || match run {
-            0 => transaction_holds_records(topic, partitions),
+            0 => open.any(),
             _ => began.elapsed() >= wait,
         };
         if let Some((status, err)) = exit_or_kill(&mut child, due) {
