@@ -553,6 +553,12 @@ pub fn high_watermarks_if_there(topic: &str, partitions: usize) -> Option<Vec<i6
     end_offsets_if_there(topic, partitions, "read_uncommitted")
 }
 
+/// The last stable offsets of `topic`'s first `partitions` partitions, `None` while a
+/// partition does not answer (the topic not there yet, its leader not elected yet).
+pub fn last_stable_offsets_if_there(topic: &str, partitions: usize) -> Option<Vec<i64>> {
+    end_offsets_if_there(topic, partitions, "read_committed")
+}
+
 /// librdkafka asks for a partition's end with the client's isolation level: a
 /// `read_committed` client is told the last stable offset, a `read_uncommitted` one the
 /// high watermark.

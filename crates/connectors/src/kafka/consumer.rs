@@ -370,6 +370,14 @@ impl GroupConsumer {
             .is_ok()
     }
 
+    /// Rebalances handed to the job and not completed yet: the partitions the group gave
+    /// it that it has not started reading (no [`GroupConsumer::assign`] yet), and those
+    /// taken away that it has not let go (no [`GroupConsumer::unassign`] yet). A job whose
+    /// step failed in the middle of a rebalance finishes it from these.
+    pub fn unfinished(&self) -> (Vec<TopicPartition>, Vec<TopicPartition>) {
+        self.outstanding().clone()
+    }
+
     /// The partitions of the job's topics this consumer has assigned now, from the
     /// client's own state: no round trip.
     pub fn assigned(&self) -> Result<Vec<TopicPartition>, KafkaError> {

@@ -324,6 +324,13 @@ pub fn is_transient(error: &ClientError) -> bool {
                 | Code::ConcurrentTransactions
                 | Code::RebalanceInProgress
                 | Code::Resolve
+                // A broker's handle torn down while a request waited on it (the broker
+                // left the cluster's metadata during a restart), a coordinator still
+                // being looked up, a controller that moved, a request to try again.
+                | Code::DestroyBroker
+                | Code::WaitingForCoordinator
+                | Code::NotController
+                | Code::Retry
         )
     )
 }
@@ -386,6 +393,8 @@ mod tests {
             Code::CoordinatorLoadInProgress,
             Code::NotLeaderForPartition,
             Code::NotEnoughReplicas,
+            Code::DestroyBroker,
+            Code::WaitingForCoordinator,
         ] {
             assert!(
                 client(ClientError::MessageConsumption(code)).is_transient(),

@@ -465,7 +465,12 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                         .refresh(&self.consumer, &self.tasks)
                         .and_then(|()| s.poll())
                     {
-                        tracing::warn!(error = %e, "standby copies not updated; trying again");
+                        // The cluster's absence is reported once, by the outage.
+                        if outage::is_transient(&e) {
+                            tracing::debug!(error = %e, "standby copies not updated; trying again");
+                        } else {
+                            tracing::warn!(error = %e, "standby copies not updated; trying again");
+                        }
                     }
                 }
                 if self.kafka.stop_at_end {

@@ -148,7 +148,9 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     }
 
     /// Once the cluster answers: a new transactional producer, and every task of
-    /// `parts` rebuilt from its last commit.
+    /// `parts` rebuilt from its last commit. A rebalance the failed step left half done
+    /// is finished on the way: partitions the group took away are let go (their last
+    /// commit is where the next owner starts), partitions it gave are built and read.
     fn go_back(&mut self, parts: &[TopicPartition]) -> Result<(), RunError> {
         if !self.cluster_answers() {
             return Err(RunError::Kafka(KafkaError::Unavailable(
@@ -168,26 +170,41 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             self.txns
                 .abort(None, &self.telemetry, &"the Kafka cluster did not answer")?;
         }
-        for tp in parts {
+        let (given, taken) = self.consumer.unfinished();
+        for tp in parts.iter().chain(&given).chain(&taken) {
             self.release(tp);
         }
-        let parts: Vec<TopicPartition> = parts
+        if !taken.is_empty() {
+            self.consumer.unassign(&taken)?;
+        }
+        // What the consumer reads now (a rebalance during the outage may have taken
+        // some away) and what the group gave that it does not read yet.
+        let held = self.consumer.assigned()?;
+        let mut rebuild: Vec<TopicPartition> = parts
             .iter()
             .copied()
-            .filter(|tp| self.consumer_holds(*tp))
+            .filter(|tp| held.contains(tp))
+            .chain(given.iter().copied().filter(|tp| !held.contains(tp)))
+            .filter(|tp| !taken.contains(tp))
             .collect();
-        for (tp, start) in self.build_tasks(&parts)? {
-            if let StartAt::Offset(o) = start {
+        rebuild.sort_unstable();
+        rebuild.dedup();
+        let mut new = Vec::new();
+        for (tp, start) in self.build_tasks(&rebuild)? {
+            if !held.contains(&tp) {
+                new.push((tp, start));
+            } else if let StartAt::Offset(o) = start {
                 self.consumer.seek(tp, o)?;
             }
         }
+        if !new.is_empty() {
+            self.consumer.assign(&new)?;
+        }
+        if let Some(s) = &mut self.standbys {
+            // The job's tasks may differ now: the copies to keep are asked again.
+            s.stale();
+        }
         Ok(())
-    }
-
-    /// Whether the consumer still has `tp` assigned (a rebalance during the outage
-    /// may have taken it away).
-    fn consumer_holds(&self, tp: TopicPartition) -> bool {
-        self.consumer.assigned().is_ok_and(|a| a.contains(&tp))
     }
 
     /// Whether the cluster answers a metadata request now.
