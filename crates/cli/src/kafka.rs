@@ -69,10 +69,11 @@ pub struct KafkaArgs {
     #[arg(long, value_name = "DUR")]
     pub kafka_timeout: Option<String>,
 
-    /// How long a running job with a Kafka input waits for a cluster that does not
-    /// answer (a broker restarting, a leader or coordinator moving) before it stops
-    /// with an error: meanwhile it retries, aborts its open transaction and goes back
-    /// to its last commit. [default: 5m]
+    /// How long a running job with a Kafka input, or a file input with --state-dir and a
+    /// Kafka output, waits for a cluster that does not answer (a broker restarting, a
+    /// leader or coordinator moving) before it stops with an error: meanwhile it
+    /// retries, aborts its open transaction and goes back to its last commit (or
+    /// checkpoint). [default: 5m]
     #[arg(long, value_name = "DUR")]
     pub kafka_outage_limit: Option<String>,
 
@@ -233,9 +234,9 @@ pub fn resolve(
             "--kafka-brokers needs --kafka-topic (a Kafka input) or --kafka-output-topic (a Kafka output)",
         );
     }
-    if topics.is_empty() && outage_limit.is_some() {
+    if topics.is_empty() && ctx.state_dir.is_none() && outage_limit.is_some() {
         return conflict(
-            "--kafka-outage-limit needs --kafka-topic: it bounds how long a job with a Kafka input waits for its cluster",
+            "--kafka-outage-limit needs --kafka-topic, or --state-dir with --kafka-output-topic: it bounds how long a job waits for its cluster, and a file input can wait only when it can go back to a checkpoint",
         );
     }
     if !topics.is_empty() && ctx.inputs_given {

@@ -3,6 +3,7 @@
 //! finds in each output partition equals, record for record in the values, the lines
 //! of the same run written to a file whose session key falls in that partition, in the
 //! file's order; the side-output topics (one partition) equal the side-output files.
+//! The binary's broker is its own (one node, on a port of its own): one test kills it.
 
 #![cfg(feature = "kafka")]
 
@@ -43,6 +44,16 @@ struct Topics {
 }
 
 const PARTITIONS: usize = 4;
+
+/// This binary's broker: one node, on a port no test binary running at the same time
+/// uses (the test binaries of a crate run one after another).
+const PORT: u16 = 39592;
+
+/// This binary's broker, and one test at a time.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    kafka::own_brokers(PORT, 1);
+    kafka::exclusive()
+}
 
 impl Topics {
     fn new() -> Topics {
@@ -200,7 +211,7 @@ fn assert_topics_equal_files(t: &Topics, expected: &FileRun) {
 
 #[test]
 fn a_file_written_to_a_kafka_topic_equals_the_file_run_per_partition() {
-    let _one_at_a_time = kafka::exclusive();
+    let _one_at_a_time = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 20_000, 7);
@@ -277,7 +288,7 @@ fn a_file_written_to_a_kafka_topic_equals_the_file_run_per_partition() {
 
 #[test]
 fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_uninterrupted_run() {
-    let _one_at_a_time = kafka::exclusive();
+    let _one_at_a_time = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 80_000, 11);
@@ -352,10 +363,76 @@ fn killed_at_random_instants_with_a_state_dir_the_committed_topics_are_the_unint
     assert_eq!(stats["records_read"].as_u64(), Some(expected.records_read));
 }
 
+/// The broker killed with -9 in the middle of the run and started again 2 s later: the
+/// run waits for it, goes back to its last checkpoint and finishes with exit 0, and the
+/// committed topics are the file run's.
+#[test]
+fn a_broker_killed_mid_run_is_waited_for_and_the_run_goes_back_to_its_checkpoint() {
+    let _one_at_a_time = one_at_a_time();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("visits.jsonl");
+    generate(&data, 200_000, 23);
+    let expected = file_run(dir.path(), &data);
+    let t = Topics::new();
+    let stats = dir.path().join("stats.json");
+    let args = t.args(
+        &data,
+        &[
+            "--state-dir",
+            s(&dir.path().join("state")),
+            "--checkpoint-interval",
+            "200ms",
+            "--kafka-timeout",
+            "5s",
+            "--stats-file",
+            s(&stats),
+        ],
+    );
+    let mut job = bin()
+        .args(as_strs(&args))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let began = Instant::now();
+    while kafka::last_stable_offsets(&t.output, PARTITIONS)
+        .iter()
+        .sum::<i64>()
+        == 0
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(60),
+            "nothing committed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    kafka::kill_node(1);
+    assert!(
+        job.try_wait().expect("wait").is_none(),
+        "the run ended before the broker was killed: make the input larger"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    kafka::start_node(1);
+    let out = job.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the outage ended the run: {err}");
+    assert_eq!(
+        err.matches("the Kafka cluster does not answer; waiting for it")
+            .count(),
+        1,
+        "the wait is logged once: {err}"
+    );
+    assert!(err.contains("resumed from checkpoint"), "{err}");
+    assert_topics_equal_files(&t, &expected);
+    let stats: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
+    assert_eq!(stats["records_read"].as_u64(), Some(expected.records_read));
+}
+
 #[cfg(feature = "fault-injection")]
 #[test]
 fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_before() {
-    let _one_at_a_time = kafka::exclusive();
+    let _one_at_a_time = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 40_000, 17);
@@ -420,7 +497,7 @@ fn a_crash_between_the_checkpoint_and_the_commit_resumes_from_the_checkpoint_bef
 
 #[test]
 fn a_missing_topic_an_unreachable_broker_and_a_mismatched_job_are_clear_errors() {
-    let _one_at_a_time = kafka::exclusive();
+    let _one_at_a_time = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
     generate(&data, 2_000, 5);

@@ -238,7 +238,7 @@ pub enum KafkaError {
     #[error("Kafka: {}", crate::secrets::redact(.0))]
     Invalid(String),
     /// The cluster did not answer a transaction in time (see
-    /// [`producer::CommitError::Unavailable`]).
+    /// [`producer::CommitError::Unavailable`]), or aborted it under the job.
     #[error("Kafka: {}", crate::secrets::redact(.0))]
     Unavailable(String),
     /// A changelog record the job cannot use (its state or progress record does not

@@ -235,11 +235,25 @@ mod imp {
     }
 
     fn kafka_error(what: &str) -> impl FnOnce(CommitError) -> RunError + '_ {
-        move |e| RunError::Kafka(KafkaError::Invalid(format!("{what}: {e}")))
+        move |e| RunError::Kafka(failed(what, e))
     }
 
     fn sink_error(what: &str) -> impl FnOnce(CommitError) -> SinkError + '_ {
-        move |e| SinkError::Kafka(KafkaError::Invalid(format!("{what}: {e}")))
+        move |e| SinkError::Kafka(failed(what, e))
+    }
+
+    /// A failed transaction step, as an error that says whether it may pass: the
+    /// cluster did not answer, or the transaction was aborted under the job (a broker
+    /// went away mid-transaction) — a run with a state directory then waits for the
+    /// cluster and goes back to its last checkpoint. A producer that cannot go on
+    /// (fenced by another process, refused) is fatal.
+    fn failed(what: &str, e: CommitError) -> KafkaError {
+        match e {
+            CommitError::Fatal(_) => KafkaError::Invalid(format!("{what}: {e}")),
+            CommitError::Aborted(_) | CommitError::Unavailable(_) => {
+                KafkaError::Unavailable(format!("{what}: {e}"))
+            }
+        }
     }
 
     impl KafkaSink {
@@ -525,9 +539,10 @@ mod imp {
                 std::process::exit(EXIT_BEFORE_COMMIT_CODE);
             }
             self.producer().commit(None).map_err(|e| {
-                SinkError::Kafka(KafkaError::Invalid(format!(
-                    "the Kafka transaction of checkpoint {epoch} did not commit ({e}); the checkpoint was written but its records are not committed: run the same command again, it resumes from the last committed checkpoint and writes them again (exactly once)"
-                )))
+                let what = format!(
+                    "the Kafka transaction of checkpoint {epoch} did not commit; the checkpoint was written but its records are not committed: run the same command again, it resumes from the last committed checkpoint and writes them again (exactly once)"
+                );
+                SinkError::Kafka(failed(&what, e))
             })?;
             self.committed();
             Ok(())

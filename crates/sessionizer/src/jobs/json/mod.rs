@@ -106,6 +106,26 @@ fn run_driver(
         #[cfg(not(feature = "kafka"))]
         return Err(RunError::Unsupported(without_kafka(kafka)));
     }
+    #[cfg(feature = "kafka")]
+    if let Some(kafka) = &cfg.kafka
+        && let Some(checkpoint) = checkpoint
+        && cfg.inputs.iter().all(|i| matches!(i, InputSource::File(_)))
+    {
+        // Files in, Kafka out, with checkpoints: a cluster that does not answer for a
+        // while is waited for, and the run goes back to its last checkpoint.
+        return crate::runtime::kafka::checkpointed_riding_out(kafka, telemetry, || {
+            run_files(cfg, Some(checkpoint), telemetry)
+        });
+    }
+    run_files(cfg, checkpoint, telemetry)
+}
+
+/// A run with file or stdin inputs.
+fn run_files(
+    cfg: &PipelineConfig,
+    checkpoint: Option<&CheckpointConfig>,
+    telemetry: &Telemetry,
+) -> Result<RunStats, RunError> {
     let workers = cfg.workers.max(1);
     let pool = start_workers(workers)?;
     // Files or stdin in, Kafka out: the topics replace some of the writers.

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 use task::{Task, stage};
 
 pub(crate) use op::{Processed, PutChange, TaskFactory, TaskOp};
+pub(crate) use outage::checkpointed_riding_out;
 
 /// Bytes of records staged per task before its batch is processed.
 const TASK_BATCH_BYTES: usize = 2 << 20;
