@@ -34,7 +34,8 @@
 //! token that was checked.
 
 use super::simd::{Level, Masks};
-use super::{Extractor, MAX_DEPTH, MAX_PATHS, Span, has_backslash, validate_escape};
+use super::strings::{has_backslash, validate_escape};
+use super::{Extractor, MAX_DEPTH, MAX_PATHS, Span};
 
 /// Bit `i` of the result is bit `0 ^ 1 ^ ... ^ i` of `x` (the SIMD levels use a
 /// carry-less multiplication instead).
