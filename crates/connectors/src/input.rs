@@ -172,6 +172,38 @@ impl Batch {
         });
     }
 
+    /// Splits the batch in two at line `at`: `self` keeps the lines before it, the
+    /// returned batch holds the others (their bytes copied, their spans and oversized
+    /// marks counted from its own start). `end` and `consumed` stay with `self`.
+    pub fn split_off(&mut self, at: usize) -> Batch {
+        let mut rest = Batch::default();
+        if at >= self.lines.len() {
+            return rest;
+        }
+        let base = self.lines[at].start as usize;
+        rest.data.extend_from_slice(&self.data[base..]);
+        rest.lines = self
+            .lines
+            .drain(at..)
+            .map(|l| LineSpan {
+                start: l.start - base as u32,
+                end: l.end - base as u32,
+                ..l
+            })
+            .collect();
+        let first_moved = self.oversized.partition_point(|o| (o.line as usize) < at);
+        rest.oversized = self
+            .oversized
+            .drain(first_moved..)
+            .map(|o| Oversized {
+                line: o.line - at as u32,
+                len: o.len,
+            })
+            .collect();
+        self.data.truncate(base);
+        rest
+    }
+
     /// Empties the batch (its buffer is kept).
     pub fn clear(&mut self) {
         self.data.clear();
@@ -587,6 +619,34 @@ fn open(p: &Path) -> io::Result<File> {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn a_split_batch_keeps_each_line_and_its_whole_length() {
+        let mut b = Batch::default();
+        let long = vec![b'x'; RECORD_HEAD + 10];
+        for (i, v) in [b"a".as_slice(), &long, b"ccc", &long, b"e"]
+            .iter()
+            .enumerate()
+        {
+            b.push_record(v, 0, 10 + i as u64, RECORD_HEAD);
+        }
+        let rest = b.split_off(2);
+        assert_eq!(b.lines.len(), 2);
+        assert_eq!(b.line(0), b"a");
+        assert_eq!(b.oversized_len(1), Some(long.len() as u64));
+        assert_eq!(b.data.len(), b.lines[1].end as usize);
+        assert_eq!(rest.lines.len(), 3);
+        assert_eq!(rest.line(0), b"ccc");
+        assert_eq!(rest.lines[0].line_no, 12);
+        assert_eq!(rest.oversized_len(0), None);
+        assert_eq!(rest.oversized_len(1), Some(long.len() as u64));
+        assert_eq!(rest.line(2), b"e");
+        assert_eq!(rest.lines[2].line_no, 14);
+        // Split at the end: nothing moves.
+        let mut whole = rest;
+        assert!(whole.split_off(3).lines.is_empty());
+        assert_eq!(whole.lines.len(), 3);
+    }
 
     fn collect(inputs: &mut Inputs, target: usize) -> Vec<(u32, u64, String)> {
         let mut out = Vec::new();

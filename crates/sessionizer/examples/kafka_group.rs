@@ -76,6 +76,9 @@ pub fn visit_pages(
     None
 }
 
+/// Records of a partition per micro-batch of the stateful job.
+pub const MICRO_BATCH: usize = 500;
+
 #[allow(dead_code)]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -108,7 +111,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .event_time(|v| v.event_time)
                 .watermark(BoundedOutOfOrderness::new(seconds(30)))
                 .flat_map_groups_with_state(visit_pages)
-                .batching(Batching::PerEvent)
+                // Spark's micro-batches, cut by each partition's records: two runs,
+                // and a run killed and restarted, call the function alike.
+                .batching(Batching::Events(MICRO_BATCH))
                 .build()
         })?
     } else {

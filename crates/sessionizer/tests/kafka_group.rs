@@ -375,6 +375,118 @@ fn stateful_case(backend: StateBackend, visits: u64) -> RunStats {
     stats
 }
 
+/// One call of a stateful function: its key, how many events it got, the watermark
+/// it saw and whether a timeout made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Call {
+    key: String,
+    events: usize,
+    watermark: i64,
+    timed_out: bool,
+}
+
+type CallsFn = fn(&str, Vec<Visit>, &mut GroupState<'_, i64>) -> Option<Call>;
+
+/// Says what each call got: everything a micro-batch boundary can change shows.
+fn calls(key: &str, events: Vec<Visit>, state: &mut GroupState<'_, i64>) -> Option<Call> {
+    let timed_out = state.has_timed_out();
+    let last = events
+        .iter()
+        .map(|e| e.event_time.0)
+        .max()
+        .unwrap_or(i64::MIN)
+        .max(state.get().copied().unwrap_or(i64::MIN));
+    if timed_out {
+        state.remove();
+    } else {
+        state.update(last);
+        state.set_timeout_timestamp(EventTime(last).plus(minutes(3)));
+    }
+    Some(Call {
+        key: key.to_string(),
+        events: events.len(),
+        watermark: state.current_watermark().millis(),
+        timed_out,
+    })
+}
+
+/// Spark-style micro-batches of 40 records.
+fn micro_batched() -> StatefulJob<
+    Visit,
+    fn(&Visit) -> String,
+    fn(&Visit) -> EventTime,
+    BoundedOutOfOrderness,
+    i64,
+    CallsFn,
+    SystemClock,
+> {
+    Stream::<Visit>::new()
+        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .flat_map_groups_with_state(calls as CallsFn)
+        .batching(Batching::Events(40))
+        .build()
+}
+
+/// A micro-batched stateful job in a group calls its function with the same events
+/// however the records were polled: a run that fetches a few records at a time and
+/// one that fetches many give, per partition, the calls of one job over micro-batches
+/// of 40 consecutive records of the partition (records that are no visit count too).
+#[test]
+fn micro_batches_are_cut_by_the_partitions_records_not_by_the_polls() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("grp-mb-visits");
+    kafka::create_topics(&[&input], PARTITIONS as i32);
+    let lines = visits::lines_over(300, 0, 6_000, Some(900));
+    produce(&input, &lines);
+    let mut runs = Vec::new();
+    for fetch in ["1500", "1048576"] {
+        let (output, dead) = (kafka::unique("grp-mb-out"), kafka::unique("grp-mb-dead"));
+        kafka::create_topics(&[&output], PARTITIONS as i32);
+        kafka::create_topics(&[&dead], 1);
+        let stats = KafkaGroup::new(kafka::broker(), &kafka::unique("grp-mb"), &input, &output)
+            .dead_letter_topic(&dead)
+            .commit_interval(Duration::from_millis(100))
+            .stop_at_end(true)
+            .kafka_property("max.partition.fetch.bytes", fetch)
+            .run_stateful(micro_batched)
+            .expect("the group job runs");
+        assert_eq!(stats.records_read, lines.len() as u64);
+        runs.push(output);
+    }
+    for (p, _) in kafka::read_committed(&runs[0]).iter().enumerate() {
+        // One job over the partition's records, 40 records to a micro-batch.
+        let mut j = micro_batched();
+        let mut want: Vec<Call> = Vec::new();
+        for chunk in of(&lines, p).chunks(40) {
+            let events: Vec<Visit> = chunk
+                .iter()
+                .filter_map(|l| serde_json::from_str::<Visit>(l).ok())
+                .collect();
+            if !events.is_empty() {
+                j.process_batch(events, &mut want, &mut Vec::new())
+                    .expect("vectors");
+            }
+        }
+        j.finish(&mut want, &mut Vec::new()).expect("vectors");
+        assert!(want.len() > 100, "partition {p}: {} calls", want.len());
+        assert!(want.iter().any(|c| c.events > 1), "calls of several events");
+        for output in &runs {
+            let got: Vec<Call> = kafka::read_committed(output)[p]
+                .iter()
+                .map(|r| serde_json::from_str(&kafka::text(r)).expect("a call"))
+                .collect();
+            assert!(
+                got == want,
+                "output partition {p} of {output}: {} calls, {} wanted",
+                got.len(),
+                want.len()
+            );
+        }
+    }
+}
+
 #[test]
 fn a_group_job_re_keys_an_input_partitioned_otherwise_with_repartition_by() {
     let _one = kafka::exclusive();
@@ -540,20 +652,28 @@ fn page_job() -> impl FnMut(&[&String]) -> Vec<Message> {
 }
 
 /// The example's stateful job (`--stateful`): what one job over `records` emits, as
-/// output messages (keyed by the visit).
+/// output messages (keyed by the visit), the records cut into micro-batches of the
+/// example's size.
 fn stateful_page_job(records: &[&String]) -> Vec<Message> {
     let mut j = Stream::<example::Visit>::new()
         .key_by(|v| v.visit_id.clone())
         .event_time(|v| v.event_time)
         .watermark(BoundedOutOfOrderness::new(seconds(30)))
         .flat_map_groups_with_state(example::visit_pages)
-        .batching(Batching::PerEvent)
+        .batching(Batching::Events(example::MICRO_BATCH))
         .build();
-    let events = records
-        .iter()
-        .filter_map(|l| serde_json::from_str::<example::Visit>(l).ok());
     let mut out = Vec::new();
-    j.run(events, &mut out, &mut Vec::new()).expect("vectors");
+    for chunk in records.chunks(example::MICRO_BATCH) {
+        let events: Vec<example::Visit> = chunk
+            .iter()
+            .filter_map(|l| serde_json::from_str::<example::Visit>(l).ok())
+            .collect();
+        if !events.is_empty() {
+            j.process_batch(events, &mut out, &mut Vec::new())
+                .expect("vectors");
+        }
+    }
+    j.finish(&mut out, &mut Vec::new()).expect("vectors");
     out.iter()
         .map(|o| {
             (

@@ -32,7 +32,15 @@ pub enum Batching {
     /// the watermark moves after each (the way Flink runs a `KeyedProcessFunction`).
     PerEvent,
     /// Batches of `n` consecutive events (the last may be shorter), like Spark
-    /// micro-batches of `n` records. `0` counts as 1.
+    /// micro-batches of `n` records. `0` counts as 1. In a Kafka consumer group
+    /// (`KafkaGroup::run_stateful`, feature `kafka`) a
+    /// micro-batch is `n` consecutive records of a partition — the records that are no
+    /// event count too — so that its boundaries depend on the partition alone, never
+    /// on how the records were polled: two runs, and a run restarted after a crash,
+    /// call the function with the same events. A shorter micro-batch runs at the
+    /// partition's end (`stop_at_end`) and when nothing came after its records for the
+    /// idle timeout; without an idle timeout, records of a quiet partition wait until
+    /// `n` are there.
     Events(usize),
 }
 

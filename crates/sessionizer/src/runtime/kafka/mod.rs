@@ -633,6 +633,11 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 }
             }
         }
+        // A task whose staged records do not fill a micro-batch yet did not step.
+        let ids: Vec<TopicPartition> = ids
+            .into_iter()
+            .filter(|id| self.tasks.get(id).is_some_and(|t| t.stepped))
+            .collect();
         for id in ids {
             let task = self.tasks.get_mut(&id).expect("staged task exists");
             // A task's RocksDB store failed: stop before anything of the step is sent.
@@ -671,9 +676,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             let last = self.progress_at.insert(id, now).unwrap_or(self.started);
             let stall = self.longest_stall.entry(id).or_default();
             *stall = (*stall).max(now - last);
-            task.batch.clear();
-            task.key_spans.clear();
-            task.keys.clear();
+            task.clear_processed();
         }
         if let Some(p) = &self.producer {
             p.poll();
@@ -697,6 +700,18 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     /// Moves the watermark of every task whose partition has been quiet for `limit`
     /// on with the wall clock (docs/semantics.md S-32).
     fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
+        // Records held back for a micro-batch they do not fill run now, as a shorter
+        // one, when nothing came after them for `limit`.
+        let mut cut = false;
+        for t in self.tasks.values_mut() {
+            if !t.batch.lines.is_empty() && t.staged_at.elapsed() >= limit {
+                t.cut = true;
+                cut = true;
+            }
+        }
+        if cut {
+            self.process_staged()?;
+        }
         let limit = crate::runtime::millis(limit);
         let due: Vec<(TopicPartition, Watermark)> = self
             .tasks

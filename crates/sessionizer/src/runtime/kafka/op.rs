@@ -79,6 +79,16 @@ pub(crate) trait TaskOp: Send {
         placement: &mut Option<KeyPlacement>,
     ) -> Processed;
 
+    /// The number of records one micro-batch of the operator holds, when its
+    /// boundaries must be a function of the input alone (`None`: it takes records as
+    /// they come). The driver then hands it whole micro-batches only — `n` records, or
+    /// fewer when the partition reached its end (`--stop-at-end`) or was quiet for the
+    /// idle timeout — and holds the rest back: a commit puts the task's position before
+    /// them, so that a restart reads them again into the same micro-batches.
+    fn batch_records(&self) -> Option<usize> {
+        None
+    }
+
     /// Forgets the outputs of the last step.
     fn clear_outputs(&mut self);
 

@@ -63,6 +63,19 @@ pub(super) struct Task<O> {
     /// The staged records' keys (`(start, len)` in `keys`, `len == u32::MAX`: none).
     pub(super) key_spans: Vec<(u32, u32)>,
     pub(super) keys: Vec<u8>,
+    /// The staged records' offsets in the task's own partition.
+    pub(super) offsets: Vec<i64>,
+    /// Staged records held back from the last step because they do not fill a
+    /// micro-batch of the operator ([`TaskOp::batch_records`]): staged again once the
+    /// step's outputs are sent.
+    pub(super) held: Option<Held>,
+    /// Process what is staged even if it does not fill a micro-batch (the partition was
+    /// quiet for the idle timeout).
+    pub(super) cut: bool,
+    /// Whether the last [`process_staged`](Self::process_staged) ran the operator.
+    pub(super) stepped: bool,
+    /// When the last record was staged.
+    pub(super) staged_at: Instant,
     /// The next offset to read (after the last record processed).
     pub(super) next_offset: i64,
     pub(super) next_seq: u64,
@@ -90,7 +103,17 @@ impl<O: TaskOp> Task<O> {
     /// outputs). With `--on-invalid fail`, a batch holding an invalid record is not
     /// processed: [`first_invalid`](Self::first_invalid) names the record.
     pub(super) fn process_staged(&mut self) {
-        let n = self.batch.lines.len();
+        self.first_invalid = None;
+        self.misplaced = (0, None);
+        let staged = self.batch.lines.len();
+        let n = self.whole_batches(staged);
+        self.stepped = n > 0;
+        if n == 0 {
+            return;
+        }
+        if n < staged {
+            self.held = Some(self.hold_from(n));
+        }
         let p = self
             .op
             .process(&self.batch, &self.names, self.next_seq, &mut self.placement);
@@ -104,10 +127,71 @@ impl<O: TaskOp> Task<O> {
         self.run.records_read += p.records;
         self.run.bytes_read += self.batch.data.len() as u64;
         self.next_seq += n as u64;
-        self.next_offset = self.last_offset + 1;
+        // The records held back are read again after a restart: the task's position
+        // is the first of them.
+        self.next_offset = match &self.held {
+            Some(h) => h.offsets[0],
+            None => self.last_offset + 1,
+        };
         self.dirty = true;
         self.last_input = Instant::now();
         self.watermark_at_last_input = self.op.watermark();
+    }
+
+    /// How many of the `staged` records the next step runs: all of them, unless the
+    /// operator cuts its input into micro-batches of `m` records whose boundaries must
+    /// be the input's alone — then only whole micro-batches, the rest waiting for more
+    /// records, the end of the partition (`--stop-at-end`) or a quiet partition.
+    fn whole_batches(&mut self, staged: usize) -> usize {
+        let cut = std::mem::take(&mut self.cut);
+        let to_end = self.end.is_some_and(|e| self.last_offset + 1 >= e);
+        match self.op.batch_records() {
+            Some(m) if m > 1 && !cut && !to_end => staged / m * m,
+            _ => staged,
+        }
+    }
+
+    /// Takes the staged records from `at` on out of the batch.
+    fn hold_from(&mut self, at: usize) -> Held {
+        let batch = self.batch.split_off(at);
+        let mut keys = Vec::new();
+        let key_spans = self
+            .key_spans
+            .drain(at..)
+            .map(|(from, len)| {
+                if len == u32::MAX {
+                    return (0, len);
+                }
+                let start = keys.len() as u32;
+                keys.extend_from_slice(&self.keys[from as usize..(from + len) as usize]);
+                (start, len)
+            })
+            .collect();
+        let offsets = self.offsets.split_off(at);
+        Held {
+            batch,
+            key_spans,
+            keys,
+            offsets,
+        }
+    }
+
+    /// Forgets the records of the step just sent and stages again what was held back.
+    pub(super) fn clear_processed(&mut self) {
+        match self.held.take() {
+            Some(h) => {
+                self.batch = h.batch;
+                self.key_spans = h.key_spans;
+                self.keys = h.keys;
+                self.offsets = h.offsets;
+            }
+            None => {
+                self.batch.clear();
+                self.key_spans.clear();
+                self.keys.clear();
+                self.offsets.clear();
+            }
+        }
     }
 
     /// This process's counts for the task, the operator's included.
@@ -146,6 +230,14 @@ impl<O: TaskOp> Task<O> {
     }
 }
 
+/// Staged records a step held back (see [`Task::held`]).
+pub(super) struct Held {
+    batch: Batch,
+    key_spans: Vec<(u32, u32)>,
+    keys: Vec<u8>,
+    offsets: Vec<i64>,
+}
+
 /// Appends one record to a task's batch; returns the bytes staged.
 pub(super) fn stage<O>(
     task: &mut Task<O>,
@@ -175,7 +267,9 @@ pub(super) fn stage<O>(
         })
         .unwrap_or((0, offset as u64));
     task.batch.push_record(value, input, line_no, max_record);
+    task.offsets.push(offset);
     task.last_offset = offset;
+    task.staged_at = Instant::now();
     match key {
         Some(k) => {
             task.key_spans

@@ -205,28 +205,37 @@ where
             self.lines = lines;
             return p;
         }
+        // The driver hands over whole micro-batches of `size` records (see
+        // `batch_records`): the records `[k * size, (k + 1) * size)` of the batch are
+        // micro-batch k, and its events are one call per key. A record that is no
+        // event (a dead letter, a blank line) still counts, so where a micro-batch
+        // ends depends on the partition's records alone.
         let size = self.job.batch_size();
-        let mut in_batch = 0;
+        let mut open: Option<usize> = None;
         // Where the job hands back a late event (one at a time).
         let mut lates: Vec<Late<E>> = Vec::new();
         for (event, &i) in events.into_iter().zip(&lines) {
+            let micro_batch = i / size;
+            if open.is_some_and(|k| k != micro_batch) {
+                self.step(|job, out| job.end_task_batch(out));
+            }
+            open = Some(micro_batch);
             // A vector never refuses a late event.
             let _ = self.job.push(event, &mut lates);
             if let Some(l) = lates.pop() {
                 self.outputs
                     .handed_back(batch, names, i, first_seq + i as u64, &l);
             }
-            in_batch += 1;
-            if in_batch == size {
-                self.step(|job, out| job.end_task_batch(out));
-                in_batch = 0;
-            }
         }
-        if in_batch > 0 {
+        if open.is_some() {
             self.step(|job, out| job.end_task_batch(out));
         }
         self.lines = lines;
         p
+    }
+
+    fn batch_records(&self) -> Option<usize> {
+        Some(self.job.batch_size()).filter(|&n| n > 1)
     }
 
     fn clear_outputs(&mut self) {
