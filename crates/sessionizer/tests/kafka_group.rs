@@ -439,9 +439,16 @@ fn micro_batches_are_cut_by_the_partitions_records_not_by_the_polls() {
     let input = kafka::unique("grp-mb-visits");
     kafka::create_topics(&[&input], PARTITIONS as i32);
     let lines = visits::lines_over(300, 0, 6_000, Some(900));
-    produce(&input, &lines);
+    // Produced over three seconds: small record batches, which a consumer fetching a
+    // few bytes at a time receives a few at a time.
+    let mut file = tempfile::NamedTempFile::new().expect("temp file");
+    for l in &lines {
+        writeln!(file, "{l}").expect("write");
+    }
+    file.flush().expect("flush");
+    kafka::produce_lines_paced(&input, file.path(), "visit_id", Duration::from_secs(3));
     let mut runs = Vec::new();
-    for fetch in ["1500", "1048576"] {
+    for fetch in ["300", "1048576"] {
         let (output, dead) = (kafka::unique("grp-mb-out"), kafka::unique("grp-mb-dead"));
         kafka::create_topics(&[&output], PARTITIONS as i32);
         kafka::create_topics(&[&dead], 1);
