@@ -410,8 +410,7 @@ fn calls(key: &str, events: Vec<Visit>, state: &mut GroupState<'_, i64>) -> Opti
     })
 }
 
-/// Spark-style micro-batches of 40 records.
-fn micro_batched() -> StatefulJob<
+type MicroBatched = StatefulJob<
     Visit,
     fn(&Visit) -> String,
     fn(&Visit) -> EventTime,
@@ -419,7 +418,10 @@ fn micro_batched() -> StatefulJob<
     i64,
     CallsFn,
     SystemClock,
-> {
+>;
+
+/// Spark-style micro-batches of 40 records.
+fn micro_batched() -> MicroBatched {
     Stream::<Visit>::new()
         .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
         .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
