@@ -249,6 +249,12 @@ pub enum GroupJobRefusal {
     /// It has seen events or restored a checkpoint.
     #[error("a job in a Kafka group must be new: no events pushed, nothing restored")]
     NotNew,
+    /// Its records are keyed by the user's mapping, and it may retract a record: a
+    /// tombstone under the user's key would delete another session's record.
+    #[error(
+        "a group job whose records the user shapes (run_windows_as) cannot retract records it emitted: emit with EmitMode::Final (or on close without allowed lateness), or use run_windows (records keyed by session_id, retractions as tombstones)"
+    )]
+    Retracts,
 }
 
 /// Why a run stopped.
@@ -465,6 +471,9 @@ pub enum SinkError {
     /// An item could not be encoded as JSON.
     #[error("cannot encode an output record as JSON: {0}")]
     Encode(#[from] serde_json::Error),
+    /// The output cannot carry this kind of record.
+    #[error("the output cannot carry {0}")]
+    Refused(&'static str),
     /// The job's state store (the `rocksdb` backend) failed: the job cannot go on, and
     /// what it emitted in the failing step may be wrong. Restore it from its last
     /// checkpoint.

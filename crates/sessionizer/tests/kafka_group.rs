@@ -196,6 +196,133 @@ fn a_job_that_cannot_be_a_task_is_refused_with_the_reason() {
     assert!(err.to_string().contains("set_workers"), "{err}");
 }
 
+/// The example job, emitting each session once, when it is final.
+fn final_job() -> visits::Job {
+    Stream::<Visit>::new()
+        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .session_windows(minutes(5))
+        .allowed_lateness(minutes(10))
+        .emit(EmitMode::Final)
+        .aggregate(Count)
+        .build()
+}
+
+/// A session in the shape of the book's job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct BookSession {
+    visit_id: String,
+    start_time: i64,
+    end_time: i64,
+    visited_pages: u64,
+    data_processing_context: serde_json::Value,
+}
+
+fn book_session(s: &SessionRecord<u64>) -> Option<(String, BookSession)> {
+    Some((
+        s.key.clone(),
+        BookSession {
+            visit_id: s.key.clone(),
+            start_time: s.start.0,
+            end_time: s.end.0,
+            visited_pages: s.value,
+            data_processing_context: serde_json::json!({
+                "watermark": s.emitted.watermark.millis(),
+                "processing_time": s.emitted.processing_time.0,
+                "at_end_of_input": s.emitted.trigger == Trigger::EndOfInput,
+            }),
+        },
+    ))
+}
+
+/// A group job shapes its own records: keyed by the visit, in the book's layout, each
+/// session once (final emission), per partition the sessions of one job over its
+/// records; a job that may retract is refused, since a tombstone under a visit id
+/// would delete another session's record.
+#[test]
+fn a_group_job_writes_its_own_record_layout_keyed_by_its_own_key() {
+    let _one = kafka::exclusive();
+    let input = kafka::unique("grp-shape-visits");
+    let (output, dead) = (
+        kafka::unique("grp-shape-out"),
+        kafka::unique("grp-shape-dead"),
+    );
+    kafka::create_topics(&[&input, &output], PARTITIONS as i32);
+    kafka::create_topics(&[&dead], 1);
+    let lines = visits::lines_over(40, 0, 3_000, Some(700));
+    produce(&input, &lines);
+    let group = || {
+        KafkaGroup::new(
+            kafka::broker(),
+            &kafka::unique("grp-shape"),
+            &input,
+            &output,
+        )
+        .dead_letter_topic(&dead)
+        .stop_at_end(true)
+    };
+    let err = group()
+        .run_windows_as(job, book_session)
+        .expect_err("a job that retracts");
+    assert!(err.to_string().contains("EmitMode::Final"), "{err}");
+    let stats = group()
+        .run_windows_as(final_job, book_session)
+        .expect("the group job runs");
+    assert_eq!(stats.records_read, lines.len() as u64);
+    for (p, got) in kafka::read_committed(&output).iter().enumerate() {
+        let mut j = final_job();
+        let mut out: Vec<WindowOutput<u64>> = Vec::new();
+        let events = of(&lines, p)
+            .into_iter()
+            .filter_map(|l| serde_json::from_str::<Visit>(l).ok());
+        j.run(events, &mut out, &mut Vec::new()).expect("vectors");
+        // The processing context is the run's own (its watermark is where the task
+        // stood when the session became final): compared apart.
+        let without_context = |(key, mut b): (String, BookSession)| {
+            b.data_processing_context = serde_json::Value::Null;
+            (key, b)
+        };
+        let want: Vec<(String, BookSession)> = out
+            .iter()
+            .filter_map(|o| book_session(o.session().expect("no retraction")))
+            .map(without_context)
+            .collect();
+        assert!(want.len() > 20, "partition {p}: {} sessions", want.len());
+        let mut final_by_watermark = 0;
+        let got: Vec<(String, BookSession)> = got
+            .iter()
+            .map(|r| {
+                let key = String::from_utf8(r.key.clone().expect("a key")).expect("utf8");
+                let b: BookSession = serde_json::from_str(&kafka::text(r)).expect("a session");
+                assert_eq!(b.visit_id, key, "keyed by the visit");
+                // Final: the watermark passed the session's end (its close plus the
+                // lateness, in fact), unless the input's end emitted it.
+                let context = &b.data_processing_context;
+                if context["at_end_of_input"] == false {
+                    final_by_watermark += 1;
+                    assert!(
+                        context["watermark"].as_i64() >= Some(b.end_time),
+                        "emitted when final: {b:?}"
+                    );
+                }
+                (key, b)
+            })
+            .map(without_context)
+            .collect();
+        assert!(
+            got == want,
+            "output partition {p}: {} sessions, {} wanted",
+            got.len(),
+            want.len()
+        );
+        assert!(
+            final_by_watermark > 10,
+            "partition {p}: {final_by_watermark} sessions final before the end"
+        );
+    }
+}
+
 /// A visit's pages, emitted once the visit has been quiet for 5 minutes of event time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Closed {

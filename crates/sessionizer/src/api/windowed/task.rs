@@ -51,6 +51,18 @@ where
         self.store_error().err()
     }
 
+    /// Whether the job may retract a record it emitted: a late event that moves or
+    /// merges an emitted session (allowed lateness with on-close emission), or open
+    /// sessions that merge (on-update emission). Final emission never does.
+    pub(crate) fn task_can_retract(&self) -> bool {
+        let c = self.op.config();
+        match c.emit {
+            sessionizer_window::EmitMode::Final => false,
+            sessionizer_window::EmitMode::OnClose => c.allowed_lateness.millis() > 0,
+            _ => true,
+        }
+    }
+
     /// Why the job cannot be a task of a group, if it cannot.
     pub(crate) fn task_refusal(&self) -> Option<crate::error::GroupJobRefusal> {
         crate::api::kafka::task_refusal(

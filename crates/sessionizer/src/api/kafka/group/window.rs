@@ -4,7 +4,7 @@
 use super::{KafkaGroup, Outputs, decode_batch};
 use crate::api::sink::{Sink, SinkError};
 use crate::api::stream::{KeyFn, TimeFn};
-use crate::api::windowed::{GapFn, SessionWindowJob, WindowOutput};
+use crate::api::windowed::{GapFn, SessionRecord, SessionWindowJob, WindowOutput};
 use crate::error::{KeyStateError, RunError};
 use crate::runtime::backend::TaskStores;
 use crate::runtime::kafka::{Processed, PutChange, TaskFactory, TaskOp};
@@ -22,6 +22,13 @@ use sessionizer_window::aggregate::Aggregator;
 use sessionizer_window::clock::Clock;
 use sessionizer_window::codec;
 use sessionizer_window::spill::{SpillCounts, SpillError};
+use std::sync::Arc;
+
+/// A user's mapping of a session record to its message, its value already JSON: the
+/// message key and value, or `None` to send nothing.
+type Shape<O> = Arc<
+    dyn Fn(&SessionRecord<O>) -> Result<Option<(String, Vec<u8>)>, serde_json::Error> + Send + Sync,
+>;
 
 impl KafkaGroup {
     /// Runs a session-window job per partition: `new_job` builds one (on one worker,
@@ -54,18 +61,78 @@ impl KafkaGroup {
             new_job,
             options,
             max_record: self.max_record,
+            shape: None,
+        })
+    }
+
+    /// As [`run_windows`](Self::run_windows), each session record shaped by `shape`
+    /// into the message the user wants: its key (the partition follows from it) and its
+    /// value, written as JSON — the book's `visit_id`, `start_time`, `end_time`,
+    /// `visited_pages` and a processing context from the record's
+    /// [`emitted`](SessionRecord::emitted) (watermark, processing time, trigger), say.
+    /// `None` sends nothing for that record.
+    ///
+    /// A record keyed by the user's key cannot be retracted (a tombstone under that key
+    /// would delete another session's record on a compacted topic), so the job must not
+    /// retract: it emits with `EmitMode::Final` — each session once, when it can no
+    /// longer change — or on close without allowed lateness. Another job is refused
+    /// with [`GroupJobRefusal::Retracts`](crate::error::GroupJobRefusal::Retracts).
+    pub fn run_windows_as<F, E, K, T, W, A, G, C, M, U>(
+        &self,
+        new_job: F,
+        shape: M,
+    ) -> Result<RunStats, RunError>
+    where
+        F: Fn() -> SessionWindowJob<E, K, T, W, A, G, C> + Sync,
+        SessionWindowJob<E, K, T, W, A, G, C>: Send,
+        E: DeserializeOwned,
+        K: KeyFn<E>,
+        T: TimeFn<E>,
+        W: WatermarkStrategy,
+        A: Aggregator<E>,
+        A::Acc: Serialize + DeserializeOwned + 'static,
+        A::Output: Serialize,
+        G: GapFn<E>,
+        C: Clock,
+        M: Fn(&SessionRecord<A::Output>) -> Option<(String, U)> + Send + Sync + 'static,
+        U: Serialize,
+    {
+        let probe = new_job();
+        if let Some(refusal) = probe.task_refusal() {
+            return Err(RunError::Unsupported(refusal.into()));
+        }
+        if probe.task_can_retract() {
+            return Err(RunError::Unsupported(
+                crate::error::GroupJobRefusal::Retracts.into(),
+            ));
+        }
+        let options = probe.task_state_options();
+        drop(probe);
+        let shape: Shape<A::Output> = Arc::new(move |record| {
+            shape(record)
+                .map(|(key, value)| serde_json::to_vec(&value).map(|v| (key, v)))
+                .transpose()
+        });
+        self.run_tasks(WindowTasks {
+            new_job,
+            options,
+            max_record: self.max_record,
+            shape: Some(shape),
         })
     }
 }
 
 /// Makes a session-window job per task.
-struct WindowTasks<F> {
+struct WindowTasks<F, O> {
     new_job: F,
     options: Vec<(String, String)>,
     max_record: usize,
+    /// The user's shape of the records (`None`: the session records as they are,
+    /// keyed by `session_id`).
+    shape: Option<Shape<O>>,
 }
 
-impl<F, E, K, T, W, A, G, C> TaskFactory for WindowTasks<F>
+impl<F, E, K, T, W, A, G, C> TaskFactory for WindowTasks<F, A::Output>
 where
     F: Fn() -> SessionWindowJob<E, K, T, W, A, G, C> + Sync,
     SessionWindowJob<E, K, T, W, A, G, C>: Send,
@@ -91,7 +158,12 @@ where
         }
         Ok(WindowOp {
             job,
-            out: Tagged::for_records(),
+            // Shaped records are keyed by the user's key, not by `session_id`.
+            out: match self.shape {
+                Some(_) => Tagged::for_keyed_records(),
+                None => Tagged::for_records(),
+            },
+            shape: self.shape.clone(),
             outputs: Outputs::default(),
             lines: Vec::new(),
             max_record: self.max_record,
@@ -112,6 +184,7 @@ where
 struct WindowOp<E, K, T, W, A: Aggregator<E>, G, C> {
     job: SessionWindowJob<E, K, T, W, A, G, C>,
     out: Tagged,
+    shape: Option<Shape<A::Output>>,
     outputs: Outputs,
     /// The batch line of each decoded event of the last batch.
     lines: Vec<usize>,
@@ -120,11 +193,27 @@ struct WindowOp<E, K, T, W, A: Aggregator<E>, G, C> {
     error: Option<RunError>,
 }
 
-/// The job's records into a task's tagged buffer, as JSON.
-struct Records<'a>(&'a mut Tagged);
+/// The job's records into a task's tagged buffer, as JSON: as they are, or shaped by
+/// the user.
+struct Records<'a, O>(&'a mut Tagged, Option<&'a Shape<O>>);
 
-impl<O: Serialize> Sink<WindowOutput<O>> for Records<'_> {
+impl<O: Serialize> Sink<WindowOutput<O>> for Records<'_, O> {
     fn send(&mut self, record: WindowOutput<O>) -> Result<(), SinkError> {
+        if let Some(shape) = self.1 {
+            let WindowOutput::Session(s) = &record else {
+                // Refused before the job starts (run_windows_as).
+                return Err(SinkError::Refused(
+                    "a retraction of a record the user shaped",
+                ));
+            };
+            if let Some((key, value)) = shape(s)? {
+                self.0
+                    .push_with(key.as_bytes(), s.start, s.complete, false, |buf| {
+                        buf.extend_from_slice(&value)
+                    });
+            }
+            return Ok(());
+        }
         let mut failed = None;
         let (key, start, complete, retract) = match &record {
             WindowOutput::Session(s) => (s.key.as_bytes(), s.start, s.complete, false),
@@ -192,15 +281,21 @@ where
         let WindowOp {
             job,
             out,
+            shape,
             outputs,
             lines,
             ..
         } = self;
-        let pushed = job.push_task_batch(events, first_seq, &mut Records(out), |j, l| {
-            let i = lines[j];
-            outputs.handed_back(batch, names, i, first_seq + i as u64, &l);
-            Ok(())
-        });
+        let pushed = job.push_task_batch(
+            events,
+            first_seq,
+            &mut Records(out, shape.as_ref()),
+            |j, l| {
+                let i = lines[j];
+                outputs.handed_back(batch, names, i, first_seq + i as u64, &l);
+                Ok(())
+            },
+        );
         if let Err(e) = pushed {
             self.failed(e.into());
         }
@@ -213,16 +308,20 @@ where
     }
 
     fn advance_idle(&mut self, w: Watermark, _step: u64) {
-        if let Err(e) = self.job.advance_task(w, false, &mut Records(&mut self.out)) {
+        if let Err(e) =
+            self.job
+                .advance_task(w, false, &mut Records(&mut self.out, self.shape.as_ref()))
+        {
             self.failed(e.into());
         }
     }
 
     fn finish(&mut self) {
-        if let Err(e) = self
-            .job
-            .advance_task(Watermark::MAX, true, &mut Records(&mut self.out))
-        {
+        if let Err(e) = self.job.advance_task(
+            Watermark::MAX,
+            true,
+            &mut Records(&mut self.out, self.shape.as_ref()),
+        ) {
             self.failed(e.into());
         }
     }
