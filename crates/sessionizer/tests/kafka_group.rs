@@ -198,15 +198,7 @@ fn a_job_that_cannot_be_a_task_is_refused_with_the_reason() {
 
 /// The example job, emitting each session once, when it is final.
 fn final_job() -> visits::Job {
-    Stream::<Visit>::new()
-        .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
-        .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
-        .session_windows(minutes(5))
-        .allowed_lateness(minutes(10))
-        .emit(EmitMode::Final)
-        .aggregate(Count)
-        .build()
+    visits::job_emitting(EmitMode::Final)
 }
 
 /// A session in the shape of the book's job.

@@ -61,12 +61,19 @@ pub type Job = SessionWindowJob<
 >;
 
 pub fn job() -> Job {
+    job_emitting(EmitMode::OnClose)
+}
+
+/// [`job`] with another emission mode.
+#[allow(dead_code)]
+pub fn job_emitting(mode: EmitMode) -> Job {
     Stream::<Visit>::new()
         .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
         .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
         .watermark(BoundedOutOfOrderness::new(minutes(1)))
         .session_windows(minutes(5))
         .allowed_lateness(minutes(10))
+        .emit(mode)
         .aggregate(Count)
         .build()
 }
