@@ -144,6 +144,10 @@ fn file_run(dir: &Path, input: &Path) -> FileRun {
         sessions[p].push(session_line(line));
     }
     let stats: serde_json::Value = serde_json::from_str(&read(&stats)).expect("stats file is JSON");
+    assert_eq!(
+        stats["scope"], "run",
+        "a run without a state directory counts itself"
+    );
     FileRun {
         sessions,
         dead: read(&dead).lines().map(String::from).collect(),
@@ -427,6 +431,10 @@ fn a_broker_killed_mid_run_is_waited_for_and_the_run_goes_back_to_its_checkpoint
     let stats: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&stats).expect("stats")).expect("JSON");
     assert_eq!(stats["records_read"].as_u64(), Some(expected.records_read));
+    assert_eq!(
+        stats["scope"], "job",
+        "with a state directory the job is counted"
+    );
 }
 
 #[cfg(feature = "fault-injection")]

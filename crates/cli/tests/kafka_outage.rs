@@ -126,6 +126,13 @@ fn killed_broker(pause: Duration, extra: &[&str], events: u64, seed: u64) {
     assert_eq!(records as usize, produced);
     let stats = stats_of(&stats);
     assert_adds_up(&stats["kafka"]["job"], records);
+    // The top level is this process's share; the summary says so, with the job's.
+    assert_eq!(stats["scope"], "process");
+    assert!(stderr.contains("this process read"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("every process so far: {records} records read")),
+        "{stderr}"
+    );
     assert!(
         stats["kafka"]["outages"].as_u64() >= Some(1),
         "the outage is counted: {}",

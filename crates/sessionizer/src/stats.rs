@@ -5,9 +5,26 @@ use serde::Serialize;
 use sessionizer_checkpoint::Counters;
 use std::fmt::Write as _;
 
+/// What the counters of a [`RunStats`] count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// This run: a file or stdin run without a state directory.
+    #[default]
+    Run,
+    /// The job, over every run that continued it (a state directory).
+    Job,
+    /// This process's share of a Kafka job: what it committed for the partitions it
+    /// held. A process that took over partitions can emit sessions whose records
+    /// another process read; the job's totals for the partitions are in `kafka.job`.
+    Process,
+}
+
 /// The summary of a run; also the `--stats-file` JSON object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RunStats {
+    /// What the counters below count: `run`, `job` or `process` ([`Scope`]).
+    pub scope: Scope,
     /// Records read (blank lines are not records and are counted apart).
     pub records_read: u64,
     /// Records applied to a session.
@@ -250,7 +267,18 @@ impl RunStats {
             String::new()
         };
         let mut s = String::new();
-        if before > 0 {
+        if let Some(k) = &self.kafka {
+            let _ = writeln!(
+                s,
+                "sessionizer: this process read {} records in {secs:.2}s{rate} (its share of the job)",
+                self.records_read
+            );
+            let _ = writeln!(
+                s,
+                "  the job over the partitions it held at the end, every process so far: {} records read, {} sessions emitted",
+                k.job.records_read, k.job.sessions_emitted
+            );
+        } else if before > 0 {
             let _ = writeln!(
                 s,
                 "sessionizer: read {this_run} records in {secs:.2}s{rate}, {} in all with the earlier runs of this job",

@@ -314,6 +314,7 @@ impl<'c> Job<'c> {
         if let Some(d) = &self.durable {
             stats.add_counters(&d.carried);
             stats.checkpoints = Some(d.stats.clone());
+            stats.scope = crate::stats::Scope::Job;
         }
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();

@@ -900,6 +900,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 .map(|(tp, d)| (self.names_of(&[*tp]).remove(0), d.as_millis() as u64))
                 .collect(),
         });
+        stats.scope = crate::stats::Scope::Process;
         stats.elapsed_ms = self.started.elapsed().as_millis() as u64;
         stats.peak_rss_bytes = crate::stats::peak_rss_bytes();
         stats
