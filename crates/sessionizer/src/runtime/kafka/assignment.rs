@@ -169,7 +169,6 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             offsets: Vec::new(),
             held: None,
             cut: false,
-            stepped: false,
             staged_at: Instant::now(),
             keys: Vec::new(),
             next_offset: 0,

@@ -621,23 +621,16 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             .values_mut()
             .filter(|t| !t.batch.lines.is_empty())
             .collect();
-        let ids: Vec<TopicPartition> = staged.iter().map(|t| t.tp).collect();
-        match self.pool.pool() {
+        // The tasks that stepped (one whose staged records do not fill a micro-batch
+        // yet does not).
+        let stepped = |t: &mut &mut Task<F::Op>| t.process_staged().then_some(t.tp);
+        let ids: Vec<TopicPartition> = match self.pool.pool() {
             Some(pool) if staged.len() > 1 => pool.install(|| {
                 use rayon::prelude::*;
-                staged.par_iter_mut().for_each(|t| t.process_staged());
+                staged.par_iter_mut().filter_map(stepped).collect()
             }),
-            _ => {
-                for t in staged {
-                    t.process_staged();
-                }
-            }
-        }
-        // A task whose staged records do not fill a micro-batch yet did not step.
-        let ids: Vec<TopicPartition> = ids
-            .into_iter()
-            .filter(|id| self.tasks.get(id).is_some_and(|t| t.stepped))
-            .collect();
+            _ => staged.iter_mut().filter_map(stepped).collect(),
+        };
         for id in ids {
             let task = self.tasks.get_mut(&id).expect("staged task exists");
             // A task's RocksDB store failed: stop before anything of the step is sent.

@@ -146,7 +146,7 @@ fn kafka_cause(e: &RunError) -> Option<&KafkaError> {
 
 /// Whether `e` may pass by itself.
 pub(super) fn is_transient(e: &RunError) -> bool {
-    matches!(e, RunError::Kafka(k) if k.is_transient())
+    kafka_cause(e).is_some_and(KafkaError::is_transient)
 }
 
 impl<F: TaskFactory> KafkaJob<'_, F> {

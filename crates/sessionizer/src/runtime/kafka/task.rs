@@ -72,8 +72,6 @@ pub(super) struct Task<O> {
     /// Process what is staged even if it does not fill a micro-batch (the partition was
     /// quiet for the idle timeout).
     pub(super) cut: bool,
-    /// Whether the last [`process_staged`](Self::process_staged) ran the operator.
-    pub(super) stepped: bool,
     /// When the last record was staged.
     pub(super) staged_at: Instant,
     /// The next offset to read (after the last record processed).
@@ -100,16 +98,16 @@ pub(super) struct Task<O> {
 
 impl<O: TaskOp> Task<O> {
     /// Runs the staged records through the operator (what comes out waits in its
-    /// outputs). With `--on-invalid fail`, a batch holding an invalid record is not
-    /// processed: [`first_invalid`](Self::first_invalid) names the record.
-    pub(super) fn process_staged(&mut self) {
+    /// outputs); returns whether it ran (not when the records do not fill a
+    /// micro-batch yet). With `--on-invalid fail`, a batch holding an invalid record is
+    /// not processed: [`first_invalid`](Self::first_invalid) names the record.
+    pub(super) fn process_staged(&mut self) -> bool {
         self.first_invalid = None;
         self.misplaced = (0, None);
         let staged = self.batch.lines.len();
         let n = self.whole_batches(staged);
-        self.stepped = n > 0;
         if n == 0 {
-            return;
+            return false;
         }
         if n < staged {
             self.held = Some(self.hold_from(n));
@@ -120,7 +118,7 @@ impl<O: TaskOp> Task<O> {
         self.first_invalid = p.first_invalid;
         self.misplaced = (p.misplaced, p.first_misplaced);
         if self.first_invalid.is_some() || self.misplaced.1.is_some() {
-            return;
+            return true;
         }
         self.run.blank_lines += p.blank;
         self.run.invalid += p.invalid;
@@ -136,6 +134,7 @@ impl<O: TaskOp> Task<O> {
         self.dirty = true;
         self.last_input = Instant::now();
         self.watermark_at_last_input = self.op.watermark();
+        true
     }
 
     /// How many of the `staged` records the next step runs: all of them, unless the
