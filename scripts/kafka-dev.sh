@@ -9,6 +9,8 @@
 #   scripts/kafka-dev.sh start     # fetch the jars once, format the log dir(s) once, start, wait until ready
 #   scripts/kafka-dev.sh stop      # stop the broker(s) (the data stays)
 #   scripts/kafka-dev.sh reset     # stop and delete the data
+#   scripts/kafka-dev.sh wipe      # kill every broker under KAFKA_DEV_HOME (any port, any kind)
+#                                  # and delete all their data; the jars and tls/ stay
 #   scripts/kafka-dev.sh status    # running or not; exit 0 when every node runs
 #   scripts/kafka-dev.sh brokers   # print the plaintext bootstrap address(es), comma-separated
 #   scripts/kafka-dev.sh topics ARGS...   # run Kafka's own TopicCommand against the broker(s)
@@ -540,6 +542,21 @@ case "${1:-}" in
     # shellcheck disable=SC2086
     stop_nodes TERM $ALL
     for n in $ALL; do rm -rf "$(data_dir "$n")"; done
+    ;;
+  wipe)
+    for pidfile in "$HOME_DIR"/broker-*.pid; do
+      [ -f "$pidfile" ] || continue
+      pid=$(cat "$pidfile")
+      if alive "$pid"; then
+        kill -9 "$pid" 2>/dev/null || true
+        for _ in $(seq 1 100); do
+          alive "$pid" || break
+          sleep 0.1
+        done
+      fi
+      rm -f "$pidfile"
+    done
+    rm -rf "$HOME_DIR"/data-* "$HOME_DIR"/broker-*.log
     ;;
   status)
     rc=0

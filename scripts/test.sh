@@ -48,4 +48,10 @@ for module in pyarrow deltalake; do
   fi
 done
 
+# The tests' brokers (scripts/kafka-dev.sh on a home of their own, see
+# crates/cli/tests/support/kafka.rs) start on empty log dirs in every run: a broker
+# loading the topics of many earlier runs takes minutes to start.
+export SESSIONIZER_TEST_KAFKA_HOME=${SESSIONIZER_TEST_KAFKA_HOME:-$HOME/.cache/sessionizer-kafka-tests}
+KAFKA_DEV_HOME=$SESSIONIZER_TEST_KAFKA_HOME scripts/kafka-dev.sh wipe
+
 exec cargo test --workspace --all-features --locked "$@"

@@ -69,12 +69,26 @@ pub fn wait_isr(n: u32) {
     script(&["node", &n.to_string(), "wait-isr", "180"], false);
 }
 
-/// Runs `scripts/kafka-dev.sh ARGS` (with `KAFKA_DEV_SECURE=1` when `secure`); its
-/// stdout, trimmed.
+/// Where the tests' brokers keep their jars, data and logs: `SESSIONIZER_TEST_KAFKA_HOME`,
+/// or `~/.cache/sessionizer-kafka-tests` — not the home of a broker a developer runs by
+/// hand. `scripts/test.sh` empties it (`kafka-dev.sh wipe`) before every run of the suite,
+/// so that the brokers start on empty log dirs instead of loading every topic of every
+/// earlier run.
+fn test_home() -> String {
+    std::env::var("SESSIONIZER_TEST_KAFKA_HOME").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/sessionizer-kafka-tests",
+            std::env::var("HOME").expect("HOME is set")
+        )
+    })
+}
+
+/// Runs `scripts/kafka-dev.sh ARGS` (with `KAFKA_DEV_SECURE=1` when `secure`) on the
+/// tests' home; its stdout, trimmed.
 fn script(args: &[&str], secure: bool) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kafka-dev.sh");
     let mut cmd = std::process::Command::new("bash");
-    cmd.arg(&path).args(args);
+    cmd.arg(&path).args(args).env("KAFKA_DEV_HOME", test_home());
     if secure {
         cmd.env("KAFKA_DEV_SECURE", "1");
     }
