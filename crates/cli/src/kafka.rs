@@ -90,7 +90,8 @@ pub struct KafkaArgs {
     /// The input topic is not partitioned by the session key: re-key its records
     /// through the internal topic <GROUP>-repartition (created by the job, with as many
     /// partitions as the first input topic) and sessionize from there, exactly once
-    /// across both hops.
+    /// across both hops. The tasks' watermark follows the slowest input partition (a
+    /// quiet one holds it back; --idle-timeout lets it go).
     #[arg(long)]
     pub repartition: bool,
 

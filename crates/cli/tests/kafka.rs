@@ -14,10 +14,11 @@ mod kafka_runs;
 mod process;
 
 use kafka::{
-    Read, broker, high_watermarks, last_stable_offsets, produce_lines, read_committed, text, unique,
+    broker, high_watermarks, last_stable_offsets, produce_lines, read_committed, text, unique,
 };
 use kafka_runs::{
-    OPTIONS, Topics, as_strs, assert_adds_up, assert_matches_file_runs, stats_of, stats_of_counters,
+    OPTIONS, Topics, as_strs, assert_adds_up, assert_matches_file_runs, final_sessions, stats_of,
+    stats_of_counters,
 };
 use process::{bin, generate, run, run_ok, s};
 use rand::{Rng, SeedableRng};
@@ -791,121 +792,6 @@ impl LogLines {
         }
         self.seen.borrow().join("\n")
     }
-}
-
-/// The final view of a session output: each session id's latest record, retracted ones
-/// removed, as `(key, start, end, event_count, page)`, sorted.
-fn final_sessions(records: &[Vec<Read>]) -> Vec<(String, String, String, u64, String)> {
-    let mut latest: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
-    for r in records.iter().flatten() {
-        let id = String::from_utf8(r.key.clone().expect("key")).expect("utf8");
-        let value = r
-            .value
-            .as_ref()
-            .map(|v| serde_json::from_slice::<serde_json::Value>(v).expect("JSON"));
-        latest.insert(id, value);
-    }
-    let mut out: Vec<_> = latest
-        .into_values()
-        .flatten()
-        .map(|v| {
-            (
-                v["key"].as_str().expect("key").to_string(),
-                v["start"].as_str().expect("start").to_string(),
-                v["end"].as_str().expect("end").to_string(),
-                v["event_count"].as_u64().expect("count"),
-                v["page"].to_string(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
-}
-
-#[test]
-fn a_randomly_keyed_input_with_repartition_gives_the_sessions_of_a_keyed_one() {
-    let _one_at_a_time = kafka::exclusive();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data = dir.path().join("visits.jsonl");
-    // Duplicates and invalid lines, but events in time order: with a watermark delay
-    // longer than the data, every session completes at the end, so the sessions do not
-    // depend on the order the re-keying brings the records in.
-    run_ok(&[
-        "generate",
-        "--events",
-        "20000",
-        "--keys",
-        "500",
-        "--seed",
-        "29",
-        "--duplicate-fraction",
-        "0.005",
-        "--invalid-fraction",
-        "0.003",
-        "--output",
-        s(&data),
-    ]);
-    let options = [
-        "--gap",
-        "10m",
-        "--watermark-delay",
-        "1000h",
-        "--dedup",
-        "--collect",
-        "page",
-        "--stop-at-end",
-        "--checkpoint-interval",
-        "200ms",
-    ];
-    let keyed = Topics::new(4);
-    let produced = produce_lines(&keyed.input, &data, "visit_id");
-    let random = Topics::new(4);
-    assert_eq!(kafka::produce_lines_unkeyed(&random.input, &data), produced);
-    let run_job = |t: &Topics, extra: &[&str], stats: &Path| {
-        let mut a = t.args();
-        a.retain(|x| !OPTIONS.contains(&x.as_str()));
-        a.extend(options.iter().map(|s| s.to_string()));
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a.extend(["--stats-file".to_string(), s(stats).to_string()]);
-        run_ok(&as_strs(&a));
-        stats_of(stats)
-    };
-    let st_keyed = run_job(&keyed, &[], &dir.path().join("keyed.json"));
-    let st_random = run_job(&random, &["--repartition"], &dir.path().join("random.json"));
-    let a = final_sessions(&read_committed(&keyed.output));
-    let b = final_sessions(&read_committed(&random.output));
-    assert!(!a.is_empty());
-    assert_eq!(a.len(), b.len(), "session count");
-    assert_eq!(a, b, "the same sessions");
-    for st in [&st_keyed, &st_random] {
-        assert_adds_up(&st["kafka"]["job"], produced as u64);
-        assert_eq!(st["invalid"], st_keyed["invalid"]);
-        assert_eq!(st["duplicates"], st_keyed["duplicates"]);
-    }
-    // Dead letters name where the record was read first: the input topic, not the
-    // internal one, and their raw text is the record's.
-    let inputs = read_committed(&random.input);
-    let dead = read_committed(&random.dead);
-    let mut n = 0;
-    for r in dead.iter().flatten() {
-        let v: serde_json::Value = serde_json::from_str(&text(r)).expect("JSON");
-        let source = v["source"].as_str().expect("source");
-        let (name, offset) = source.rsplit_once('@').expect("@offset");
-        let (topic, partition) = name.rsplit_once('/').expect("topic/partition");
-        assert_eq!(topic, random.input, "{source}");
-        let p: usize = partition.parse().expect("partition");
-        let o: i64 = offset.parse().expect("offset");
-        let original = inputs[p]
-            .iter()
-            .find(|x| x.offset == o)
-            .expect("the record exists");
-        assert_eq!(
-            v["raw"].as_str().map(str::as_bytes),
-            original.value.as_deref()
-        );
-        n += 1;
-    }
-    assert_eq!(n as u64, st_random["invalid"].as_u64().expect("invalid"));
 }
 
 /// A topic not partitioned by the session key gave wrong sessions with exit 0 (49,072

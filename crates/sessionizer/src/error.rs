@@ -387,7 +387,7 @@ pub enum RunError {
     /// A Kafka input topic is not partitioned by the session key: a record sits in a
     /// partition that no standard partitioner gives its key.
     #[error(
-        "Kafka topic {topic} is not partitioned by the session key: the record at {position} has key {key:?}, which the standard partitioners place in partition {murmur2} (murmur2, the Java client's default) or {crc32} (CRC-32, librdkafka's default) of {partitions}, not in {partition} ({count} such record(s) in the batch; nothing of it was committed). Sessions need every record of a key in one partition. Re-key the input through an internal topic with --repartition (library: repartition_by; it is exactly once, but which events it judges late can still depend on how the partitions' records interleave), or, if the producer keeps each key in one partition with a partitioner of its own, declare it with --kafka-partitioner custom (library: custom_partitioner)"
+        "Kafka topic {topic} is not partitioned by the session key: the record at {position} has key {key:?}, which the standard partitioners place in partition {murmur2} (murmur2, the Java client's default) or {crc32} (CRC-32, librdkafka's default) of {partitions}, not in {partition} ({count} such record(s) in the batch; nothing of it was committed). Sessions need every record of a key in one partition. Re-key the input through an internal topic with --repartition (library: repartition_by; exactly once, lateness judged by the slowest input partition's time), or, if the producer keeps each key in one partition with a partitioner of its own, declare it with --kafka-partitioner custom (library: custom_partitioner)"
     )]
     NotKeyed {
         /// The input topic.

@@ -404,6 +404,39 @@ fn produce_with(
     n
 }
 
+/// Writes `lines` (without keys) to partition `partition` of `topic`, in 20 parts spread
+/// evenly over `over`, each part flushed before the pause after it.
+pub fn produce_to_partition(topic: &str, lines: &[String], partition: i32, over: Duration) {
+    let producer: BaseProducer = config()
+        .set("linger.ms", "5")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer");
+    const PARTS: usize = 20;
+    let part = lines.len().div_ceil(PARTS).max(1);
+    for (n, line) in lines.iter().enumerate() {
+        if n > 0 && n % part == 0 {
+            producer.flush(Duration::from_secs(60)).expect("flush");
+            std::thread::sleep(over / PARTS as u32);
+        }
+        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+            .payload(line.as_bytes())
+            .partition(partition);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(_), back)) => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => panic!("produce: {e}"),
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
 /// Writes `per_partition` records to every partition of `topic` (of `partitions`) in
 /// one transaction and aborts it: a `read_committed` reader never sees them, but they
 /// and the abort marker take offsets.

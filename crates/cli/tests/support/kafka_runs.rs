@@ -325,3 +325,32 @@ pub fn assert_adds_up(stats: &serde_json::Value, records: u64) {
         "{stats}"
     );
 }
+
+/// The final view of a session output: each session id's latest record, retracted ones
+/// removed, as `(key, start, end, event_count, page)`, sorted.
+pub fn final_sessions(records: &[Vec<Read>]) -> Vec<(String, String, String, u64, String)> {
+    let mut latest: BTreeMap<String, Option<serde_json::Value>> = BTreeMap::new();
+    for r in records.iter().flatten() {
+        let id = String::from_utf8(r.key.clone().expect("key")).expect("utf8");
+        let value = r
+            .value
+            .as_ref()
+            .map(|v| serde_json::from_slice::<serde_json::Value>(v).expect("JSON"));
+        latest.insert(id, value);
+    }
+    let mut out: Vec<_> = latest
+        .into_values()
+        .flatten()
+        .map(|v| {
+            (
+                v["key"].as_str().expect("key").to_string(),
+                v["start"].as_str().expect("start").to_string(),
+                v["end"].as_str().expect("end").to_string(),
+                v["event_count"].as_u64().expect("count"),
+                v["page"].to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}

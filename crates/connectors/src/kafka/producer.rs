@@ -121,6 +121,10 @@ impl std::fmt::Debug for TxnProducer {
 pub const RETRACT_HEADER: &str = "retract";
 /// The header of a re-keyed record that names where it was read first.
 pub const SOURCE_HEADER: &str = "source";
+/// The header of a watermark record of a re-keying job: `topic/partition time`, the
+/// largest event time forwarded from that input partition so far, or `topic/partition
+/// idle` (the record has no key and no value).
+pub const WATERMARK_HEADER: &str = "sessionizer-watermark";
 
 impl TxnProducer {
     /// Creates the producer with `transactional_id` and registers it with the broker's
@@ -224,7 +228,34 @@ impl TxnProducer {
         value: Option<&[u8]>,
         source: &str,
     ) -> Result<(), CommitError> {
-        self.send_full(topic, partition, key, value, false, Some(source), 0)
+        self.send_full(
+            topic,
+            partition,
+            key,
+            value,
+            false,
+            Some((SOURCE_HEADER, source)),
+            0,
+        )
+    }
+
+    /// A watermark record (no key, no value, a [`WATERMARK_HEADER`] saying `what`) to
+    /// `partition` of `topic`, in the open transaction.
+    pub fn send_watermark(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        what: &str,
+    ) -> Result<(), CommitError> {
+        self.send_full(
+            topic,
+            Some(partition),
+            None,
+            None,
+            false,
+            Some((WATERMARK_HEADER, what)),
+            0,
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -235,7 +266,7 @@ impl TxnProducer {
         key: Option<&[u8]>,
         value: Option<&[u8]>,
         retract: bool,
-        source: Option<&str>,
+        header: Option<(&str, &str)>,
         tag: usize,
     ) -> Result<(), CommitError> {
         self.begin()?;
@@ -255,10 +286,10 @@ impl TxnProducer {
                 value: Some("true"),
             }));
         }
-        if let Some(source) = source {
+        if let Some((key, value)) = header {
             record = record.headers(OwnedHeaders::new().insert(Header {
-                key: SOURCE_HEADER,
-                value: Some(source),
+                key,
+                value: Some(value),
             }));
         }
         loop {

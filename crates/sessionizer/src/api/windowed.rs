@@ -235,6 +235,7 @@ impl<E, K: KeyFn<E>, T: TimeFn<E>, W: WatermarkStrategy, A, G, C>
             walks: Default::default(),
             counts: WindowCounts::default(),
             checkpointed: false,
+            follow_upstream: false,
             spill_root: None,
             #[cfg(feature = "rocksdb")]
             state_memory: 0,
@@ -292,6 +293,9 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     counts: WindowCounts,
     /// A checkpoint was written or restored: the operator tracks changed keys.
     checkpointed: bool,
+    /// A task of a re-keyed topic: the watermark follows the upstream partitions, not
+    /// the events (`follow_task_upstream`, feature `kafka`).
+    follow_upstream: bool,
     /// The directory of the `rocksdb` backend's store (after `op`: dropped after it).
     spill_root: Option<SpillRoot>,
     /// The `rocksdb` backend's memory budget.

@@ -143,7 +143,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         let mut batch = self.open_batch();
         batch.events += 1;
         let w = self.watermark;
-        if observe {
+        if observe && !self.external_time {
             self.strategy.observe(time);
         }
         if self.is_late(time) {

@@ -298,6 +298,9 @@ pub struct StatefulOperator<E, S, W, C> {
     spill: Option<Box<StatefulSpill<S>>>,
     /// [`bound_tracked_changes`](Self::bound_tracked_changes) was called.
     bound_changes: bool,
+    /// [`follow_external_time`](Self::follow_external_time): events do not move the
+    /// watermark strategy.
+    external_time: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -339,7 +342,15 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             tracking: false,
             spill: None,
             bound_changes: false,
+            external_time: false,
         }
+    }
+
+    /// From now on the events' times do not move the watermark strategy: only
+    /// [`observe`](Self::observe) does (a task of a re-keyed topic, whose time is that
+    /// of its upstream partitions).
+    pub fn follow_external_time(&mut self) {
+        self.external_time = true;
     }
 
     /// Sets what happens to late events.

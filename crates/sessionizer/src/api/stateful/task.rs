@@ -7,7 +7,7 @@ use crate::api::stream::{KeyFn, TimeFn};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::WatermarkState;
-use sessionizer_core::Watermark;
+use sessionizer_core::{EventTime, Watermark};
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::Clock;
 use sessionizer_window::stateful::{GroupState, SnapshotError};
@@ -92,6 +92,35 @@ where
             .advance_to(w, &mut self.f, &mut |o, item| out(o.key(), item));
         self.count(&report);
         self.store_error()
+    }
+
+    /// From now on the watermark follows [`observe_task_upstream`](Self::observe_task_upstream)
+    /// alone (a task of a re-keyed topic).
+    pub(crate) fn follow_task_upstream(&mut self) {
+        self.follow_upstream = true;
+        self.op.follow_external_time();
+    }
+
+    /// The upstream partitions' time rose to `t`: the watermark strategy observes it,
+    /// and an empty batch ends at the watermark that gives, firing what is due.
+    pub(crate) fn observe_task_upstream(
+        &mut self,
+        t: EventTime,
+        out: &mut dyn FnMut(&[u8], R::Item),
+    ) -> Result<(), SinkError> {
+        self.op.observe(t);
+        let w = self.op.next_watermark();
+        if w <= self.op.watermark() {
+            return Ok(());
+        }
+        self.advance_task(w, out)
+    }
+
+    /// The time of `event` when it is valid (inside the valid time range), as the
+    /// re-keying side of a group job reads it.
+    pub(crate) fn task_time_of(&self, event: &E) -> Option<EventTime> {
+        let t = self.time.time_of(event);
+        crate::api::stream::time_is_valid(self.valid, t).then_some(t)
     }
 
     /// Where event time stands, for the changelog's progress records.

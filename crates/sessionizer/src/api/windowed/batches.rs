@@ -539,7 +539,10 @@ where
             self.key.key_into(event, &mut self.key_buf);
             let key = (keys.len(), self.key_buf.len());
             keys.extend_from_slice(self.key_buf.as_bytes());
-            let w = self.watermark.observe(time);
+            let w = match self.follow_upstream {
+                true => current,
+                false => self.watermark.observe(time),
+            };
             self.max_time = Some(self.max_time.map_or(time, |m| m.max(time)));
             let worker = shard_of(self.key_buf.as_bytes(), workers);
             let gap = self.gap_fn.gap_of(event).unwrap_or(self.gap);

@@ -115,6 +115,37 @@ where
         self.advance_all(to, Trigger::Idle, Some(now), sessions)
     }
 
+    /// From now on the watermark follows [`observe_task_upstream`](Self::observe_task_upstream)
+    /// alone (a task of a re-keyed topic).
+    pub(crate) fn follow_task_upstream(&mut self) {
+        self.follow_upstream = true;
+    }
+
+    /// The upstream partitions' time rose to `t`: the watermark strategy observes it as
+    /// an event time, and the sessions it completes are emitted.
+    pub(crate) fn observe_task_upstream<S>(
+        &mut self,
+        t: EventTime,
+        sessions: &mut S,
+    ) -> Result<(), SinkError>
+    where
+        S: Sink<WindowOutput<A::Output>>,
+    {
+        let w = self.watermark.observe(t);
+        if w <= self.op.watermark() {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        self.advance_all(w, Trigger::Watermark, Some(now), sessions)
+    }
+
+    /// The time of `event` when it is valid (inside the valid time range), as the
+    /// re-keying side of a group job reads it.
+    pub(crate) fn task_time_of(&self, event: &E) -> Option<EventTime> {
+        let t = self.time.time_of(event);
+        crate::api::stream::time_is_valid(self.valid, t).then_some(t)
+    }
+
     /// Where event time stands.
     pub(crate) fn task_progress(&self) -> sessionizer_checkpoint::WatermarkState {
         state::progress(&self.op, self.max_time)

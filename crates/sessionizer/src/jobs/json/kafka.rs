@@ -7,7 +7,9 @@ use crate::error::{KeyStateError, RunError};
 use crate::jobs::json::parse::{self, Kind, ParseSettings, Parsed};
 use crate::jobs::json::shard::Shard;
 use crate::runtime::backend::TaskStores;
-use crate::runtime::kafka::{DriverSettings, Processed, PutChange, TaskFactory, TaskOp, run_tasks};
+use crate::runtime::kafka::{
+    DriverSettings, Processed, PutChange, TaskFactory, TaskOp, UpstreamTimes, run_tasks,
+};
 use crate::runtime::state;
 use crate::runtime::tagged::Tagged;
 use crate::stats::RunStats;
@@ -16,8 +18,8 @@ use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_connectors::{Batch, SessionEncoder};
-use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
+use sessionizer_core::{EventTime, Watermark};
 use sessionizer_window::spill::{SpillCounts, SpillError};
 
 /// Runs a job whose input is Kafka topics.
@@ -92,6 +94,24 @@ impl TaskFactory for JsonTasks<'_> {
     fn state_format(&self) -> u16 {
         sessionizer_checkpoint::FORMAT_VERSION
     }
+
+    type Times = JsonTimes;
+
+    fn upstream_times(&self) -> JsonTimes {
+        JsonTimes(Decoder::new(self.cfg.decoder_config()))
+    }
+}
+
+/// The event times of input records, read by the command line's decoder (key, time
+/// and its valid range, gap: a record it refuses has none).
+pub(crate) struct JsonTimes(Decoder);
+
+impl UpstreamTimes for JsonTimes {
+    fn time_of(&mut self, record: &[u8]) -> Option<EventTime> {
+        let line = record.strip_suffix(b"\n").unwrap_or(record);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        self.0.decode(line).ok().map(|d| d.time)
+    }
 }
 
 impl TaskOp for JsonOp {
@@ -149,6 +169,14 @@ impl TaskOp for JsonOp {
 
     fn finish(&mut self) {
         self.shard.finish();
+    }
+
+    fn follow_upstream(&mut self) {
+        self.shard.follow_upstream();
+    }
+
+    fn observe_upstream(&mut self, t: EventTime, step: u64) {
+        self.shard.observe_upstream(t, step);
     }
 
     fn sessions(&self) -> &Tagged {

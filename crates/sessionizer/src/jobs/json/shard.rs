@@ -71,7 +71,10 @@ impl Walker for Range<'_> {
         Walked {
             owner: rec.shard,
             gap: rec.gap.map_or(self.shard.default_gap, DurationMs),
-            watermark: self.shard.watermark.observe(EventTime(rec.time)),
+            watermark: match self.shard.follow_upstream {
+                true => self.shard.op.watermark(),
+                false => self.shard.watermark.observe(EventTime(rec.time)),
+            },
         }
     }
 
@@ -159,6 +162,9 @@ pub(crate) struct Shard {
     pub late_count: u64,
     /// At the end of input, more sessions are still to be emitted.
     pub ending: bool,
+    /// The watermark follows the upstream partitions of a re-keyed topic
+    /// ([`observe_upstream`](Self::observe_upstream)), not the records' times.
+    follow_upstream: bool,
 }
 
 /// The per-event aggregate values, on the stack for up to 8 aggregates.
@@ -192,6 +198,7 @@ impl Shard {
             duplicates: 0,
             late_count: 0,
             ending: false,
+            follow_upstream: false,
         }
     }
 
@@ -223,6 +230,22 @@ impl Shard {
     /// S-32): later events are judged against it, as if event time had moved on.
     pub fn advance_idle(&mut self, w: Watermark, step: u64) {
         self.watermark.resume_at(w);
+        self.out.step = step;
+        self.op.advance_to(w, &mut self.out);
+    }
+
+    /// From now on only [`observe_upstream`](Self::observe_upstream) moves the
+    /// watermark.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub fn follow_upstream(&mut self) {
+        self.follow_upstream = true;
+    }
+
+    /// The upstream partitions' time rose to `t`: the watermark strategy observes it
+    /// as an event time, and the operator moves to the watermark that gives.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub fn observe_upstream(&mut self, t: EventTime, step: u64) {
+        let w = self.watermark.observe(t);
         self.out.step = step;
         self.op.advance_to(w, &mut self.out);
     }

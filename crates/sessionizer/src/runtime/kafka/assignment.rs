@@ -78,7 +78,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                     StartAt::Earliest => low,
                     StartAt::Latest => high,
                 };
-                rekey.positions.insert(tp, at);
+                rekey.hold(tp, at);
                 starts.push((tp, StartAt::Offset(at)));
                 continue;
             }
@@ -151,6 +151,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         if self.durable {
             op.track_changes();
         }
+        if self.rekey.as_ref().is_some_and(|r| !r.is_input(tp)) {
+            // A task of the re-keyed topic keeps the time of the input partitions.
+            op.follow_upstream();
+        }
         // The job's own re-keying topic is keyed by it; an input declared keyed by a
         // custom partitioner is trusted.
         let checked = self.kafka.partitioner == Partitioner::Standard && self.rekey.is_none();
@@ -182,13 +186,15 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             flushed: false,
             last_input: Instant::now(),
             watermark_at_last_input: Watermark::MIN,
+            upstream: Default::default(),
+            upstream_changed: false,
         })
     }
 
     /// Drops a task, keeping this process's committed share of its accounting.
     pub(super) fn release(&mut self, tp: &TopicPartition) {
         if let Some(r) = &mut self.rekey {
-            r.positions.remove(tp);
+            r.release(tp);
         }
         if let Some(task) = self.tasks.remove(tp) {
             if let Some(c) = task.op.spill_counts() {

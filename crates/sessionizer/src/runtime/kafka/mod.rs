@@ -45,16 +45,16 @@ use repartition::Rekey;
 use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled};
-use sessionizer_connectors::kafka::producer::{SOURCE_HEADER, TxnProducer};
+use sessionizer_connectors::kafka::producer::{SOURCE_HEADER, TxnProducer, WATERMARK_HEADER};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
-use sessionizer_core::Watermark;
+use sessionizer_core::{EventTime, Watermark};
 use snapshot::Snapshots;
 use standby::Standbys;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use task::{Task, stage};
+use task::{Task, UpstreamMark, stage};
 
-pub(crate) use op::{Processed, PutChange, TaskFactory, TaskOp};
+pub(crate) use op::{Processed, PutChange, TaskFactory, TaskOp, UpstreamTimes};
 pub(crate) use outage::checkpointed_riding_out;
 
 /// Bytes of records staged per task before its batch is processed.
@@ -187,7 +187,10 @@ struct KafkaJob<'c, F: TaskFactory> {
     /// Records refused because their key cannot belong to their partition.
     misplaced: u64,
     /// `--repartition`: the re-keying of the inputs.
-    rekey: Option<Rekey>,
+    rekey: Option<Rekey<F::Times>>,
+    /// `--repartition`: every input partition (`topic/partition`), whose watermark
+    /// records a task of the re-keyed topic follows.
+    upstream_inputs: Vec<String>,
     /// Metrics, logs, `/sessions` questions.
     telemetry: Telemetry,
     /// `--state-dir`: local task snapshots.
@@ -256,7 +259,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                     "this job cannot re-key its input (--repartition): it names no key field of the records".into(),
                 )));
             };
-            rekey = Some(Rekey::new(internal.clone(), n, topics.len(), field));
+            let times = factory.upstream_times();
+            rekey = Some(Rekey::new(internal.clone(), n, topics.len(), field, times));
             topics.push(internal);
             partitions.push(n);
         }
@@ -311,6 +315,15 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         } else {
             None
         };
+        let upstream_inputs = match &rekey {
+            Some(_) => topics
+                .iter()
+                .zip(&partitions)
+                .take(kafka.topics.len())
+                .flat_map(|(t, &n)| (0..n).map(move |p| format!("{t}/{p}")))
+                .collect(),
+            None => Vec::new(),
+        };
         let mut job = KafkaJob {
             cfg,
             kafka,
@@ -345,6 +358,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             partition_counts: partitions.clone(),
             misplaced: 0,
             rekey,
+            upstream_inputs,
             telemetry: telemetry.clone(),
             snapshots,
             standbys,
@@ -543,13 +557,21 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                                         &self.kafka.group,
                                     ));
                                 }
-                                // Only re-keyed records carry where they were read first.
-                                let origin = match self.rekey {
-                                    Some(_) => r.header(SOURCE_HEADER),
-                                    None => None,
+                                // Only re-keyed records carry where they were read first,
+                                // or an input partition's time.
+                                let (origin, mark) = match self.rekey {
+                                    Some(_) => {
+                                        (r.header(SOURCE_HEADER), r.header(WATERMARK_HEADER))
+                                    }
+                                    None => (None, None),
                                 };
-                                let max = self.cfg.max_record;
-                                staged += stage(task, r.offset(), r.key(), r.value(), origin, max);
+                                if let Some(mark) = mark {
+                                    task.hear_upstream(r.offset(), mark);
+                                } else {
+                                    let max = self.cfg.max_record;
+                                    staged +=
+                                        stage(task, r.offset(), r.key(), r.value(), origin, max);
+                                }
                             }
                         }
                     }
@@ -562,6 +584,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                     }
                 }
                 self.process_staged()?;
+                self.follow_upstreams()?;
                 if ended {
                     self.catch_up_positions()?;
                 }
@@ -690,6 +713,35 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         }
     }
 
+    /// Moves the watermark of each task of the re-keyed topic that heard a watermark
+    /// record to the smallest time of the input partitions (docs/semantics.md K-6) —
+    /// once the records staged before the record are processed — and sends what
+    /// completes.
+    fn follow_upstreams(&mut self) -> Result<(), RunError> {
+        let due: Vec<(TopicPartition, i64)> = self
+            .tasks
+            .values_mut()
+            .filter(|t| t.upstream_changed && t.batch.lines.is_empty() && !t.flushed)
+            .filter_map(|t| {
+                t.upstream_changed = false;
+                UpstreamMark::least(&t.upstream, &self.upstream_inputs).map(|least| (t.tp, least))
+            })
+            .collect();
+        for (id, least) in due {
+            let task = self.tasks.get_mut(&id).expect("task exists");
+            let before = task.op.watermark();
+            task.op.clear_outputs();
+            task.op.observe_upstream(EventTime(least), task.next_seq);
+            if task.op.watermark() == before {
+                continue;
+            }
+            task.watermark_at_last_input = task.op.watermark();
+            task.dirty = true;
+            self.send_outputs(id)?;
+        }
+        Ok(())
+    }
+
     /// Moves the watermark of every task whose partition has been quiet for `limit`
     /// on with the wall clock (docs/semantics.md S-32).
     fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
@@ -704,6 +756,9 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         }
         if cut {
             self.process_staged()?;
+        }
+        if let Some(r) = &mut self.rekey {
+            r.mark_idle(limit);
         }
         let limit = crate::runtime::millis(limit);
         let due: Vec<(TopicPartition, Watermark)> = self
@@ -754,6 +809,11 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
 
     fn commit_now(&mut self) -> Result<(), RunError> {
         self.last_commit = Instant::now();
+        if let (Some(r), Some(p), true) = (&mut self.rekey, &mut self.producer, self.durable) {
+            // The input partitions' times, after the records they cover.
+            let ends = self.kafka.stop_at_end.then_some(&self.ends);
+            r.publish(p, &self.topics, ends).map_err(commit_error)?;
+        }
         // Nothing read, emitted or forwarded since the last commit: the offsets and the
         // changelogs already say where every task stands, and an idle job does not
         // write an empty transaction every interval.

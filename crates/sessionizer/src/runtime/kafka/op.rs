@@ -18,7 +18,7 @@ use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::kafka::partitioner::KeyPlacement;
-use sessionizer_core::Watermark;
+use sessionizer_core::{EventTime, Watermark};
 use sessionizer_window::spill::{SpillCounts, SpillError};
 
 pub(crate) use crate::runtime::state::PutChange;
@@ -99,6 +99,18 @@ pub(crate) trait TaskOp: Send {
     /// The end of a bounded input: every session is emitted.
     fn finish(&mut self);
 
+    /// From now on the watermark follows [`observe_upstream`](Self::observe_upstream)
+    /// alone, not the times of the task's own records: the task reads a re-keyed topic
+    /// (`--repartition`), whose partitions interleave records of every input partition
+    /// in whatever order they were read.
+    fn follow_upstream(&mut self);
+
+    /// A re-keyed task's upstream time rose to `t` — the smallest, over every input
+    /// partition, of the largest event time it forwarded: the watermark moves as if an
+    /// event at `t` was observed, and what completes is emitted; `step` is the sequence
+    /// number of the next record.
+    fn observe_upstream(&mut self, t: EventTime, step: u64);
+
     /// The session records and retractions of the last step, each tagged with its
     /// session key and start.
     fn sessions(&self) -> &Tagged;
@@ -173,4 +185,18 @@ pub(crate) trait TaskFactory: Sync {
 
     /// The format version of the state records written to the changelogs.
     fn state_format(&self) -> u16;
+
+    /// What reads the event time of an input record on the re-keying side of a
+    /// `--repartition` job.
+    type Times: UpstreamTimes;
+
+    /// A reader of input records' event times, for the re-keying side.
+    fn upstream_times(&self) -> Self::Times;
+}
+
+/// Reads the event time of an input record as the job's tasks will (`None`: not a valid
+/// event, or its time is outside the valid range): the re-keying side publishes, per
+/// input partition, the largest it forwarded.
+pub(crate) trait UpstreamTimes {
+    fn time_of(&mut self, record: &[u8]) -> Option<EventTime>;
 }

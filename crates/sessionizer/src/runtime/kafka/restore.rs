@@ -283,6 +283,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         task.carried = meta.counters.clone();
         task.committed = meta.counters.clone();
         task.flushed = meta.flushed;
+        task.upstream = meta.upstream.clone();
         task.watermark_at_last_input = task.op.watermark();
         let micros = took.as_micros() as u64;
         self.restored.records += read.records;

@@ -10,6 +10,7 @@ use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::partitioner::KeyPlacement;
 use sessionizer_core::Watermark;
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// The version of the progress record's layout.
@@ -35,6 +36,66 @@ pub(super) struct TaskMeta {
     pub(super) flushed: bool,
     /// The options that shape the state; a restore with others is refused.
     pub(super) options: Vec<(String, String)>,
+    /// A task of a re-keyed topic: the latest watermark record of each input partition
+    /// (`topic/partition`) read so far.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) upstream: BTreeMap<String, UpstreamMark>,
+}
+
+/// What an input partition said of its time in its latest watermark record
+/// (docs/semantics.md K-6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct UpstreamMark {
+    /// The largest valid event time it forwarded (`i64::MAX`: it reached its end).
+    pub(super) time: i64,
+    /// It brought no record for the idle timeout: it does not hold the others back
+    /// until its next record.
+    pub(super) idle: bool,
+}
+
+impl UpstreamMark {
+    /// Reads a watermark record's header: `topic/partition time` or `topic/partition
+    /// idle`. An idle mark keeps the time it had.
+    pub(super) fn hear(marks: &mut BTreeMap<String, UpstreamMark>, header: &[u8]) -> bool {
+        let Some((name, what)) = std::str::from_utf8(header)
+            .ok()
+            .and_then(|h| h.rsplit_once(' '))
+        else {
+            return false;
+        };
+        let mark = marks.entry(name.to_string()).or_insert(UpstreamMark {
+            time: i64::MIN,
+            idle: false,
+        });
+        match what {
+            "idle" => mark.idle = true,
+            t => match t.parse::<i64>() {
+                Ok(t) => {
+                    mark.time = mark.time.max(t);
+                    mark.idle = false;
+                }
+                Err(_) => return false,
+            },
+        }
+        true
+    }
+
+    /// The time a task of a re-keyed topic follows: the smallest over the input
+    /// partitions `inputs` that are not idle, or, when all are idle, the largest of
+    /// their times (every input is quiet: nothing holds the others back); `None` while
+    /// one of them has said nothing yet.
+    pub(super) fn least(marks: &BTreeMap<String, UpstreamMark>, inputs: &[String]) -> Option<i64> {
+        let mut least: Option<i64> = None;
+        let mut largest = i64::MIN;
+        for name in inputs {
+            let m = marks.get(name)?;
+            largest = largest.max(m.time);
+            if !m.idle {
+                least = Some(least.map_or(m.time, |l| l.min(m.time)));
+            }
+        }
+        least.or((largest > i64::MIN).then_some(largest))
+    }
 }
 
 /// One input partition: its operator, watermark, offsets and counters.
@@ -94,6 +155,10 @@ pub(super) struct Task<O> {
     pub(super) flushed: bool,
     pub(super) last_input: Instant,
     pub(super) watermark_at_last_input: Watermark,
+    /// A task of a re-keyed topic: the latest watermark record of each input partition.
+    pub(super) upstream: BTreeMap<String, UpstreamMark>,
+    /// A watermark record came since the watermark last followed them.
+    pub(super) upstream_changed: bool,
 }
 
 impl<O: TaskOp> Task<O> {
@@ -206,6 +271,23 @@ impl<O: TaskOp> Task<O> {
         total.counters()
     }
 
+    /// A watermark record at `offset` (its header `mark`) of the task's re-keyed
+    /// partition: remembered, and the task's position moves past it. A malformed one is
+    /// ignored (the job writes them all).
+    pub(super) fn hear_upstream(&mut self, offset: i64, mark: &[u8]) {
+        if UpstreamMark::hear(&mut self.upstream, mark) {
+            self.upstream_changed = true;
+        }
+        if self.batch.lines.is_empty() {
+            self.next_offset = offset + 1;
+        } else {
+            // Past it once the staged records before it are processed.
+            self.last_offset = offset;
+        }
+        self.last_input = Instant::now();
+        self.dirty = true;
+    }
+
     /// Whether a record at `offset` is one this task processed or staged already.
     pub(super) fn is_stale(&self, offset: i64) -> bool {
         offset < self.next_offset || (!self.batch.lines.is_empty() && offset <= self.last_offset)
@@ -225,6 +307,7 @@ impl<O: TaskOp> Task<O> {
             counters: self.counters(),
             flushed: self.flushed,
             options: options.to_vec(),
+            upstream: self.upstream.clone(),
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::api::stateful::StatefulJob;
 use crate::api::stream::{KeyFn, TimeFn};
 use crate::error::{KeyStateError, RunError};
 use crate::runtime::backend::TaskStores;
-use crate::runtime::kafka::{Processed, PutChange, TaskFactory, TaskOp};
+use crate::runtime::kafka::{Processed, PutChange, TaskFactory, TaskOp, UpstreamTimes};
 use crate::runtime::tagged::Tagged;
 use crate::stats::RunStats;
 use serde::Serialize;
@@ -31,14 +31,13 @@ impl KafkaGroup {
     /// (its state value, timeouts, timers, expiry) is in the changelog as in the job's
     /// checkpoints.
     ///
-    /// A micro-batch ([`Batching`](crate::api::stateful::Batching)) never spans two polls
-    /// of the partition: `Events(n)` batches are cut at n events and at the end of each
-    /// poll's records, so after a restart or a rebalance the batches can be cut
-    /// elsewhere. With `Batching::PerEvent` (Flink's way) nothing depends on the cut:
-    /// a function of event time gives the outputs of one uninterrupted job over the
-    /// partition, whoever processed which records. Processing time moves at each batch
-    /// end, which happens when a poll brings the partition an event (and, with an
-    /// [`idle_timeout`](Self::idle_timeout), when its watermark moves while quiet).
+    /// Micro-batches ([`Batching`](crate::api::stateful::Batching)) are cut by the
+    /// partition's records alone: with `Events(n)`, records `[k * n, (k + 1) * n)` of
+    /// the partition are micro-batch `k` whatever the polls brought, and a commit puts
+    /// the task's position before a micro-batch not yet full, so a restart or a
+    /// rebalance cuts the same ones (docs/semantics.md K-10). The last, partial one runs
+    /// at the end of a `--stop-at-end` partition or once the partition was quiet for the
+    /// [`idle_timeout`](Self::idle_timeout). Processing time moves at each batch end.
     pub fn run_stateful<N, E, K, T, W, S, F, C, R>(&self, new_job: N) -> Result<RunStats, RunError>
     where
         N: Fn() -> StatefulJob<E, K, T, W, S, F, C> + Sync,
@@ -114,6 +113,33 @@ where
 
     fn state_format(&self) -> u16 {
         SNAPSHOT_VERSION
+    }
+
+    type Times = StatefulTimes<E, K, T, W, S, F, C>;
+
+    fn upstream_times(&self) -> Self::Times {
+        StatefulTimes((self.new_job)())
+    }
+}
+
+/// The event times of input records, decoded and timed as a task's job does.
+struct StatefulTimes<E, K, T, W, S, F, C>(StatefulJob<E, K, T, W, S, F, C>);
+
+impl<E, K, T, W, S, F, C, R> UpstreamTimes for StatefulTimes<E, K, T, W, S, F, C>
+where
+    E: DeserializeOwned,
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    S: Serialize + DeserializeOwned,
+    F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
+    R: IntoIterator,
+    R::Item: 'static,
+    C: Clock,
+{
+    fn time_of(&mut self, record: &[u8]) -> Option<EventTime> {
+        let event: E = crate::api::records::decode(record, None, usize::MAX).ok()?;
+        self.0.task_time_of(&event)
     }
 }
 
@@ -249,6 +275,14 @@ where
 
     fn finish(&mut self) {
         self.step(|job, out| job.advance_task(Watermark::MAX, out));
+    }
+
+    fn follow_upstream(&mut self) {
+        self.job.follow_task_upstream();
+    }
+
+    fn observe_upstream(&mut self, t: EventTime, _step: u64) {
+        self.step(|job, out| job.observe_task_upstream(t, out));
     }
 
     fn sessions(&self) -> &Tagged {

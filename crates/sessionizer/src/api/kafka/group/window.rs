@@ -7,7 +7,7 @@ use crate::api::stream::{KeyFn, TimeFn};
 use crate::api::windowed::{GapFn, SessionRecord, SessionWindowJob, WindowOutput};
 use crate::error::{KeyStateError, RunError};
 use crate::runtime::backend::TaskStores;
-use crate::runtime::kafka::{Processed, PutChange, TaskFactory, TaskOp};
+use crate::runtime::kafka::{Processed, PutChange, TaskFactory, TaskOp, UpstreamTimes};
 use crate::runtime::tagged::Tagged;
 use crate::stats::RunStats;
 use serde::Serialize;
@@ -16,7 +16,7 @@ use sessionizer_checkpoint::WatermarkState;
 use sessionizer_connectors::Batch;
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::kafka::partitioner::KeyPlacement;
-use sessionizer_core::Watermark;
+use sessionizer_core::{EventTime, Watermark};
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::aggregate::Aggregator;
 use sessionizer_window::clock::Clock;
@@ -178,6 +178,32 @@ where
     fn state_format(&self) -> u16 {
         codec::FORMAT
     }
+
+    type Times = WindowTimes<E, K, T, W, A, G, C>;
+
+    fn upstream_times(&self) -> Self::Times {
+        WindowTimes((self.new_job)())
+    }
+}
+
+/// The event times of input records, decoded and timed as a task's job does.
+struct WindowTimes<E, K, T, W, A: Aggregator<E>, G, C>(SessionWindowJob<E, K, T, W, A, G, C>);
+
+impl<E, K, T, W, A, G, C> UpstreamTimes for WindowTimes<E, K, T, W, A, G, C>
+where
+    E: DeserializeOwned,
+    K: KeyFn<E>,
+    T: TimeFn<E>,
+    W: WatermarkStrategy,
+    A: Aggregator<E>,
+    A::Acc: Serialize + DeserializeOwned,
+    G: GapFn<E>,
+    C: Clock,
+{
+    fn time_of(&mut self, record: &[u8]) -> Option<EventTime> {
+        let event: E = crate::api::records::decode(record, None, usize::MAX).ok()?;
+        self.0.task_time_of(&event)
+    }
 }
 
 /// One task's session-window job, and the records of its last step.
@@ -322,6 +348,19 @@ where
             true,
             &mut Records(&mut self.out, self.shape.as_ref()),
         ) {
+            self.failed(e.into());
+        }
+    }
+
+    fn follow_upstream(&mut self) {
+        self.job.follow_task_upstream();
+    }
+
+    fn observe_upstream(&mut self, t: EventTime, _step: u64) {
+        if let Err(e) = self
+            .job
+            .observe_task_upstream(t, &mut Records(&mut self.out, self.shape.as_ref()))
+        {
             self.failed(e.into());
         }
     }
