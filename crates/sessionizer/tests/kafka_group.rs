@@ -710,6 +710,45 @@ fn a_group_job_re_keys_an_input_partitioned_otherwise_with_repartition_by() {
     assert!(not_visits > 3);
     assert_eq!(dead_letters, not_visits);
 
+    // A stateful job re-keyed the same way follows the same time: no event is late, and
+    // every visit's pages are in its outputs (the timeouts fire at +infinity at the end).
+    let stateful_output = kafka::unique("grp-rk-st-out");
+    kafka::create_topics(&[&stateful_output], PARTITIONS as i32);
+    let stateful = || {
+        Stream::<Visit>::new()
+            .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
+            .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
+            .watermark(BoundedOutOfOrderness::new(minutes(3)))
+            .flat_map_groups_with_state(close_visits as PagesFn)
+            .batching(Batching::PerEvent)
+            .build()
+    };
+    let stats = KafkaGroup::new(
+        kafka::broker(),
+        &kafka::unique("grp-rk-st"),
+        &input,
+        &stateful_output,
+    )
+    .dead_letter_topic(&dead)
+    .repartition_by("visit_id")
+    .commit_interval(Duration::from_millis(300))
+    .stop_at_end(true)
+    .run_stateful(stateful)
+    .expect("the stateful group job runs");
+    assert_eq!(stats.late, 0, "no event is late");
+    let pages: u64 = kafka::read_committed(&stateful_output)
+        .iter()
+        .flatten()
+        .map(|r| {
+            serde_json::from_str::<Closed>(&kafka::text(r))
+                .expect("an output")
+                .pages
+        })
+        .sum();
+    assert_eq!(pages, (lines.len() - not_visits) as u64);
+    let dead_letters = kafka::read_committed(&dead).iter().flatten().count();
+    assert_eq!(dead_letters, 2 * not_visits);
+
     // The same input without the re-keying gave wrong sessions silently; now the job
     // stops at the first batch holding a visit in the wrong partition, naming the cure.
     let refused = KafkaGroup::new(kafka::broker(), &kafka::unique("grp-rk"), &input, &output)
@@ -732,7 +771,7 @@ fn a_group_job_re_keys_an_input_partitioned_otherwise_with_repartition_by() {
     );
     assert_eq!(
         kafka::read_committed(&dead).iter().flatten().count(),
-        not_visits,
+        2 * not_visits,
         "nothing more was committed"
     );
 }
