@@ -91,9 +91,14 @@ pub struct DeltaEpoch {
     pub app_id: String,
     /// The checkpoint's epoch: the version of the transaction that commits the files.
     pub epoch: u64,
-    /// The files, in the order they were opened (none when the epoch had no rows: the
-    /// epoch then makes no commit).
+    /// The files written since the table's last commit by this job, in the order they
+    /// were opened (none when those epochs had no rows: the epoch then makes no commit).
     pub files: Vec<DeltaFileRef>,
+    /// The files wait for a later epoch's commit (`--delta-commit-interval` was not due
+    /// at this one): this epoch makes no commit, and a run resuming from it carries them
+    /// on to the next commit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
 }
 
 /// One data file of a [`DeltaEpoch`]: what the table's Add action says of it.

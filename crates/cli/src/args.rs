@@ -104,12 +104,20 @@ pub struct RunArgs {
 
     /// Append the sessions to the Delta Lake table in directory PATH (created with the
     /// session columns if it has no table yet) instead of writing --output: exactly
-    /// once, one table commit per checkpoint, so --state-dir is required. The emit mode
-    /// defaults to final (plain inserts); on-close and on-update are refused. Dead
-    /// letters and late events stay JSON lines. Local directories only (no s3:// yet).
-    /// Needs a build with the cargo feature `delta`.
+    /// once, one table commit per checkpoint (see --delta-commit-interval), so
+    /// --state-dir is required. The emit mode defaults to final (plain inserts);
+    /// on-close and on-update are refused. Dead letters and late events stay JSON lines.
+    /// Local directories only (no s3:// yet). Needs a build with the cargo feature
+    /// `delta`.
     #[arg(long, value_name = "PATH")]
     pub delta_table: Option<String>,
+
+    /// Commit to the --delta-table at most this often (e.g. 1m) instead of at every
+    /// checkpoint: the checkpoints in between record the data files written, which the
+    /// next commit adds, and the run's last checkpoint always commits. Fewer, larger
+    /// table versions; rows become visible later. [default: every checkpoint]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    pub delta_commit_interval: Option<String>,
 
     /// Field holding the session key; a dotted path reaches into nested objects.
     /// [default: visit_id]

@@ -50,6 +50,7 @@ pub struct FileConfig {
     pub output_format: Option<OutputFormatArg>,
     pub partition_by_date: Option<bool>,
     pub delta_table: Option<String>,
+    pub delta_commit_interval: Option<String>,
     pub key: Option<String>,
     pub time: Option<String>,
     pub time_format: Option<TimeFormatArg>,
@@ -352,8 +353,24 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     } else {
         OutputTarget::parse(&args.output.or(file.output).unwrap_or_else(|| "-".into()))
     };
+    let delta_commit_interval = args
+        .delta_commit_interval
+        .take()
+        .or(file.delta_commit_interval.take());
+    let commit_every = match delta_commit_interval {
+        Some(_) if delta_table.is_none() => {
+            return Err(ConfigError::Conflict(
+                "--delta-commit-interval applies to --delta-table".into(),
+            ));
+        }
+        Some(d) => {
+            let d = duration("--delta-commit-interval", Some(d), "0s")?;
+            Some(std::time::Duration::from_millis(d.millis().max(0) as u64))
+        }
+        None => None,
+    };
     let output_format = match explicit_format.unwrap_or(OutputFormatArg::Jsonl) {
-        _ if delta_table.is_some() => OutputFormat::Delta,
+        _ if delta_table.is_some() => OutputFormat::Delta { commit_every },
         OutputFormatArg::Jsonl if partition_by_date => {
             return Err(ConfigError::Conflict(
                 "--partition-by-date applies to --output-format parquet".into(),

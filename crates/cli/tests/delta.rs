@@ -429,10 +429,14 @@ fn what_a_table_cannot_take_is_refused_with_a_reason() {
     generate(&input, 100, 1);
     let table = tmp.path().join("t");
     let state = tmp.path().join("state");
-    let cases: [(Vec<&str>, &str); 5] = [
+    let cases: [(Vec<&str>, &str); 6] = [
         (
             vec!["--delta-table", s(&table)],
             "--delta-table needs --state-dir",
+        ),
+        (
+            vec!["--delta-commit-interval", "1m", "--output", "o.jsonl"],
+            "--delta-commit-interval applies to --delta-table",
         ),
         (
             vec![
@@ -487,4 +491,88 @@ fn what_a_table_cannot_take_is_refused_with_a_reason() {
     }
     assert!(!table.exists(), "nothing was created");
     assert!(!PathBuf::from("o.jsonl").exists());
+}
+
+/// The table's versions: the commits in its log (the first creates the table).
+fn table_versions(table: &Path) -> usize {
+    std::fs::read_dir(table.join("_delta_log"))
+        .expect("the table's log")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
+        .count()
+}
+
+/// `--delta-commit-interval`: checkpoints go on as often as before, but the table is
+/// committed to at most once per interval, each commit adding the files of every
+/// checkpoint since the last — and the run's last checkpoint always commits. Rows stay
+/// exactly once through kill -9 at random instants, pending files included.
+#[test]
+fn a_commit_interval_commits_less_often_and_keeps_every_session_once() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let events = 60_000;
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, events, 23);
+    let want = json_final(tmp.path(), &[&input]);
+
+    // An interval longer than the run: one commit, at the end.
+    let table = tmp.path().join("once");
+    let state = tmp.path().join("once-state");
+    let interval = ["--delta-commit-interval", "1h"];
+    let extra: Vec<&str> = CHECKPOINTS.iter().chain(&interval).copied().collect();
+    let began = Instant::now();
+    run_delta(&[&input], &table, &state, &extra);
+    let took = began.elapsed();
+    assert_eq!(table_rows(&table), want);
+    let (last, files) = newest_checkpoint(&state);
+    assert!(last >= 5, "checkpoints all along the input: {last}");
+    assert_eq!(
+        table_versions(&table),
+        2,
+        "the table's creation, then one commit"
+    );
+    assert_eq!(txn_version(&table, &state), Some(last));
+    assert!(
+        files >= 5,
+        "the last commit took every checkpoint's files: {files}"
+    );
+    assert_files_consistent(&table);
+
+    // A short interval, and kills: some land while files wait for a commit.
+    let table = tmp.path().join("t");
+    let state = tmp.path().join("state");
+    let log = tmp.path().join("runs.log");
+    let interval = ["--delta-commit-interval", "400ms"];
+    let extra: Vec<&str> = CHECKPOINTS.iter().chain(&interval).copied().collect();
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(9);
+    let mut delays = KillDelays::new(took, took / 8, 6);
+    let (mut kills, mut runs) = (0u32, 0u32);
+    loop {
+        runs += 1;
+        assert!(runs <= 300, "no run finished after {runs} restarts");
+        let delay = delays.next(done_fraction(&state, events), kills, &mut rng);
+        let args = delta_args(&[&input], &table, &state, &extra);
+        match run_or_kill(&args, &log, delay) {
+            Some(status) if status.success() => break,
+            Some(status) => panic!(
+                "run {runs} failed ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            ),
+            None => kills += 1,
+        }
+    }
+    assert!(kills >= 4, "only {kills} kills (runs take {took:?})");
+    let got = table_rows(&table);
+    assert!(
+        got == want,
+        "{} rows after {kills} kills, {} wanted",
+        got.len(),
+        want.len()
+    );
+    assert_files_consistent(&table);
+    let (last, _) = newest_checkpoint(&state);
+    assert!(
+        table_versions(&table) < last as usize,
+        "fewer commits ({}) than checkpoints ({last})",
+        table_versions(&table)
+    );
 }

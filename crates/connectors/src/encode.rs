@@ -105,7 +105,7 @@ pub struct RecordWriter {
     /// Records appended to the Delta table in the target directory instead: the
     /// table's columns.
     #[cfg(feature = "delta")]
-    delta: Option<crate::parquet::SessionSchema>,
+    delta: Option<(crate::parquet::SessionSchema, Option<std::time::Duration>)>,
 }
 
 impl std::fmt::Debug for RecordWriter {
@@ -153,11 +153,16 @@ impl RecordWriter {
     }
 
     /// A writer of session records into the Delta table in the directory `target`,
-    /// opened with [`open_delta`](Self::open_delta).
+    /// opened with [`open_delta`](Self::open_delta), committing to the table at most
+    /// every `commit_every` (`None`: at every checkpoint).
     #[cfg(feature = "delta")]
-    pub fn delta(target: OutputTarget, schema: crate::parquet::SessionSchema) -> RecordWriter {
+    pub fn delta(
+        target: OutputTarget,
+        schema: crate::parquet::SessionSchema,
+        commit_every: Option<std::time::Duration>,
+    ) -> RecordWriter {
         let mut w = RecordWriter::new(target);
-        w.delta = Some(schema);
+        w.delta = Some((schema, commit_every));
         w
     }
 
@@ -195,14 +200,24 @@ impl RecordWriter {
                 "a Delta table is a directory, not stdout or stderr",
             )));
         };
-        let Some(schema) = &self.delta else {
+        let Some((schema, commit_every)) = &self.delta else {
             return Err(self.error(io::Error::other("not a Delta table output")));
         };
-        let (output, found) =
+        let (mut output, found) =
             crate::delta::DeltaOutput::open(dir, schema.clone(), job, epoch, committed)
                 .map_err(|e| self.error(io::Error::other(e)))?;
+        output.set_commit_interval(*commit_every);
         self.out = Some(Sink::Delta(Box::new(output)));
         Ok(found)
+    }
+
+    /// The next epoch of a Delta table output is the run's last: it commits to the
+    /// table whatever the commit interval.
+    #[cfg(feature = "delta")]
+    pub fn finish_delta(&mut self) {
+        if let Some(Sink::Delta(table)) = &mut self.out {
+            table.finish();
+        }
     }
 
     /// Phase one of epoch `epoch` of a Delta table output: everything buffered is

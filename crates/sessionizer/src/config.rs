@@ -31,9 +31,14 @@ pub enum OutputFormat {
         partition_by_date: bool,
     },
     /// Rows appended to the Delta Lake table in the output directory (cargo feature
-    /// `delta`): the Parquet format's files, committed to the table's log with each
-    /// checkpoint, so only a run with a state directory writes one.
-    Delta,
+    /// `delta`): the Parquet format's files, committed to the table's log with the
+    /// checkpoints, so only a run with a state directory writes one.
+    Delta {
+        /// Commit to the table at most this often (`None`: at every checkpoint); the
+        /// checkpoints in between record the files written, and the last checkpoint of
+        /// a run always commits.
+        commit_every: Option<std::time::Duration>,
+    },
 }
 
 /// One aggregate of the output record.
@@ -368,7 +373,9 @@ impl PipelineConfig {
                     "parquet".to_string()
                 },
             )),
-            OutputFormat::Delta => Some(("--output-format".to_string(), "delta".to_string())),
+            OutputFormat::Delta { .. } => {
+                Some(("--output-format".to_string(), "delta".to_string()))
+            }
         })
         .collect()
     }

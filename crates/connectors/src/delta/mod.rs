@@ -35,6 +35,12 @@
 //!    commit can name is deleted: the files of later epochs (never recorded by a
 //!    checkpoint that survives) and files of the epoch that its record does not list.
 //!
+//! With a commit interval ([`DeltaOutput::set_commit_interval`]) an epoch whose commit is
+//! not due records its files as *pending* (with those of the pending epochs before it)
+//! and makes no commit; the next due epoch commits them all with its own version, and a
+//! run resuming from a pending epoch carries its files on. The run's last epoch always
+//! commits ([`DeltaOutput::finish`]).
+//!
 //! A table whose transaction version for the job is past the checkpoint resumed from
 //! (newer checkpoints damaged or deleted, an old copy of the state directory) already
 //! holds rows that the run would write again: refused.

@@ -14,7 +14,7 @@ use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 /// The application id of a job's transactions in a table: `sessionizer-<job>`, `job`
 /// being the job's instance id.
@@ -50,6 +50,14 @@ pub struct DeltaOutput {
     files: ParquetFiles,
     /// The epoch prepared last, until it is committed.
     prepared: Option<DeltaEpoch>,
+    /// Commit to the table at most this often (`None`: every epoch).
+    commit_every: Option<Duration>,
+    /// When the table was last committed to (or the output opened).
+    last_commit: Instant,
+    /// The files of the epochs prepared since the last table commit.
+    pending: Vec<DeltaFileRef>,
+    /// The next epoch is the run's last: it commits.
+    finishing: bool,
 }
 
 impl fmt::Debug for DeltaOutput {
@@ -121,6 +129,10 @@ impl DeltaOutput {
                 epoch,
             )?,
             prepared: None,
+            commit_every: None,
+            last_commit: Instant::now(),
+            pending: Vec::new(),
+            finishing: false,
         };
         let version = output.transaction_version()?;
         let resumed = committed.map(|c| c.epoch);
@@ -141,8 +153,14 @@ impl DeltaOutput {
             for f in &c.files {
                 check_recorded(&output.dir.join(&f.path), f)?;
             }
-            output.commit_epoch(c)?;
-            found.rolled_forward = Some(c.epoch);
+            if c.pending {
+                // Written before the checkpoint, committed by none yet: the next
+                // commit takes them.
+                output.pending = c.files.clone();
+            } else {
+                output.commit_epoch(c)?;
+                found.rolled_forward = Some(c.epoch);
+            }
         }
         found.deleted = output.delete_unnamed(job, committed)?;
         Ok((output, found))
@@ -156,6 +174,17 @@ impl DeltaOutput {
     /// The job's application id in the table.
     pub fn app_id(&self) -> &str {
         &self.app_id
+    }
+
+    /// Commits to the table at most every `every` (`None`: at every epoch); the epochs
+    /// in between record their files, which the next commit adds.
+    pub fn set_commit_interval(&mut self, every: Option<Duration>) {
+        self.commit_every = every;
+    }
+
+    /// The next epoch prepared is the run's last: it commits whatever the interval.
+    pub fn finish(&mut self) {
+        self.finishing = true;
     }
 
     /// The epoch whose rows are being written.
@@ -192,25 +221,41 @@ impl DeltaOutput {
                 stats,
             });
         }
+        self.pending.extend(files);
+        let due = self.finishing
+            || self
+                .commit_every
+                .is_none_or(|every| self.last_commit.elapsed() >= every);
         let mark = DeltaEpoch {
             role: String::new(),
             table: self.location.clone(),
             app_id: self.app_id.clone(),
             epoch,
-            files,
+            files: self.pending.clone(),
+            pending: !due,
         };
         self.prepared = Some(mark.clone());
         Ok(mark)
     }
 
-    /// Phase two: the epoch prepared last is committed to the table, in one commit
-    /// carrying the transaction `(app id, epoch)`. Returns the table version it made
-    /// (`None`: the epoch had no rows, or nothing was prepared).
+    /// Phase two: when the epoch prepared last is due to commit, its files and those of
+    /// the epochs before it since the last commit are committed to the table, in one
+    /// commit carrying the transaction `(app id, epoch)`. Returns the table version it
+    /// made (`None`: no rows, not due, or nothing was prepared).
     pub fn commit(&mut self) -> Result<Option<u64>, DeltaError> {
-        match self.prepared.take() {
-            Some(mark) if !mark.files.is_empty() => self.commit_epoch(&mark).map(Some),
-            _ => Ok(None),
+        let Some(mark) = self.prepared.take() else {
+            return Ok(None);
+        };
+        if mark.pending {
+            return Ok(None);
         }
+        let version = match mark.files.is_empty() {
+            true => None,
+            false => Some(self.commit_epoch(&mark)?),
+        };
+        self.pending.clear();
+        self.last_commit = Instant::now();
+        Ok(version)
     }
 
     /// Drops the open epoch: its files are deleted (they are in no commit).

@@ -159,6 +159,11 @@ impl<'c> Job<'c> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
+        #[cfg(feature = "delta")]
+        if finished {
+            // The run's last checkpoint commits to a Delta table whatever its interval.
+            self.sessions.finish_delta();
+        }
         let mut files: Vec<FileSink<'_>> = [&mut self.sessions, &mut self.dead, &mut self.late]
             .into_iter()
             .zip(durable::ROLES)

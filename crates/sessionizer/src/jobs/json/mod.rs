@@ -159,12 +159,15 @@ fn sessions_writer(cfg: &PipelineConfig) -> Result<RecordWriter, RunError> {
             Err(RunError::Unsupported(crate::error::Unsupported::NoParquet))
         }
         #[cfg(feature = "delta")]
-        OutputFormat::Delta => Ok(RecordWriter::delta(
+        OutputFormat::Delta { commit_every } => Ok(RecordWriter::delta(
             cfg.output.clone(),
             session_schema(cfg)?,
+            commit_every,
         )),
         #[cfg(not(feature = "delta"))]
-        OutputFormat::Delta => Err(RunError::Unsupported(crate::error::Unsupported::NoDelta)),
+        OutputFormat::Delta { .. } => {
+            Err(RunError::Unsupported(crate::error::Unsupported::NoDelta))
+        }
     }
 }
 
