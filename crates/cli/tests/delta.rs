@@ -11,9 +11,8 @@ mod outputs;
 #[path = "support/process.rs"]
 mod process;
 
-use outputs::{KillDelays, done_fraction, run_or_kill};
+use outputs::kill_until_done;
 use process::{run, run_ok, s};
-use rand::SeedableRng;
 use serde_json::Value;
 use sessionizer_checkpoint::StateDir;
 use std::path::{Path, PathBuf};
@@ -307,23 +306,8 @@ fn a_run_killed_at_random_instants_keeps_every_session_once() {
     let table = tmp.path().join("t");
     let state = tmp.path().join("state");
     let log = tmp.path().join("runs.log");
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
-    let mut delays = KillDelays::new(took, took / 8, 10);
-    let (mut kills, mut runs) = (0u32, 0u32);
-    loop {
-        runs += 1;
-        assert!(runs <= 300, "no run finished after {runs} restarts");
-        let delay = delays.next(done_fraction(&state, events), kills, &mut rng);
-        let args = delta_args(&[&input], &table, &state, &CHECKPOINTS);
-        match run_or_kill(&args, &log, delay) {
-            Some(status) if status.success() => break,
-            Some(status) => panic!(
-                "run {runs} failed ({status}): {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            ),
-            None => kills += 1,
-        }
-    }
+    let args = delta_args(&[&input], &table, &state, &CHECKPOINTS);
+    let kills = kill_until_done(&args, &state, events, &log, (took, 10, 7));
     assert!(kills >= 8, "only {kills} kills (runs take {took:?})");
     let got = table_rows(&table);
     assert_eq!(got.len(), want.len(), "rows after {kills} kills");
@@ -332,7 +316,7 @@ fn a_run_killed_at_random_instants_keeps_every_session_once() {
     }
     assert_files_consistent(&table);
     eprintln!(
-        "delta crash test: {kills} kills in {runs} runs, {} files",
+        "delta crash test: {kills} kills, {} files",
         logged_files(&table).len()
     );
 }
@@ -543,23 +527,8 @@ fn a_commit_interval_commits_less_often_and_keeps_every_session_once() {
     let log = tmp.path().join("runs.log");
     let interval = ["--delta-commit-interval", "400ms"];
     let extra: Vec<&str> = CHECKPOINTS.iter().chain(&interval).copied().collect();
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(9);
-    let mut delays = KillDelays::new(took, took / 8, 6);
-    let (mut kills, mut runs) = (0u32, 0u32);
-    loop {
-        runs += 1;
-        assert!(runs <= 300, "no run finished after {runs} restarts");
-        let delay = delays.next(done_fraction(&state, events), kills, &mut rng);
-        let args = delta_args(&[&input], &table, &state, &extra);
-        match run_or_kill(&args, &log, delay) {
-            Some(status) if status.success() => break,
-            Some(status) => panic!(
-                "run {runs} failed ({status}): {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            ),
-            None => kills += 1,
-        }
-    }
+    let args = delta_args(&[&input], &table, &state, &extra);
+    let kills = kill_until_done(&args, &state, events, &log, (took, 6, 9));
     assert!(kills >= 4, "only {kills} kills (runs take {took:?})");
     let got = table_rows(&table);
     assert!(

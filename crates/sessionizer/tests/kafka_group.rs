@@ -368,10 +368,15 @@ fn close_visits(
 /// A stateful job in Flink's way, one event per batch, so that nothing depends on where
 /// a restart cuts the input.
 fn stateful_job() -> StatefulVisits {
+    stateful_job_behind(minutes(1))
+}
+
+/// [`stateful_job`] with its watermark `delay` behind the events.
+fn stateful_job_behind(delay: DurationMs) -> StatefulVisits {
     Stream::<Visit>::new()
         .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
         .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
-        .watermark(BoundedOutOfOrderness::new(minutes(1)))
+        .watermark(BoundedOutOfOrderness::new(delay))
         .flat_map_groups_with_state(close_visits as PagesFn)
         .batching(Batching::PerEvent)
         .build()
@@ -714,15 +719,7 @@ fn a_group_job_re_keys_an_input_partitioned_otherwise_with_repartition_by() {
     // every visit's pages are in its outputs (the timeouts fire at +infinity at the end).
     let stateful_output = kafka::unique("grp-rk-st-out");
     kafka::create_topics(&[&stateful_output], PARTITIONS as i32);
-    let stateful = || {
-        Stream::<Visit>::new()
-            .key_by((|v: &Visit| v.visit_id.clone()) as fn(&Visit) -> String)
-            .event_time((|v: &Visit| v.event_time) as fn(&Visit) -> EventTime)
-            .watermark(BoundedOutOfOrderness::new(minutes(3)))
-            .flat_map_groups_with_state(close_visits as PagesFn)
-            .batching(Batching::PerEvent)
-            .build()
-    };
+    let stateful = || stateful_job_behind(minutes(3));
     let stats = KafkaGroup::new(
         kafka::broker(),
         &kafka::unique("grp-rk-st"),

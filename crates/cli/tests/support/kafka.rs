@@ -386,18 +386,7 @@ fn produce_with(
         if let Some(k) = &key {
             record = record.key(k.as_bytes());
         }
-        let mut record = record;
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(_), back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => panic!("produce: {e}"),
-            }
-        }
-        producer.poll(Duration::ZERO);
+        send(&producer, record);
         n += 1;
     }
     producer.flush(Duration::from_secs(60)).expect("flush");
@@ -419,22 +408,27 @@ pub fn produce_to_partition(topic: &str, lines: &[String], partition: i32, over:
             producer.flush(Duration::from_secs(60)).expect("flush");
             std::thread::sleep(over / PARTS as u32);
         }
-        let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+        let record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
             .payload(line.as_bytes())
             .partition(partition);
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(_), back)) => {
-                    record = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => panic!("produce: {e}"),
-            }
-        }
-        producer.poll(Duration::ZERO);
+        send(&producer, record);
     }
     producer.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// Sends `record`, waiting while the producer's queue is full.
+fn send(producer: &BaseProducer, mut record: BaseRecord<'_, [u8], [u8]>) {
+    loop {
+        match producer.send(record) {
+            Ok(()) => break,
+            Err((KafkaError::MessageProduction(_), back)) => {
+                record = back;
+                producer.poll(Duration::from_millis(10));
+            }
+            Err((e, _)) => panic!("produce: {e}"),
+        }
+    }
+    producer.poll(Duration::ZERO);
 }
 
 /// Writes `per_partition` records to every partition of `topic` (of `partitions`) in

@@ -155,3 +155,34 @@ impl KillDelays {
         Duration::from_micros(rng.random_range(500..=slice.as_micros().max(1_000) as u64))
     }
 }
+
+/// Runs the job of `args` again and again, each run killed at an instant of
+/// [`KillDelays`] (`took` an uninterrupted run's time, `want` the kills wanted, `seed`
+/// the instants' seed) until one ends by itself, which must succeed; the runs' stderr
+/// goes to `log`. Its progress is read from the state directory `state` of a job over
+/// `events` events. Returns the kills.
+pub fn kill_until_done(
+    args: &[String],
+    state: &Path,
+    events: u64,
+    log: &Path,
+    (took, want, seed): (Duration, u32, u64),
+) -> u32 {
+    use rand::SeedableRng;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+    let mut delays = KillDelays::new(took, took / 8, want);
+    let (mut kills, mut runs) = (0u32, 0u32);
+    loop {
+        runs += 1;
+        assert!(runs <= 300, "no run finished after {runs} restarts");
+        let delay = delays.next(done_fraction(state, events), kills, &mut rng);
+        match run_or_kill(args, log, delay) {
+            Some(status) if status.success() => return kills,
+            Some(status) => panic!(
+                "run {runs} failed ({status}): {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            ),
+            None => kills += 1,
+        }
+    }
+}
