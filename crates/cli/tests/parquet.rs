@@ -292,10 +292,7 @@ fn a_checkpointed_run_killed_at_random_instants_keeps_every_session_once() {
         files.iter().all(|f| !f.contains(".tmp")),
         "staged files left: {files:?}"
     );
-    eprintln!(
-        "parquet crash test: {kills} kills, {} files",
-        files.len()
-    );
+    eprintln!("parquet crash test: {kills} kills, {} files", files.len());
 }
 
 #[test]

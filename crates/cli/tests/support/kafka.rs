@@ -73,7 +73,13 @@ pub fn wait_isr(n: u32) {
 /// or `~/.cache/sessionizer-kafka-tests` — not the home of a broker a developer runs by
 /// hand. `scripts/test.sh` empties it (`kafka-dev.sh wipe`) before every run of the suite,
 /// so that the brokers start on empty log dirs instead of loading every topic of every
-/// earlier run.
+/// earlier run. Their ports are 10,000 above `kafka-dev.sh`'s defaults (49092 plaintext,
+/// 49192 secure; the test binaries with brokers of their own pick 49xxx ports too), so
+/// that a developer's broker on the default ports disturbs no test.
+pub const TEST_PORT: u16 = 49092;
+/// The secure test broker's first port.
+pub const TEST_SECURE_PORT: u16 = 49192;
+
 fn test_home() -> String {
     std::env::var("SESSIONIZER_TEST_KAFKA_HOME").unwrap_or_else(|_| {
         format!(
@@ -92,9 +98,15 @@ fn script(args: &[&str], secure: bool) -> String {
     if secure {
         cmd.env("KAFKA_DEV_SECURE", "1");
     }
-    if let Some((port, nodes)) = OWN.get() {
-        cmd.env("KAFKA_DEV_PORT", port.to_string())
-            .env("KAFKA_DEV_NODES", nodes.to_string());
+    match OWN.get() {
+        Some((port, nodes)) => {
+            cmd.env("KAFKA_DEV_PORT", port.to_string())
+                .env("KAFKA_DEV_NODES", nodes.to_string());
+        }
+        None => {
+            let port = if secure { TEST_SECURE_PORT } else { TEST_PORT };
+            cmd.env("KAFKA_DEV_PORT", port.to_string());
+        }
     }
     let out = cmd.output().expect("run scripts/kafka-dev.sh");
     assert!(
