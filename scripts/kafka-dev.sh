@@ -141,13 +141,18 @@ has_secure_listeners() {
 
 fetch_jars() {
   if [ -f "$LIBS/.complete" ]; then return; fi
+  # Brokers of several ports may start at once (each under its own port's lock).
+  exec 7>"$HOME_DIR/.lock-jars"
+  flock 7
+  if [ -f "$LIBS/.complete" ]; then exec 7>&-; return; fi
   echo "kafka-dev: fetching Apache Kafka 4.1.1 jars from Maven Central into $LIBS" >&2
   rm -rf "$LIBS.tmp"
   mvn -q -B -f "$HERE/kafka/pom.xml" dependency:copy-dependencies \
-    -DoutputDirectory="$LIBS.tmp" -DincludeScope=runtime >&2
+    -DoutputDirectory="$LIBS.tmp" -DincludeScope=runtime >&2 7>&-
   rm -rf "$LIBS"
   mv "$LIBS.tmp" "$LIBS"
   touch "$LIBS/.complete"
+  exec 7>&-
 }
 
 # Signs a certificate for the key in DIR/NAME.key with the CA CA (CA.pem, CA.key):
