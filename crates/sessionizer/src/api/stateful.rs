@@ -178,7 +178,6 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             workers: Vec::new(),
             parallel: None,
             spill_root: None,
-            follow_upstream: false,
         }
     }
 }
@@ -256,9 +255,6 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     /// With the `rocksdb` backend ([`set_state_backend`](StatefulJob::set_state_backend)):
     /// where the operators' spill stores live.
     spill_root: Option<SpillRoot>,
-    /// A task of a re-keyed topic: the watermark follows the upstream partitions, not
-    /// the events (feature `kafka`).
-    follow_upstream: bool,
 }
 
 /// How a job with workers runs a step on all its operators (chosen in
@@ -380,9 +376,7 @@ where
                 // The late check of one operator, here; each operator pushes its own
                 // keys' events on its own thread when the batch ends.
                 let late = self.op.is_late(time);
-                if !self.follow_upstream {
-                    self.op.observe(time);
-                }
+                self.op.observe(time);
                 if late {
                     p.late += 1;
                     Some(LateEvent {

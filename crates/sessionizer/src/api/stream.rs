@@ -168,6 +168,17 @@ pub struct Stream<E, K = Unset, T = Unset, W = BoundedOutOfOrderness> {
 /// accepts every time.
 pub(crate) type ValidTimes = Option<(EventTime, EventTime)>;
 
+/// The time of `event` if it passes the guard `valid` (`None`: the job refuses it).
+#[cfg(feature = "kafka")]
+pub(crate) fn valid_time_of<E>(
+    time: &impl TimeFn<E>,
+    valid: ValidTimes,
+    event: &E,
+) -> Option<EventTime> {
+    let t = time.time_of(event);
+    time_is_valid(valid, t).then_some(t)
+}
+
 /// Whether `time` passes the guard `valid` (the command line's check).
 #[inline]
 pub(crate) fn time_is_valid(valid: ValidTimes, time: EventTime) -> bool {

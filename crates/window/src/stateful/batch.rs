@@ -117,8 +117,17 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     }
 
     /// Shows `time` to the watermark strategy without an event: a job running its keys
-    /// on several operators shows every event's time to the one that keeps time.
+    /// on several operators shows every event's time to the one that keeps time. Not
+    /// after [`follow_external_time`](Self::follow_external_time).
     pub fn observe(&mut self, time: EventTime) {
+        if !self.external_time {
+            self.strategy.observe(time);
+        }
+    }
+
+    /// Shows the external time `time` to the watermark strategy (see
+    /// [`follow_external_time`](Self::follow_external_time)).
+    pub fn observe_external(&mut self, time: EventTime) {
         self.strategy.observe(time);
     }
 

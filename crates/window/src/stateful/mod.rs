@@ -347,8 +347,8 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     }
 
     /// From now on the events' times do not move the watermark strategy: only
-    /// [`observe`](Self::observe) does (a task of a re-keyed topic, whose time is that
-    /// of its upstream partitions).
+    /// [`observe_external`](Self::observe_external) does (a task of a re-keyed topic,
+    /// whose time is that of its upstream partitions).
     pub fn follow_external_time(&mut self) {
         self.external_time = true;
     }

@@ -97,7 +97,6 @@ where
     /// From now on the watermark follows [`observe_task_upstream`](Self::observe_task_upstream)
     /// alone (a task of a re-keyed topic).
     pub(crate) fn follow_task_upstream(&mut self) {
-        self.follow_upstream = true;
         self.op.follow_external_time();
     }
 
@@ -108,7 +107,7 @@ where
         t: EventTime,
         out: &mut dyn FnMut(&[u8], R::Item),
     ) -> Result<(), SinkError> {
-        self.op.observe(t);
+        self.op.observe_external(t);
         let w = self.op.next_watermark();
         if w <= self.op.watermark() {
             return Ok(());
@@ -119,8 +118,7 @@ where
     /// The time of `event` when it is valid (inside the valid time range), as the
     /// re-keying side of a group job reads it.
     pub(crate) fn task_time_of(&self, event: &E) -> Option<EventTime> {
-        let t = self.time.time_of(event);
-        crate::api::stream::time_is_valid(self.valid, t).then_some(t)
+        crate::api::stream::valid_time_of(&self.time, self.valid, event)
     }
 
     /// Where event time stands, for the changelog's progress records.

@@ -142,8 +142,7 @@ where
     /// The time of `event` when it is valid (inside the valid time range), as the
     /// re-keying side of a group job reads it.
     pub(crate) fn task_time_of(&self, event: &E) -> Option<EventTime> {
-        let t = self.time.time_of(event);
-        crate::api::stream::time_is_valid(self.valid, t).then_some(t)
+        crate::api::stream::valid_time_of(&self.time, self.valid, event)
     }
 
     /// Where event time stands.

@@ -98,19 +98,27 @@ impl TaskFactory for JsonTasks<'_> {
     type Times = JsonTimes;
 
     fn upstream_times(&self) -> JsonTimes {
-        JsonTimes(Decoder::new(self.cfg.decoder_config()))
+        JsonTimes {
+            decoder: Decoder::new(self.cfg.decoder_config()),
+            max_record: self.cfg.max_record,
+        }
     }
 }
 
-/// The event times of input records, read by the command line's decoder (key, time
-/// and its valid range, gap: a record it refuses has none).
-pub(crate) struct JsonTimes(Decoder);
+/// The event times of input records, read as a task reads the record: by the command
+/// line's decoder (key, time and its valid range, gap), a record over the size limit
+/// refused unread. A record a task refuses has none.
+pub(crate) struct JsonTimes {
+    decoder: Decoder,
+    max_record: usize,
+}
 
 impl UpstreamTimes for JsonTimes {
     fn time_of(&mut self, record: &[u8]) -> Option<EventTime> {
-        let line = record.strip_suffix(b"\n").unwrap_or(record);
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        self.0.decode(line).ok().map(|d| d.time)
+        if record.len() > self.max_record {
+            return None;
+        }
+        self.decoder.decode(record).ok().map(|d| d.time)
     }
 }
 

@@ -48,7 +48,6 @@ use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled};
 use sessionizer_connectors::kafka::producer::{SOURCE_HEADER, TxnProducer, WATERMARK_HEADER};
 use sessionizer_connectors::kafka::{KafkaError, KafkaSettings, TopicPartition};
-
 use snapshot::Snapshots;
 use standby::Standbys;
 use std::collections::BTreeMap;

@@ -63,10 +63,14 @@ impl UpstreamMark {
         else {
             return false;
         };
-        let mark = marks.entry(name.to_string()).or_insert(UpstreamMark {
-            time: i64::MIN,
-            idle: false,
-        });
+        if !marks.contains_key(name) {
+            let unheard = UpstreamMark {
+                time: i64::MIN,
+                idle: false,
+            };
+            marks.insert(name.to_string(), unheard);
+        }
+        let mark = marks.get_mut(name).expect("inserted");
         match what {
             "idle" => mark.idle = true,
             t => match t.parse::<i64>() {

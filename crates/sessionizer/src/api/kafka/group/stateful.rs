@@ -118,12 +118,13 @@ where
     type Times = StatefulTimes<E, K, T, W, S, F, C>;
 
     fn upstream_times(&self) -> Self::Times {
-        StatefulTimes((self.new_job)())
+        StatefulTimes((self.new_job)(), self.max_record)
     }
 }
 
-/// The event times of input records, decoded and timed as a task's job does.
-struct StatefulTimes<E, K, T, W, S, F, C>(StatefulJob<E, K, T, W, S, F, C>);
+/// The event times of input records, decoded and timed as a task's job does (with the
+/// group's record size limit).
+struct StatefulTimes<E, K, T, W, S, F, C>(StatefulJob<E, K, T, W, S, F, C>, usize);
 
 impl<E, K, T, W, S, F, C, R> UpstreamTimes for StatefulTimes<E, K, T, W, S, F, C>
 where
@@ -138,7 +139,8 @@ where
     C: Clock,
 {
     fn time_of(&mut self, record: &[u8]) -> Option<EventTime> {
-        let event: E = crate::api::records::decode(record, None, usize::MAX).ok()?;
+        let oversized = (record.len() > self.1).then_some(record.len() as u64);
+        let event: E = crate::api::records::decode(record, oversized, self.1).ok()?;
         self.0.task_time_of(&event)
     }
 }

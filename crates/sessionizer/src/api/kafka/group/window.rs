@@ -182,12 +182,16 @@ where
     type Times = WindowTimes<E, K, T, W, A, G, C>;
 
     fn upstream_times(&self) -> Self::Times {
-        WindowTimes((self.new_job)())
+        WindowTimes((self.new_job)(), self.max_record)
     }
 }
 
-/// The event times of input records, decoded and timed as a task's job does.
-struct WindowTimes<E, K, T, W, A: Aggregator<E>, G, C>(SessionWindowJob<E, K, T, W, A, G, C>);
+/// The event times of input records, decoded and timed as a task's job does (with the
+/// group's record size limit).
+struct WindowTimes<E, K, T, W, A: Aggregator<E>, G, C>(
+    SessionWindowJob<E, K, T, W, A, G, C>,
+    usize,
+);
 
 impl<E, K, T, W, A, G, C> UpstreamTimes for WindowTimes<E, K, T, W, A, G, C>
 where
@@ -201,7 +205,8 @@ where
     C: Clock,
 {
     fn time_of(&mut self, record: &[u8]) -> Option<EventTime> {
-        let event: E = crate::api::records::decode(record, None, usize::MAX).ok()?;
+        let oversized = (record.len() > self.1).then_some(record.len() as u64);
+        let event: E = crate::api::records::decode(record, oversized, self.1).ok()?;
         self.0.task_time_of(&event)
     }
 }
