@@ -186,7 +186,7 @@ pub enum Polled<'a> {
 /// A consumer group member (or a plain consumer) over the job's input topics, reading
 /// `read_committed`.
 pub struct GroupConsumer {
-    consumer: BaseConsumer<GroupContext>,
+    consumer: Leavable,
     /// Rebalances handed to the job and not completed yet (partitions to assign, to
     /// unassign): completed on drop, or librdkafka's close would wait for them forever.
     outstanding: Mutex<(Vec<TopicPartition>, Vec<TopicPartition>)>,
@@ -258,7 +258,7 @@ impl GroupConsumer {
             .create_with_context(context)
             .map_err(KafkaError::client("create the consumer"))?;
         Ok(GroupConsumer {
-            consumer,
+            consumer: Leavable(Some(consumer)),
             outstanding: Mutex::new((Vec::new(), Vec::new())),
             topics: topics.to_vec(),
             settings: settings.clone(),
@@ -639,8 +639,45 @@ impl Drop for GroupConsumer {
                 let _ = self.consumer.incremental_unassign(&tpl);
             }
         }
+        // A member of a group leaves it before it goes: librdkafka's close revokes the
+        // assignment and tells the coordinator. With the coordinator gone (a job that
+        // ends because the cluster stayed away) that could wait for as long as it stays
+        // away; the close gets a bounded time and is otherwise abandoned — the process
+        // is ending, and the group notices the member's absence by its session timeout.
+        if self.group.is_some() && self.consumer.close_queue().is_ok() {
+            let deadline = std::time::Instant::now() + CLOSE_TIMEOUT;
+            while !self.consumer.closed() {
+                if std::time::Instant::now() > deadline {
+                    tracing::warn!(
+                        waited = ?CLOSE_TIMEOUT,
+                        "the Kafka consumer could not leave its group in time; the group will notice by its session timeout"
+                    );
+                    // Its drop would wait for the close again: it is never dropped.
+                    std::mem::forget(self.consumer.0.take());
+                    return;
+                }
+                let _ = self.consumer.poll(Duration::from_millis(100));
+            }
+        }
     }
 }
+
+/// The librdkafka consumer of a [`GroupConsumer`]; always there, but for the end of a
+/// drop that gave up waiting for it to leave its group.
+struct Leavable(Option<BaseConsumer<GroupContext>>);
+
+impl std::ops::Deref for Leavable {
+    type Target = BaseConsumer<GroupContext>;
+
+    fn deref(&self) -> &Self::Target {
+        self.0
+            .as_ref()
+            .expect("the consumer is there until its drop")
+    }
+}
+
+/// How long a consumer may take to leave its group when it is dropped.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A member of the consumer group, as the coordinator describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -299,7 +299,31 @@ impl TxnProducer {
                     record = back;
                     self.producer.poll(Duration::from_millis(5));
                 }
-                Err((e, _)) => return Err(classify(e)),
+                // The transaction failed in the background (a record of it could
+                // not be delivered, its coordinator went away): it can only be aborted.
+                Err((ClientError::MessageProduction(RDKafkaErrorCode::State), _)) => {
+                    return Err(self.with_delivery_error(CommitError::Aborted(
+                        "the transaction failed before this record was sent".into(),
+                    )));
+                }
+                // A record the producer refuses (too large, an unknown partition) is
+                // refused again by a retry; a fatal producer error stays fatal, unless
+                // the coordinator raised it because the transaction outlived its timeout.
+                Err((ClientError::MessageProduction(RDKafkaErrorCode::Fatal), _)) => {
+                    let why = self.producer.client().fatal_error().map_or_else(
+                        || "a fatal error".to_string(),
+                        |(code, reason)| format!("{code:?}: {reason}"),
+                    );
+                    return Err(self.expired(CommitError::Fatal(format!(
+                        "the transactional producer was fenced or failed ({why}); another process may have taken over this instance's transactional id"
+                    ))));
+                }
+                Err((e @ ClientError::MessageProduction(_), _)) => {
+                    return Err(self.expired(CommitError::Fatal(format!(
+                        "a record to {topic} was refused: {e}"
+                    ))));
+                }
+                Err((e, _)) => return Err(self.expired(classify(e))),
             }
         }
     }

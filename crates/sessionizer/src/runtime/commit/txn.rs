@@ -189,10 +189,15 @@ impl Transactions {
     }
 }
 
-/// A producer's failure as the run's error.
+/// A producer's failure as the run's error. A transaction aborted under the job — a
+/// record sent while the producer's transaction had already failed in the background (a
+/// broker went away with some of its records) — passes like an unanswered cluster: the
+/// job replaces its producer and rewinds its tasks to the last commit. Only a producer
+/// that cannot go on (fenced by another process, a record it refuses) ends the run.
 pub(crate) fn commit_error(e: CommitError) -> RunError {
     match e {
         CommitError::Unavailable(why) => RunError::Kafka(KafkaError::Unavailable(why)),
-        e => RunError::Kafka(KafkaError::Invalid(e.to_string())),
+        CommitError::Aborted(_) => RunError::Kafka(KafkaError::Unavailable(e.to_string())),
+        CommitError::Fatal(_) => RunError::Kafka(KafkaError::Invalid(e.to_string())),
     }
 }
