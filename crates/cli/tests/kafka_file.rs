@@ -47,7 +47,7 @@ const PARTITIONS: usize = 4;
 
 /// This binary's broker: one node, on a port no test binary running at the same time
 /// uses (the test binaries of a crate run one after another).
-const PORT: u16 = 49592;
+const PORT: u16 = 29592;
 
 /// This binary's broker, and one test at a time.
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {

@@ -21,7 +21,7 @@ use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// This binary's broker: one node, on a port of its own.
-const PORT: u16 = 49592;
+const PORT: u16 = 29592;
 
 /// The job's arguments: Kafka in and out, exactly once, `--stop-at-end`, commits every
 /// 200 ms, calls to the cluster bounded by 5 s (so that a call made while the broker

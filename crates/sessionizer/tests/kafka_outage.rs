@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use visits::{Visit, job, lines, produce};
 
 /// The broker the command line's outage tests use too (binaries run one at a time).
-const PORT: u16 = 49592;
+const PORT: u16 = 29592;
 
 /// A source over a new one-partition topic `input` holding `records`, opened on a
 /// job's new state directory in `dir`, once it has handed out its first events.

@@ -73,12 +73,13 @@ pub fn wait_isr(n: u32) {
 /// or `~/.cache/sessionizer-kafka-tests` — not the home of a broker a developer runs by
 /// hand. `scripts/test.sh` empties it (`kafka-dev.sh wipe`) before every run of the suite,
 /// so that the brokers start on empty log dirs instead of loading every topic of every
-/// earlier run. Their ports are 10,000 above `kafka-dev.sh`'s defaults (49092 plaintext,
-/// 49192 secure; the test binaries with brokers of their own pick 49xxx ports too), so
-/// that a developer's broker on the default ports disturbs no test.
-pub const TEST_PORT: u16 = 49092;
+/// earlier run. Their ports are 29092 (plaintext) and 29192 (secure), and the test binaries
+/// with brokers of their own pick 29xxx ports too: not `kafka-dev.sh`'s defaults, so that a
+/// developer's broker disturbs no test, and below Linux's ephemeral range (32768 and up),
+/// so that no client connection of a test can hold a port a broker is about to bind.
+pub const TEST_PORT: u16 = 29092;
 /// The secure test broker's first port.
-pub const TEST_SECURE_PORT: u16 = 49192;
+pub const TEST_SECURE_PORT: u16 = 29192;
 
 fn test_home() -> String {
     std::env::var("SESSIONIZER_TEST_KAFKA_HOME").unwrap_or_else(|_| {
