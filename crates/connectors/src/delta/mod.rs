@@ -49,6 +49,7 @@
 //! its own, on the caller's thread.
 
 mod stats;
+mod store;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -77,10 +78,8 @@ pub enum DeltaError {
         #[source]
         source: Box<deltalake::DeltaTableError>,
     },
-    /// The table's location is not a local directory.
-    #[error(
-        "Delta table {0}: only tables in a local directory are supported yet; give a directory path"
-    )]
+    /// The table's location is neither a local directory nor `s3://bucket/path`.
+    #[error("Delta table {0}: give a local directory or an S3 location (s3://bucket/path)")]
     Location(String),
     /// The async runtime could not be started.
     #[error("cannot start the runtime of the Delta table output: {0}")]

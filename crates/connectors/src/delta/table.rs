@@ -2,19 +2,23 @@
 //! the commit of a prepared epoch.
 
 use super::stats::file_stats;
+use super::store::Location;
 use super::{DeltaEpoch, DeltaError, DeltaFileRef};
 use crate::parquet::{ParquetFiles, ParquetOptions, SessionSchema};
 use deltalake::DeltaTable;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{Action, Add, StructType, Transaction};
+use deltalake::logstore::ObjectStoreRef;
+use deltalake::logstore::object_store::path::Path as StorePath;
+use deltalake::logstore::object_store::{ObjectStore, ObjectStoreExt as _};
 use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
 use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The application id of a job's transactions in a table: `sessionizer-<job>`, `job`
 /// being the job's instance id.
@@ -38,11 +42,16 @@ pub struct Recovered {
 /// A Delta table that session records are appended to, in epochs (see the module's
 /// documentation for the protocol).
 pub struct DeltaOutput {
-    /// The table's directory.
-    dir: PathBuf,
+    /// Where the data files are written: the table's directory, or for a table on S3
+    /// a local staging directory they are uploaded from.
+    staging: PathBuf,
+    /// Whether the data files are uploaded from `staging`.
+    remote: bool,
+    /// The table's object store, rooted at the table.
+    store: ObjectStoreRef,
     /// Its location as given, for messages.
     label: String,
-    /// Its absolute path, for the checkpoint's record.
+    /// Its absolute path or URL, for the checkpoint's record.
     location: String,
     app_id: String,
     runtime: tokio::runtime::Runtime,
@@ -73,29 +82,29 @@ impl fmt::Debug for DeltaOutput {
 }
 
 impl DeltaOutput {
-    /// Opens the table in directory `dir` (created, with the columns of `schema`, when
-    /// it has no table yet) for job `job` (its instance id), whose next rows belong to
+    /// Opens the table at `location` — a local directory or `s3://bucket/path` (see
+    /// [`store`](super::store)) — (created, with the columns of `schema`, when it has no
+    /// table yet) for job `job` (its instance id), whose next rows belong to
     /// checkpoint epoch `epoch`; `committed` is what the checkpoint resumed from
     /// recorded of this output (`None`: no checkpoint).
     /// Brings the table back to that checkpoint first: the recorded epoch is committed
     /// if it was not, and the job's files that no commit names are deleted.
     pub fn open(
-        dir: &Path,
+        location: &str,
         schema: SessionSchema,
         job: &str,
         epoch: u64,
         committed: Option<&DeltaEpoch>,
     ) -> Result<(DeltaOutput, Recovered), DeltaError> {
-        let label = dir.display().to_string();
+        let label = location.to_string();
         let app_id = app_id(job);
-        // The record names the table by its absolute path: the run may be started from
-        // another directory, or name the table another way. (A table directory that is
-        // gone is still the one recorded: its recorded files are then found missing.)
-        let location = fs::canonicalize(dir)
-            .or_else(|_| std::path::absolute(dir))
-            .map(|p| p.display().to_string());
+        let where_ = Location::parse(location)?;
+        // The record names a local table by its absolute path: the run may be started
+        // from another directory, or name the table another way. (A table directory that
+        // is gone is still the one recorded: its recorded files are then found missing.)
+        let recorded = where_.record();
         if let Some(c) = committed
-            && (c.app_id != app_id || location.as_ref().ok() != Some(&c.table))
+            && (c.app_id != app_id || recorded != c.table)
         {
             return Err(DeltaError::Mismatch {
                 recorded_table: c.table.clone(),
@@ -109,18 +118,22 @@ impl DeltaOutput {
             .build()
             .map_err(DeltaError::Runtime)?;
         let mut found = Recovered::default();
-        let (table, created) = runtime.block_on(open_or_create(dir, &label, &schema))?;
+        let url = where_.url(&label)?;
+        let (table, created) = runtime.block_on(open_or_create(url, &label, &schema))?;
         found.created = created;
-        let location = fs::canonicalize(dir).map_err(io_error("inspect", dir))?;
+        let staging = where_.staging(&app_id)?;
+        let store = table.log_store().object_store(None);
         let mut output = DeltaOutput {
-            dir: dir.to_path_buf(),
-            location: location.display().to_string(),
+            staging: staging.clone(),
+            remote: where_.is_remote(),
+            store,
+            location: where_.record(),
             label,
             app_id,
             runtime,
             table,
             files: ParquetFiles::new(
-                dir,
+                &staging,
                 schema,
                 ParquetOptions {
                     final_names: Some(job.to_string()),
@@ -151,7 +164,7 @@ impl DeltaOutput {
             && version.is_none_or(|v| v < c.epoch as i64)
         {
             for f in &c.files {
-                check_recorded(&output.dir.join(&f.path), f)?;
+                output.check_recorded(f)?;
             }
             if c.pending {
                 // Written before the checkpoint, committed by none yet: the next
@@ -206,11 +219,16 @@ impl DeltaOutput {
         let staged = self.files.prepare(epoch)?;
         let mut files = Vec::with_capacity(staged.files.len());
         for f in staged.files {
-            let path = self.dir.join(&f.name);
-            let modified = fs::metadata(&path)
-                .and_then(|m| m.modified())
-                .map_err(io_error("inspect", &path))?;
+            let path = self.staging.join(&f.name);
             let (stats, rows) = file_stats(&path)?;
+            let modified = if self.remote {
+                self.upload(&path, &f.name)?;
+                SystemTime::now()
+            } else {
+                fs::metadata(&path)
+                    .and_then(|m| m.modified())
+                    .map_err(io_error("inspect", &path))?
+            };
             files.push(DeltaFileRef {
                 path: f.name,
                 rows,
@@ -260,8 +278,92 @@ impl DeltaOutput {
 
     /// Drops the open epoch: its files are deleted (they are in no commit).
     pub fn abort(&mut self) -> Result<(), DeltaError> {
-        self.prepared = None;
+        if let Some(mark) = self.prepared.take()
+            && self.remote
+        {
+            // Uploaded when prepared: the epoch's own files (not those of the pending
+            // epochs before it, which a later commit still adds).
+            for f in &mark.files {
+                if f.path.contains(&format!("-{:020}-", mark.epoch)) {
+                    self.delete(&f.path)?;
+                }
+            }
+            self.pending
+                .retain(|f| !f.path.contains(&format!("-{:020}-", mark.epoch)));
+        }
         Ok(self.files.abort()?)
+    }
+
+    /// Uploads the data file `path` (in the staging directory) as `name` in the table,
+    /// then removes the local copy.
+    fn upload(&self, path: &Path, name: &str) -> Result<(), DeltaError> {
+        let store = self.store.clone();
+        let target = StorePath::from(name);
+        let result: Result<(), deltalake::ObjectStoreError> = self.runtime.block_on(async {
+            use tokio::io::AsyncWriteExt as _;
+            let mut file = tokio::fs::File::open(path).await.map_err(|e| {
+                deltalake::ObjectStoreError::Generic {
+                    store: "local staging",
+                    source: Box::new(e),
+                }
+            })?;
+            let mut writer =
+                deltalake::logstore::object_store::buffered::BufWriter::new(store, target);
+            tokio::io::copy(&mut file, &mut writer).await.map_err(|e| {
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: Box::new(e),
+                }
+            })?;
+            writer
+                .shutdown()
+                .await
+                .map_err(|e| deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: Box::new(e),
+                })
+        });
+        result.map_err(self.store_failed("upload a data file"))?;
+        fs::remove_file(path).map_err(io_error("remove the uploaded", path))
+    }
+
+    /// Deletes the data file `name` of the table (gone already is fine).
+    fn delete(&self, name: &str) -> Result<(), DeltaError> {
+        let path = StorePath::from(name);
+        match self.runtime.block_on(self.store.delete(&path)) {
+            Ok(()) | Err(deltalake::ObjectStoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.store_failed("delete a data file")(e)),
+        }
+    }
+
+    /// A recorded file must be there, as long as recorded, before a commit names it.
+    fn check_recorded(&self, f: &DeltaFileRef) -> Result<(), DeltaError> {
+        let path = StorePath::from(f.path.as_str());
+        let lost = |what: String| DeltaError::Lost {
+            path: PathBuf::from(format!("{}/{}", self.label.trim_end_matches('/'), f.path)),
+            what,
+        };
+        match self.runtime.block_on(self.store.head(&path)) {
+            Ok(m) if m.size == f.bytes => Ok(()),
+            Ok(m) => Err(lost(format!(
+                "{} bytes long, not the {} recorded",
+                m.size, f.bytes
+            ))),
+            Err(deltalake::ObjectStoreError::NotFound { .. }) => Err(lost("missing".into())),
+            Err(e) => Err(self.store_failed("inspect a recorded data file")(e)),
+        }
+    }
+
+    fn store_failed(
+        &self,
+        action: &'static str,
+    ) -> impl FnOnce(deltalake::ObjectStoreError) -> DeltaError + use<> {
+        let table = self.label.clone();
+        move |source| DeltaError::Table {
+            table,
+            action,
+            source: Box::new(source.into()),
+        }
     }
 
     /// The table's last transaction version of this job.
@@ -356,18 +458,16 @@ impl DeltaOutput {
         job: &str,
         committed: Option<&DeltaEpoch>,
     ) -> Result<Vec<String>, DeltaError> {
-        let list = match fs::read_dir(&self.dir) {
-            Ok(list) => list,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_error("list", &self.dir)(e)),
-        };
+        let listed = self
+            .runtime
+            .block_on(self.store.list_with_delimiter(None))
+            .map_err(self.store_failed("list the data files"))?;
         let mut deleted = Vec::new();
-        for entry in list {
-            let entry = entry.map_err(io_error("list", &self.dir))?;
-            let Ok(name) = entry.file_name().into_string() else {
+        for object in listed.objects {
+            let Some(name) = object.location.filename() else {
                 continue;
             };
-            let Some(epoch) = epoch_of(&name, job) else {
+            let Some(epoch) = epoch_of(name, job) else {
                 continue;
             };
             let named = match committed {
@@ -375,29 +475,37 @@ impl DeltaOutput {
                 Some(c) => epoch < c.epoch || c.files.iter().any(|f| f.path == name),
             };
             if !named {
-                let path = entry.path();
-                fs::remove_file(&path).map_err(io_error("remove", &path))?;
-                deleted.push(name);
+                self.delete(name)?;
+                deleted.push(name.to_string());
             }
         }
-        if !deleted.is_empty() {
-            fs::File::open(&self.dir)
+        if !deleted.is_empty() && !self.remote {
+            fs::File::open(&self.staging)
                 .and_then(|d| d.sync_all())
-                .map_err(io_error("sync the directory", &self.dir))?;
+                .map_err(io_error("sync the directory", &self.staging))?;
         }
         deleted.sort();
         Ok(deleted)
     }
 }
 
-/// The last transaction version of application id `app_id` in the table at `dir`
-/// (`None`: it never committed there), and the table's version; without writing
-/// anything.
+/// The last transaction version of application id `app_id` in the table at `location`
+/// (a local directory or `s3://bucket/path`; `None`: it never committed there), and the
+/// table's version; without writing anything.
 pub fn committed_version(
-    dir: &Path,
+    location: &str,
     app_id: &str,
 ) -> Result<(Option<i64>, Option<u64>), DeltaError> {
-    let label = dir.display().to_string();
+    let label = location.to_string();
+    let url = match Location::parse(location)? {
+        Location::Local(dir) => deltalake::table::builder::parse_table_uri(dir.to_string_lossy())
+            .map_err(|source| DeltaError::Table {
+            table: label.clone(),
+            action: "read the table",
+            source: Box::new(source),
+        })?,
+        s3 => s3.url(&label)?,
+    };
     let failed = |source| DeltaError::Table {
         table: label.clone(),
         action: "read the table",
@@ -409,7 +517,6 @@ pub fn committed_version(
         .map_err(DeltaError::Runtime)?;
     runtime
         .block_on(async {
-            let url = deltalake::table::builder::parse_table_uri(dir.to_string_lossy())?;
             let table = deltalake::open_table(url).await?;
             let state = table.snapshot()?;
             let txn = state
@@ -423,7 +530,7 @@ pub fn committed_version(
 /// Loads the table at `dir`, or creates it with `schema`'s columns; an existing table
 /// must have exactly those columns. Returns whether it was created.
 async fn open_or_create(
-    dir: &Path,
+    url: url::Url,
     label: &str,
     schema: &SessionSchema,
 ) -> Result<(DeltaTable, bool), DeltaError> {
@@ -434,52 +541,65 @@ async fn open_or_create(
             source: Box::new(source),
         }
     };
-    let Some(text) = dir.to_str() else {
-        return Err(DeltaError::Location(label.to_string()));
-    };
     let ours: StructType = schema
         .arrow_schema()
         .as_ref()
         .try_into_kernel()
         .map_err(|e| failed("convert the session columns")(e.into()))?;
-    let url = deltalake::ensure_table_uri(text).map_err(failed("open the directory"))?;
-    if url.scheme() != "file" {
-        return Err(DeltaError::Location(label.to_string()));
-    }
-    // A directory without a log is no table yet: loading it would fail (and delta-rs
+    let mut table = deltalake::DeltaTableBuilder::from_url(url)
+        .and_then(deltalake::DeltaTableBuilder::build)
+        .map_err(failed("open the location"))?;
+    // A location without a log is no table yet: loading it would fail (and delta-rs
     // would log that failure as an error).
-    let has_log = fs::read_dir(dir.join("_delta_log")).is_ok_and(|mut l| l.next().is_some());
-    let table = if has_log {
-        DeltaTable::try_from_url(url)
-            .await
-            .map_err(failed("read the log"))?
-    } else {
-        deltalake::DeltaTableBuilder::from_url(url)
-            .and_then(deltalake::DeltaTableBuilder::build)
-            .map_err(failed("open the directory"))?
-    };
-    if table.version().is_some() {
-        let theirs = table
-            .snapshot()
-            .map_err(failed("read the schema"))?
-            .schema();
-        let differences = schema_differences(&theirs, &ours);
-        if !differences.is_empty() {
-            return Err(DeltaError::Schema {
-                table: label.to_string(),
-                differences,
-            });
-        }
-        return Ok((table, false));
-    }
-    let table = table
-        .create()
-        .with_columns(ours.fields().cloned())
-        .with_save_mode(SaveMode::ErrorIfExists)
-        .with_comment("sessions written by sessionizer")
+    if table
+        .log_store()
+        .is_delta_table_location()
         .await
-        .map_err(failed("create the table"))?;
-    Ok((table, true))
+        .map_err(failed("look for the log"))?
+    {
+        table.load().await.map_err(failed("read the log"))?;
+    }
+    if table.version().is_none() {
+        let created = table
+            .clone()
+            .create()
+            .with_columns(ours.fields().cloned())
+            .with_save_mode(SaveMode::ErrorIfExists)
+            .with_comment("sessions written by sessionizer")
+            // Losing the race for version 0 to another writer must fail: retried, the
+            // creation would land as a later version with a table id of its own, and
+            // every other writer's next commit would be refused for the changed
+            // metadata.
+            .with_commit_properties(CommitProperties::default().with_max_retries(0))
+            .await;
+        match created {
+            Ok(table) => return Ok((table, true)),
+            // Another writer created it first (its version 0 is put if absent): the
+            // table is theirs, as if it had been there.
+            Err(_)
+                if table
+                    .log_store()
+                    .is_delta_table_location()
+                    .await
+                    .unwrap_or(false) =>
+            {
+                table.load().await.map_err(failed("read the log"))?;
+            }
+            Err(e) => return Err(failed("create the table")(e)),
+        }
+    }
+    let theirs = table
+        .snapshot()
+        .map_err(failed("read the schema"))?
+        .schema();
+    let differences = schema_differences(&theirs, &ours);
+    if !differences.is_empty() {
+        return Err(DeltaError::Schema {
+            table: label.to_string(),
+            differences,
+        });
+    }
+    Ok((table, false))
 }
 
 /// How the table's columns `theirs` differ from the session records' `ours` (names,
@@ -532,22 +652,6 @@ fn epoch_of(name: &str, job: &str) -> Option<u64> {
     }
     n.parse::<u32>().ok()?;
     epoch.parse().ok()
-}
-
-/// A recorded file must be there, as long as recorded, before a commit names it.
-fn check_recorded(path: &Path, f: &DeltaFileRef) -> Result<(), DeltaError> {
-    match fs::metadata(path) {
-        Ok(m) if m.len() == f.bytes => Ok(()),
-        Ok(m) => Err(DeltaError::Lost {
-            path: path.to_path_buf(),
-            what: format!("{} bytes long, not the {} recorded", m.len(), f.bytes),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(DeltaError::Lost {
-            path: path.to_path_buf(),
-            what: "missing".to_string(),
-        }),
-        Err(e) => Err(io_error("inspect", path)(e)),
-    }
 }
 
 fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> DeltaError + use<> {

@@ -16,6 +16,11 @@ use std::path::Path;
 const T0: i64 = 1_704_067_200_000; // 2024-01-01T00:00:00Z
 const JOB: &str = "0123456789abcdef";
 
+/// A local table's location, as `--delta-table` takes it.
+fn loc(dir: &Path) -> &str {
+    dir.to_str().expect("a UTF-8 temporary path")
+}
+
 fn schema(emit: EmitMode) -> SessionSchema {
     SessionSchema::new(&[], emit).expect("schema")
 }
@@ -46,7 +51,7 @@ fn logged(dir: &Path) -> (Vec<String>, Option<u64>, Option<i64>) {
         .enable_all()
         .build()
         .expect("runtime");
-    let (txn, version) = committed_version(dir, &app_id(JOB)).expect("readable");
+    let (txn, version) = committed_version(loc(dir), &app_id(JOB)).expect("readable");
     let files = runtime.block_on(async {
         let url = deltalake::table::builder::parse_table_uri(dir.to_string_lossy()).expect("url");
         let table = deltalake::open_table(url).await.expect("a table");
@@ -83,7 +88,7 @@ fn rows_in(dir: &Path, file: &str) -> i64 {
 }
 
 fn open(dir: &Path, epoch: u64, committed: Option<&DeltaEpoch>) -> (DeltaOutput, Recovered) {
-    DeltaOutput::open(dir, schema(EmitMode::Final), JOB, epoch, committed).expect("opened")
+    DeltaOutput::open(loc(dir), schema(EmitMode::Final), JOB, epoch, committed).expect("opened")
 }
 
 #[test]
@@ -225,7 +230,7 @@ fn a_table_ahead_of_the_checkpoint_is_refused() {
     out.prepare(2).expect("prepared");
     out.commit().expect("committed");
     drop(out);
-    let refused = DeltaOutput::open(&dir, schema(EmitMode::Final), JOB, 2, Some(&first))
+    let refused = DeltaOutput::open(loc(&dir), schema(EmitMode::Final), JOB, 2, Some(&first))
         .expect_err("the table has epoch 2");
     let text = refused.to_string();
     assert!(
@@ -237,8 +242,8 @@ fn a_table_ahead_of_the_checkpoint_is_refused() {
     // Nothing was deleted or committed.
     assert_eq!(logged(&dir).0.len(), 2);
     // Without any checkpoint the table's transactions are just as much ahead.
-    let refused =
-        DeltaOutput::open(&dir, schema(EmitMode::Final), JOB, 1, None).expect_err("no checkpoint");
+    let refused = DeltaOutput::open(loc(&dir), schema(EmitMode::Final), JOB, 1, None)
+        .expect_err("no checkpoint");
     assert!(refused.to_string().contains("no checkpoint"), "{refused}");
 }
 
@@ -251,12 +256,18 @@ fn a_checkpoint_of_another_table_or_job_is_refused() {
     let mark = out.prepare(1).expect("prepared");
     drop(out);
     let other = tmp.path().join("other");
-    let refused = DeltaOutput::open(&other, schema(EmitMode::Final), JOB, 2, Some(&mark))
+    let refused = DeltaOutput::open(loc(&other), schema(EmitMode::Final), JOB, 2, Some(&mark))
         .expect_err("another table");
     assert!(matches!(refused, DeltaError::Mismatch { .. }), "{refused}");
     assert!(!other.join("_delta_log").exists());
-    let refused = DeltaOutput::open(&dir, schema(EmitMode::Final), "another", 2, Some(&mark))
-        .expect_err("another job");
+    let refused = DeltaOutput::open(
+        loc(&dir),
+        schema(EmitMode::Final),
+        "another",
+        2,
+        Some(&mark),
+    )
+    .expect_err("another job");
     assert!(
         refused.to_string().contains("sessionizer-another"),
         "{refused}"
@@ -272,14 +283,14 @@ fn a_recorded_file_that_is_gone_is_reported_not_committed() {
     let mark = out.prepare(1).expect("prepared");
     drop(out);
     fs::remove_file(dir.join(&mark.files[0].path)).expect("removed");
-    let refused =
-        DeltaOutput::open(&dir, schema(EmitMode::Final), JOB, 2, Some(&mark)).expect_err("lost");
+    let refused = DeltaOutput::open(loc(&dir), schema(EmitMode::Final), JOB, 2, Some(&mark))
+        .expect_err("lost");
     assert!(matches!(refused, DeltaError::Lost { .. }), "{refused}");
     assert_eq!(logged(&dir), (vec![], Some(0), None));
     // So is a table directory deleted whole.
     fs::remove_dir_all(&dir).expect("removed");
-    let refused =
-        DeltaOutput::open(&dir, schema(EmitMode::Final), JOB, 2, Some(&mark)).expect_err("lost");
+    let refused = DeltaOutput::open(loc(&dir), schema(EmitMode::Final), JOB, 2, Some(&mark))
+        .expect_err("lost");
     assert!(matches!(refused, DeltaError::Lost { .. }), "{refused}");
 }
 
@@ -289,7 +300,7 @@ fn a_table_of_other_columns_is_refused_naming_them() {
     let dir = tmp.path().join("table");
     let (out, _) = open(&dir, 1, None);
     drop(out);
-    let refused = DeltaOutput::open(&dir, schema(EmitMode::OnClose), JOB, 1, None)
+    let refused = DeltaOutput::open(loc(&dir), schema(EmitMode::OnClose), JOB, 1, None)
         .expect_err("other columns");
     let text = refused.to_string();
     assert!(matches!(refused, DeltaError::Schema { .. }), "{text}");
