@@ -105,11 +105,13 @@ pub struct RunArgs {
     /// Append the sessions to the Delta Lake table in directory PATH, or at
     /// s3://bucket/path (created with the session columns if it has no table yet)
     /// instead of writing --output: exactly once, one table commit per checkpoint (see
-    /// --delta-commit-interval), so --state-dir is required. The emit mode defaults to
-    /// final (plain inserts); on-close and on-update are refused. Dead letters and late
-    /// events stay JSON lines (on stderr for a table on S3, unless named). S3 settings
-    /// come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and
-    /// AWS_ENDPOINT_URL. Needs a build with the cargo feature `delta`.
+    /// --delta-commit-interval), so --state-dir is required (with a Kafka input
+    /// --kafka-group instead: each partition commits its own epochs after the group's
+    /// transactions). The emit mode defaults to final (plain inserts); on-close and
+    /// on-update are refused. Dead letters and late events stay JSON lines (on stderr
+    /// for a table on S3 or a Kafka input, unless named). S3 settings come from
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL. Needs
+    /// a build with the cargo feature `delta`.
     #[arg(long, value_name = "PATH")]
     pub delta_table: Option<String>,
 

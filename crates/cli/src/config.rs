@@ -341,9 +341,14 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
                 ("--output", args.output.is_some() || file.output.is_some()),
                 ("--output-format", explicit_format.is_some()),
                 ("--partition-by-date", partition_by_date),
-                ("a Kafka input or output", kafka_in || kafka_out),
+                ("a Kafka output", kafka_out),
             ],
         )?;
+        if kafka_in && kafka.as_ref().is_some_and(|k| k.group.is_none()) {
+            return Err(ConfigError::Conflict(
+                "--delta-table with a Kafka input needs --kafka-group: the table is written exactly once, its epochs committed in the group's transactions with the offsets and the changelogs".into(),
+            ));
+        }
     }
     // With a Kafka output topic the side outputs default to stderr, as with stdout.
     let output = if kafka_out {
@@ -386,10 +391,11 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     };
     let explicit_dead = args.dead_letter.is_some() || file.dead_letter.is_some();
     let explicit_late = args.late_output.is_some() || file.late_output.is_some();
-    // A table in object storage has no directory beside it for the side outputs' files:
-    // they default to stderr, as next to a Kafka topic.
+    // A table in object storage has no directory beside it for the side outputs' files,
+    // and the processes of a Kafka group would share them: they default to stderr, as
+    // next to a Kafka topic.
     let in_object_store = delta_table.as_deref().is_some_and(|t| t.contains("://"));
-    let side = |what| match in_object_store {
+    let side = |what| match in_object_store || (kafka_in && delta_table.is_some()) {
         true => OutputTarget::Stderr,
         false => beside(&output, what),
     };
@@ -615,7 +621,7 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             &inputs,
         )?
     };
-    if delta_table.is_some() && checkpoint.is_none() {
+    if delta_table.is_some() && checkpoint.is_none() && !kafka_in {
         return Err(ConfigError::Conflict(
             "--delta-table needs --state-dir: the table is written exactly once, one commit per checkpoint, and its recovery starts from the checkpoints kept there".into(),
         ));

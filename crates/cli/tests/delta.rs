@@ -4,12 +4,17 @@
 //! `--emit final` run of the same input, each once — after a resume over new input,
 //! after `kill -9` at random instants, and after a crash between a checkpoint and the
 //! table's commit. The same on S3 (SeaweedFS on 127.0.0.1, `scripts/s3-dev.sh`), where two
-//! jobs also write one table at once.
+//! jobs also write one table at once. And from Kafka (a real broker, `scripts/kafka-dev.sh`):
+//! a group job's table holds the sessions of the file runs of its input partitions,
+//! through `kill -9` at random instants.
 //!
 //! A table is named by its location held as a path: a directory, or `s3://bucket/path`
 //! (which goes through a `Path` unchanged).
 #![cfg(feature = "delta")]
 
+#[cfg(feature = "kafka")]
+#[path = "support/kafka.rs"]
+mod kafka;
 #[path = "support/outputs.rs"]
 mod outputs;
 #[path = "support/process.rs"]
@@ -676,4 +681,169 @@ fn two_jobs_writing_one_s3_table_at_once_lose_no_commit() {
         assert!(last >= 8, "checkpoints every 20 ms or 2000 records: {last}");
         assert_eq!(txn_version(&table, state), Some(last));
     }
+}
+
+/// The sessions of `--emit final` file runs over each partition of `topic` (its
+/// records in offset order), together, sorted.
+#[cfg(feature = "kafka")]
+fn json_final_per_partition(dir: &Path, topic: &str) -> Vec<String> {
+    let mut want = Vec::new();
+    for (p, records) in kafka::read_committed(topic).iter().enumerate() {
+        let part = dir.join(format!("partition-{p}"));
+        std::fs::create_dir_all(&part).expect("dir");
+        let input = part.join("records.jsonl");
+        let text: String = records.iter().map(|r| kafka::text(r) + "\n").collect();
+        std::fs::write(&input, text).expect("partition file");
+        want.extend(json_final(&part, &[&input]));
+    }
+    want.sort();
+    want
+}
+
+/// A group job from a Kafka topic into a table, killed at random instants (the first
+/// kill with a transaction open) and run again until a run ends by itself: the table
+/// holds every session of the file runs of the input partitions, once.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_kafka_job_killed_at_random_instants_fills_the_table_once() {
+    use rand::{Rng, SeedableRng};
+    let _one_at_a_time = kafka::exclusive();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("visits.jsonl");
+    generate(&data, 60_000, 41);
+    let topic = kafka::unique("delta-visits");
+    kafka::create_topics(&[&topic], 4);
+    kafka::produce_lines(&topic, &data, "visit_id");
+    let want = json_final_per_partition(tmp.path(), &topic);
+    assert!(want.len() > 1_000, "{} sessions", want.len());
+
+    let group = kafka::unique("delta-group");
+    let table = tmp.path().join("table");
+    let mut args: Vec<String> = [
+        "run",
+        "--kafka-brokers",
+        kafka::broker(),
+        "--kafka-topic",
+        &topic,
+        "--kafka-group",
+        &group,
+        "--stop-at-end",
+        "--delta-table",
+        s(&table),
+        "--checkpoint-interval",
+        "100ms",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(JOB.iter().map(|a| a.to_string()));
+    let changelog = format!("{group}-{topic}-changelog");
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
+    let (kills, ended) = kafka::kill_repeatedly(
+        || {
+            process::bin()
+                .args(&args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        },
+        &changelog,
+        4,
+        8,
+        || std::time::Duration::from_millis(rng.random_range(300..2_000)),
+    );
+    assert!(kills >= 3, "only {kills} kills");
+    if !ended {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_ok(&args);
+    }
+    let got = table_rows(&table);
+    assert_eq!(got.len(), want.len(), "rows after {kills} kills");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g, w, "row {i} after {kills} kills");
+    }
+    assert_files_consistent(&table);
+    // Each partition is a writer of its own in the table.
+    let files = logged_files(&table);
+    for p in 0..4 {
+        let name = format!("part-{group}-{topic}-{p}-");
+        assert!(
+            files.iter().any(|f| f.starts_with(&name)),
+            "{name} in {files:?}"
+        );
+    }
+    eprintln!("Kafka to Delta: {kills} kills, {} files", files.len());
+}
+
+/// A second process joins the group while the first writes the table: the partitions
+/// it takes over go on as writers of their own (their epochs restored from the
+/// changelog), and the table holds every session once.
+#[cfg(feature = "kafka")]
+#[test]
+fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
+    let _one_at_a_time = kafka::exclusive();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("visits.jsonl");
+    generate(&data, 80_000, 43);
+    let topic = kafka::unique("delta-visits");
+    kafka::create_topics(&[&topic], 4);
+    kafka::produce_lines(&topic, &data, "visit_id");
+    let group = kafka::unique("delta-group");
+    let table = tmp.path().join("table");
+    let spawn = |stats: &Path| {
+        let mut args: Vec<String> = [
+            "run",
+            "--kafka-brokers",
+            kafka::broker(),
+            "--kafka-topic",
+            &topic,
+            "--kafka-group",
+            &group,
+            "--stop-at-end",
+            "--delta-table",
+            s(&table),
+            "--checkpoint-interval",
+            "100ms",
+            "--stats-file",
+            s(stats),
+            "--dead-letter",
+            s(&stats.with_extension("dead.jsonl")),
+            "--late-output",
+            s(&stats.with_extension("late.jsonl")),
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.extend(JOB.iter().map(|a| a.to_string()));
+        process::bin()
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let (stats_a, stats_b) = (tmp.path().join("a.json"), tmp.path().join("b.json"));
+    let a = spawn(&stats_a);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let b = spawn(&stats_b);
+    for (name, child) in [("a", a), ("b", b)] {
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+        assert!(out.status.success(), "process {name} failed: {tail:?}");
+    }
+    let read = |path: &Path| -> u64 {
+        let stats: Value =
+            serde_json::from_str(&std::fs::read_to_string(path).expect("stats")).expect("JSON");
+        stats["records_read"].as_u64().expect("records_read")
+    };
+    let (by_a, by_b) = (read(&stats_a), read(&stats_b));
+    assert!(
+        by_a > 0 && by_b > 0,
+        "both processes read: {by_a} and {by_b}"
+    );
+    let want = json_final_per_partition(tmp.path(), &topic);
+    assert_eq!(table_rows(&table), want);
+    assert_files_consistent(&table);
 }

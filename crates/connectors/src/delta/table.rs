@@ -412,6 +412,7 @@ impl DeltaOutput {
             query_id: self.app_id.clone(),
             epoch_id: version,
         };
+        let app_id = self.app_id.clone();
         let table = &mut self.table;
         let committed = self
             .runtime
@@ -420,11 +421,29 @@ impl DeltaOutput {
                 let done = CommitBuilder::from(properties)
                     .with_actions(actions)
                     .build(Some(snapshot), table.log_store(), operation)
-                    .await?;
-                // The commit's own snapshot: reloading the table would read the log
-                // again.
-                table.state = Some(done.snapshot());
-                Ok(done.version())
+                    .await;
+                match done {
+                    Ok(done) => {
+                        // The commit's own snapshot: reloading the table would read the
+                        // log again.
+                        table.state = Some(done.snapshot());
+                        Ok(done.version())
+                    }
+                    Err(e) => {
+                        // Another writer of the same application id (a process that held
+                        // the job's work before) may have committed this very epoch
+                        // first: then it is in the table, once, and that is a success.
+                        table.update_incremental(None).await?;
+                        let state = table.snapshot()?;
+                        let theirs = state
+                            .transaction_version(table.log_store().as_ref(), &app_id)
+                            .await?;
+                        match (theirs, table.version()) {
+                            (Some(t), Some(v)) if t >= version => Ok(v),
+                            _ => Err(e),
+                        }
+                    }
+                }
             })
             .map_err(self.failed_commit())?;
         Ok(committed)

@@ -639,12 +639,14 @@ impl Drop for GroupConsumer {
                 let _ = self.consumer.incremental_unassign(&tpl);
             }
         }
-        // A member of a group leaves it before it goes: librdkafka's close revokes the
-        // assignment and tells the coordinator. With the coordinator gone (a job that
-        // ends because the cluster stayed away) that could wait for as long as it stays
-        // away; the close gets a bounded time and is otherwise abandoned — the process
-        // is ending, and the group notices the member's absence by its session timeout.
-        if self.group.is_some() && self.consumer.close_queue().is_ok() {
+        // A member of a group leaves it before it goes: librdkafka's close (on the inner
+        // consumer's drop) revokes the assignment and tells the coordinator. With the
+        // cluster gone (a job that ends because it stayed away) that could wait for as
+        // long as it stays away: then the close is started here and given a bounded
+        // time, and otherwise abandoned — the process is ending, and the group notices
+        // the member's absence by its session timeout.
+        if self.group.is_some() && !self.answers(CLOSE_PROBE) && self.consumer.close_queue().is_ok()
+        {
             let deadline = std::time::Instant::now() + CLOSE_TIMEOUT;
             while !self.consumer.closed() {
                 if std::time::Instant::now() > deadline {
@@ -676,8 +678,11 @@ impl std::ops::Deref for Leavable {
     }
 }
 
-/// How long a consumer may take to leave its group when it is dropped.
+/// How long a consumer may take to leave its group when it is dropped and the cluster
+/// does not answer.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a dropped consumer asks the cluster whether it answers.
+const CLOSE_PROBE: Duration = Duration::from_secs(2);
 
 /// A member of the consumer group, as the coordinator describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]

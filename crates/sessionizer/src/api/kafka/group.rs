@@ -325,6 +325,8 @@ impl KafkaGroup {
             state_backend: self.state_backend.clone(),
             idle_timeout: self.idle_timeout,
             max_record: self.max_record,
+            #[cfg(feature = "delta")]
+            table: None,
         })
     }
 }

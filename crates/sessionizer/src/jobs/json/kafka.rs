@@ -28,12 +28,29 @@ pub(crate) fn run(
     kafka: &KafkaConfig,
     telemetry: &Telemetry,
 ) -> Result<RunStats, RunError> {
-    run_tasks(
-        DriverSettings::of(cfg),
-        kafka,
-        JsonTasks::new(cfg),
-        telemetry,
-    )
+    #[allow(unused_mut)]
+    let mut settings = DriverSettings::of(cfg);
+    match cfg.output_format {
+        #[cfg(feature = "delta")]
+        crate::config::OutputFormat::Delta { commit_every } => {
+            let (target, schema) = (cfg.output.clone(), super::session_schema(cfg)?);
+            settings.table = Some(crate::runtime::kafka::TableSettings {
+                make: std::sync::Arc::new(move || {
+                    sessionizer_connectors::RecordWriter::delta(
+                        target.clone(),
+                        schema.clone(),
+                        commit_every,
+                    )
+                }),
+            });
+        }
+        #[cfg(not(feature = "delta"))]
+        crate::config::OutputFormat::Delta { .. } => {
+            return Err(RunError::Unsupported(crate::error::Unsupported::NoDelta));
+        }
+        _ => {}
+    }
+    run_tasks(settings, kafka, JsonTasks::new(cfg), telemetry)
 }
 
 /// The command line's task: its JSON decoder and session window shard.

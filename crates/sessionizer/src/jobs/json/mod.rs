@@ -173,7 +173,7 @@ fn sessions_writer(cfg: &PipelineConfig) -> Result<RecordWriter, RunError> {
 
 /// The columns of the session records' table (Parquet files, a Delta table).
 #[cfg(feature = "parquet")]
-fn session_schema(
+pub(super) fn session_schema(
     cfg: &PipelineConfig,
 ) -> Result<sessionizer_connectors::parquet::SessionSchema, RunError> {
     let aggregates: Vec<_> = cfg

@@ -135,6 +135,8 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                     None => Some(high),
                 };
             }
+            #[cfg(feature = "delta")]
+            self.open_table(&mut task)?;
             self.progress_at.entry(tp).or_insert_with(Instant::now);
             self.tasks.insert(tp, task);
         }
@@ -188,6 +190,9 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             watermark_at_last_input: Watermark::MIN,
             upstream: Default::default(),
             upstream_changed: false,
+            table: None,
+            delta: None,
+            table_prepared: false,
         })
     }
 

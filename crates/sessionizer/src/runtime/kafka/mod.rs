@@ -32,6 +32,8 @@ mod repartition;
 mod restore;
 mod snapshot;
 mod standby;
+#[cfg(feature = "delta")]
+mod table;
 mod task;
 mod time;
 
@@ -56,6 +58,8 @@ use task::{Task, stage};
 
 pub(crate) use op::{Processed, PutChange, TaskFactory, TaskOp, UpstreamTimes};
 pub(crate) use outage::checkpointed_riding_out;
+#[cfg(feature = "delta")]
+pub(crate) use table::TableSettings;
 
 /// Bytes of records staged per task before its batch is processed.
 const TASK_BATCH_BYTES: usize = 2 << 20;
@@ -100,6 +104,9 @@ pub(crate) struct DriverSettings {
     /// The largest record: a longer message is a dead letter, staged as its first
     /// bytes only.
     pub max_record: usize,
+    /// The sessions go to a Delta table, each task a writer of its own.
+    #[cfg(feature = "delta")]
+    pub table: Option<TableSettings>,
 }
 
 impl DriverSettings {
@@ -114,7 +121,18 @@ impl DriverSettings {
             state_backend: cfg.state_backend.clone(),
             idle_timeout: cfg.idle_timeout,
             max_record: cfg.max_record,
+            #[cfg(feature = "delta")]
+            table: None,
         }
+    }
+
+    /// Whether the sessions go to a Delta table.
+    fn writes_table(&self) -> bool {
+        #[cfg(feature = "delta")]
+        if self.table.is_some() {
+            return true;
+        }
+        false
     }
 }
 
@@ -221,19 +239,23 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         for t in &kafka.topics {
             partitions.push(admin.require(t, "input, --kafka-topic")?);
         }
-        let durable = kafka.is_sink();
+        // A Delta table is a sink of the job's transactions too: its epochs ride on them.
+        let durable = kafka.is_sink() || cfg.writes_table();
         let group = kafka.group.as_deref();
         if durable && group.is_none() {
             return Err(RunError::Kafka(KafkaError::Invalid(
                 "--kafka-output-topic with a Kafka input needs --kafka-group: the group names the job (its changelog topics, its offsets)".into(),
             )));
         }
-        let sessions = Out::new(
-            &kafka.output_topic,
-            &cfg.output,
-            &admin,
-            "output, --kafka-output-topic",
-        )?;
+        let sessions = match cfg.writes_table() {
+            true => Out::Table,
+            false => Out::new(
+                &kafka.output_topic,
+                &cfg.output,
+                &admin,
+                "output, --kafka-output-topic",
+            )?,
+        };
         let dead = Out::new(
             &kafka.dead_letter_topic,
             &cfg.dead_letter,
@@ -292,7 +314,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             (None, Some(s)) => persisted_instance(s.path())?,
             (None, None) => random_instance(),
         };
-        let producer = if any_topic {
+        // The transactions of a table job carry the changelogs and offsets alone.
+        let producer = if any_topic || cfg.writes_table() {
             let id = format!("{}-{instance}", group.unwrap_or("sessionizer"));
             Some(TxnProducer::new(&settings, &id, kafka.transaction_timeout)?)
         } else {
@@ -753,6 +776,12 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
         if idle && self.producer.is_some() {
             return Ok(());
         }
+        #[cfg(feature = "delta")]
+        if self.durable && self.producer.is_some() {
+            // The tasks' epochs of the table join the transaction (their files listed in
+            // their progress records).
+            self.prepare_tables()?;
+        }
         if let Some(p) = self.producer.as_mut() {
             if self.durable {
                 // A task that emitted every session at the end of a --stop-at-end run
@@ -804,6 +833,8 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                                 task.changelog_end = Some(o + 1);
                             }
                         }
+                        #[cfg(feature = "delta")]
+                        self.commit_tables()?;
                         if self.snapshots.as_ref().is_some_and(Snapshots::due) {
                             let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
                             self.write_snapshots(&all);

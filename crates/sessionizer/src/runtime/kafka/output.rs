@@ -16,6 +16,8 @@ pub(super) enum Out {
     Topic { name: String, partitions: usize },
     /// A file, stdout or stderr.
     Writer(RecordWriter),
+    /// A Delta table: each task appends to its own writer of it (`table.rs`).
+    Table,
 }
 
 impl Out {
@@ -57,6 +59,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         if !lines.is_empty() {
             match dead {
                 Out::Writer(w) => w.append(records, lines.len() as u64)?,
+                Out::Table => unreachable!("only the sessions go to a table"),
                 Out::Topic { name, .. } => {
                     let p = producer.as_mut().expect("a topic output has a producer");
                     let records = records.split(|&b| b == b'\n').filter(|r| !r.is_empty());
@@ -70,6 +73,12 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         }
         match sessions {
             Out::Writer(w) => w.append(&out.encoder.buf, out.tags.len() as u64)?,
+            #[cfg(feature = "delta")]
+            Out::Table => {
+                super::table::append(&mut task.table, &out.encoder.buf, out.tags.len() as u64)?
+            }
+            #[cfg(not(feature = "delta"))]
+            Out::Table => unreachable!("a table output needs the delta feature"),
             Out::Topic { name, partitions } => {
                 let p = producer.as_mut().expect("a topic output has a producer");
                 for tag in &out.tags {
@@ -83,6 +92,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         if !steps.is_empty() {
             match late {
                 Out::Writer(w) => w.append(records, steps.len() as u64)?,
+                Out::Table => unreachable!("only the sessions go to a table"),
                 Out::Topic { name, .. } => {
                     let p = producer.as_mut().expect("a topic output has a producer");
                     let first = task.next_seq - task.batch.lines.len() as u64;

@@ -284,6 +284,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         task.committed = meta.counters.clone();
         task.flushed = meta.flushed;
         task.upstream = meta.upstream.clone();
+        task.delta = meta.delta.clone();
         task.watermark_at_last_input = task.op.watermark();
         let micros = took.as_micros() as u64;
         self.restored.records += read.records;

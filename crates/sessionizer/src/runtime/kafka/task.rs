@@ -40,6 +40,11 @@ pub(super) struct TaskMeta {
     /// (`topic/partition`) read so far.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) upstream: BTreeMap<String, UpstreamMark>,
+    /// With a Delta table output: the task's last prepared epoch, its data files and
+    /// whether they wait for a later table commit. Committed in the same transaction
+    /// as the offsets, it is what a restore rolls the table forward to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) delta: Option<sessionizer_checkpoint::DeltaEpoch>,
 }
 
 /// What an input partition said of its time in its latest watermark record
@@ -163,6 +168,17 @@ pub(super) struct Task<O> {
     pub(super) upstream: BTreeMap<String, UpstreamMark>,
     /// A watermark record came since the watermark last followed them.
     pub(super) upstream_changed: bool,
+    /// With a Delta table output: the task's own writer of the table (see
+    /// `runtime/kafka/table.rs`).
+    #[cfg_attr(not(feature = "delta"), allow(dead_code))]
+    pub(super) table: Option<sessionizer_connectors::RecordWriter>,
+    /// The task's last epoch of the table that a transaction committed (or is
+    /// committing: see `table_prepared`).
+    pub(super) delta: Option<sessionizer_checkpoint::DeltaEpoch>,
+    /// An epoch of the table was prepared for the open transaction: once that commits,
+    /// the table commits it.
+    #[cfg_attr(not(feature = "delta"), allow(dead_code))]
+    pub(super) table_prepared: bool,
 }
 
 impl<O: TaskOp> Task<O> {
@@ -312,6 +328,7 @@ impl<O: TaskOp> Task<O> {
             flushed: self.flushed,
             options: options.to_vec(),
             upstream: self.upstream.clone(),
+            delta: self.delta.clone(),
         }
     }
 }
