@@ -84,6 +84,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "PATH")]
     pub input: Vec<String>,
 
+    /// Read the rows of the Delta Lake table at PATH (a directory or
+    /// s3://bucket/path) as the input, each row a JSON object, in the order the table's
+    /// commits added them. With --state-dir a later run reads only the rows committed
+    /// since (with --keep-open the open sessions wait for them). The table must be
+    /// append-only. Repeat to read several tables in order; not with --input or a
+    /// Kafka input. Needs a build with the cargo feature `delta`.
+    #[arg(long, value_name = "PATH")]
+    pub delta_input: Vec<String>,
+
     /// Session output file, or '-' for stdout; with --output-format parquet, a
     /// directory. [default: -]
     #[arg(long, value_name = "PATH")]

@@ -46,6 +46,7 @@ pub enum ConfigError {
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileConfig {
     pub input: Option<Vec<String>>,
+    pub delta_input: Option<Vec<String>>,
     pub output: Option<String>,
     pub output_format: Option<OutputFormatArg>,
     pub partition_by_date: Option<bool>,
@@ -319,9 +320,24 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
     let kafka_in = kafka.as_ref().is_some_and(|k| k.is_source());
     let kafka_out = kafka.as_ref().is_some_and(|k| k.is_sink());
 
+    let delta_inputs: Vec<String> = if !args.delta_input.is_empty() {
+        std::mem::take(&mut args.delta_input)
+    } else {
+        file.delta_input.take().unwrap_or_default()
+    };
+    if !delta_inputs.is_empty() {
+        if !args.input.is_empty() || file.input.is_some() || kafka_in {
+            return Err(ConfigError::Conflict(
+                "--delta-input cannot be combined with --input or a Kafka input: one kind of input per job".into(),
+            ));
+        }
+        for table in &delta_inputs {
+            check_table_location("--delta-input", table)?;
+        }
+    }
     let inputs: Vec<String> = if !args.input.is_empty() {
         args.input
-    } else if kafka_in {
+    } else if kafka_in || !delta_inputs.is_empty() {
         Vec::new()
     } else {
         file.input.unwrap_or_else(|| vec!["-".into()])
@@ -670,7 +686,11 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
         }
     };
     let pipeline = PipelineConfig {
-        inputs: inputs.iter().map(|s| InputSource::parse(s)).collect(),
+        inputs: inputs
+            .iter()
+            .map(|s| InputSource::parse(s))
+            .chain(delta_inputs.into_iter().map(InputSource::Delta))
+            .collect(),
         output,
         output_format,
         dead_letter,
@@ -858,6 +878,17 @@ fn fail_write_at() -> Result<Option<u64>, ConfigError> {
 /// A Delta table's location must be a local directory or an S3 location, and
 /// `--delta-table` takes the place of the options in `replaced` (name, given).
 fn check_delta_table(table: &str, replaced: &[(&str, bool)]) -> Result<(), ConfigError> {
+    check_table_location("--delta-table", table)?;
+    if let Some((name, _)) = replaced.iter().find(|(_, given)| *given) {
+        return Err(ConfigError::Conflict(format!(
+            "--delta-table cannot be combined with {name}: the sessions go to the table (dead letters and late events stay JSON lines, --dead-letter and --late-output)"
+        )));
+    }
+    Ok(())
+}
+
+/// A Delta table's location (of `option`) is a local directory or `s3://bucket/path`.
+fn check_table_location(option: &'static str, table: &str) -> Result<(), ConfigError> {
     if let Some((scheme, rest)) = table.split_once("://") {
         let s3 = scheme.eq_ignore_ascii_case("s3") || scheme.eq_ignore_ascii_case("s3a");
         let reason = match rest.split('/').next() {
@@ -869,7 +900,7 @@ fn check_delta_table(table: &str, replaced: &[(&str, bool)]) -> Result<(), Confi
         };
         if !reason.is_empty() {
             return Err(ConfigError::Invalid {
-                option: "--delta-table",
+                option,
                 value: table.to_string(),
                 reason,
             });
@@ -877,15 +908,10 @@ fn check_delta_table(table: &str, replaced: &[(&str, bool)]) -> Result<(), Confi
     }
     if table.is_empty() || table == "-" {
         return Err(ConfigError::Invalid {
-            option: "--delta-table",
+            option,
             value: table.to_string(),
             reason: "give the table's directory".into(),
         });
-    }
-    if let Some((name, _)) = replaced.iter().find(|(_, given)| *given) {
-        return Err(ConfigError::Conflict(format!(
-            "--delta-table cannot be combined with {name}: the sessions go to the table (dead letters and late events stay JSON lines, --dead-letter and --late-output)"
-        )));
     }
     Ok(())
 }

@@ -175,11 +175,19 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
     writeln!(out, "newest valid checkpoint {}:", m.epoch)?;
     writeln!(out, "  inputs:")?;
     for i in &m.inputs {
-        writeln!(
-            out,
-            "    {}: {} of {} bytes read, {} lines (head xxh3 {})",
-            i.path, i.offset, i.size, i.line, i.head_xxh3
-        )?;
+        match i.head_xxh3.strip_prefix("delta-table:") {
+            // A Delta table input: its size is its rows, its position a row.
+            Some(id) => writeln!(
+                out,
+                "    {} (Delta table, id {id}): {} of {} rows read",
+                i.path, i.line, i.size
+            )?,
+            None => writeln!(
+                out,
+                "    {}: {} of {} bytes read, {} lines (head xxh3 {})",
+                i.path, i.offset, i.size, i.line, i.head_xxh3
+            )?,
+        }
     }
     writeln!(out, "  next input sequence number: {}", m.next_seq)?;
     let w = &m.watermark;

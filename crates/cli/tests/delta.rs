@@ -847,3 +847,197 @@ fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
     assert_eq!(table_rows(&table), want);
     assert_files_consistent(&table);
 }
+
+/// Generated visits without invalid lines: every line is a row of a table.
+const TABLE_DIRT: process::Dirt = process::Dirt {
+    late: "0.03",
+    duplicate: "0.005",
+    invalid: "0",
+    returning: "0.3",
+};
+
+/// `scripts/delta-append.py ARGS` (the Python `deltalake` package writing the table).
+fn delta_append(table: &Path, args: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/delta-append.py");
+    let mut cmd = Command::new("python3");
+    if s(table).starts_with("s3://") {
+        cmd.envs(s3::server().iter().map(|(k, v)| (k, v)));
+    }
+    let out = cmd
+        .arg(&script)
+        .arg(table)
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "delta-append.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Appends lines `from..to` of `data` to `table`, as one commit.
+fn append_rows(table: &Path, data: &Path, from: usize, to: usize) {
+    delta_append(table, &[s(data), &from.to_string(), &to.to_string()]);
+}
+
+/// The arguments of a run reading `table` into `out` with state in `state`.
+fn table_input_args(table: &Path, state: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    [
+        "run",
+        "--delta-input",
+        s(table),
+        "--state-dir",
+        s(state),
+        "--output",
+        s(out),
+    ]
+    .iter()
+    .chain(JOB)
+    .chain(extra)
+    .map(|a| a.to_string())
+    .collect()
+}
+
+/// A table read as it grows, by a run that keeps its sessions open and a run after more
+/// commits, gives the sessions of one run over the same rows as a file — in a
+/// directory and on S3.
+#[test]
+fn a_delta_input_read_as_it_grows_gives_the_sessions_of_one_file_run() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("visits.jsonl");
+    process::generate_with(&data, 20_000, 500, 51, &TABLE_DIRT);
+    let n = std::fs::read_to_string(&data)
+        .expect("data")
+        .lines()
+        .count();
+    let want = tmp.path().join("want.jsonl");
+    let mut args = vec!["run", "--input", s(&data), "--output", s(&want)];
+    args.extend_from_slice(JOB);
+    run_ok(&args);
+    for (name, table) in [
+        ("local", tmp.path().join("visits-table")),
+        ("s3", s3_table("input")),
+    ] {
+        let state = tmp.path().join(format!("state-{name}"));
+        let out = tmp.path().join(format!("out-{name}.jsonl"));
+        append_rows(&table, &data, 0, n / 3);
+        append_rows(&table, &data, n / 3, n / 2);
+        let args = table_input_args(&table, &state, &out, &["--keep-open"]);
+        run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        append_rows(&table, &data, n / 2, n);
+        let args = table_input_args(&table, &state, &out, &[]);
+        let stderr = run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>()).stderr;
+        let stderr = String::from_utf8_lossy(&stderr);
+        assert!(
+            stderr.contains("resumed from checkpoint"),
+            "{name}: {stderr}"
+        );
+        outputs::assert_same_file(&out, &want);
+        let text = String::from_utf8_lossy(&run_ok(&["inspect", "--state-dir", s(&state)]).stdout)
+            .into_owned();
+        assert!(
+            text.contains(&format!("{} (Delta table, id ", s(&table)))
+                && text.contains(&format!(": {n} of {n} rows read")),
+            "{name}: {text}"
+        );
+    }
+}
+
+/// Killed at random instants while reading a table (a position in the middle of a data
+/// file included), restarted until done: the output is the uninterrupted run's.
+#[test]
+fn a_delta_input_killed_at_random_instants_gives_the_uninterrupted_output() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("visits.jsonl");
+    let events = 80_000;
+    process::generate_with(&data, events, 2000, 53, &TABLE_DIRT);
+    let n = std::fs::read_to_string(&data)
+        .expect("data")
+        .lines()
+        .count();
+    let table = tmp.path().join("visits-table");
+    for i in 0..4 {
+        append_rows(&table, &data, n * i / 4, n * (i + 1) / 4);
+    }
+    let want = tmp.path().join("want.jsonl");
+    let mut args = vec!["run", "--input", s(&data), "--output", s(&want)];
+    args.extend_from_slice(JOB);
+    run_ok(&args);
+    let began = Instant::now();
+    let timing = table_input_args(
+        &table,
+        &tmp.path().join("timing-state"),
+        &tmp.path().join("timing.jsonl"),
+        &CHECKPOINTS,
+    );
+    run_ok(&timing.iter().map(String::as_str).collect::<Vec<_>>());
+    let took = began.elapsed();
+    let (state, out) = (tmp.path().join("state"), tmp.path().join("out.jsonl"));
+    let args = table_input_args(&table, &state, &out, &CHECKPOINTS);
+    let log = tmp.path().join("runs.log");
+    let kills = kill_until_done(&args, &state, n as u64, &log, (took, 8, 5));
+    assert!(kills >= 4, "only {kills} kills (runs take {took:?})");
+    outputs::assert_same_file(&out, &want);
+}
+
+/// What a table input cannot be is refused with the reason: a commit that removed
+/// rows, new rows after a job that ended, another table at the location read before.
+#[test]
+fn a_rewritten_replaced_or_ended_delta_input_is_refused_with_a_reason() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("visits.jsonl");
+    process::generate_with(&data, 3_000, 100, 57, &TABLE_DIRT);
+    let n = std::fs::read_to_string(&data)
+        .expect("data")
+        .lines()
+        .count();
+    let refused = |args: &[String], reason: &str| {
+        let out = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(reason),
+            "{reason}: {err}"
+        );
+    };
+    let out = tmp.path().join("out.jsonl");
+
+    // A delete rewrote the history.
+    let deleted = tmp.path().join("deleted");
+    append_rows(&deleted, &data, 0, n);
+    let first: Value = serde_json::from_str(
+        std::fs::read_to_string(&data)
+            .expect("data")
+            .lines()
+            .next()
+            .expect("a line"),
+    )
+    .expect("JSON");
+    delta_append(
+        &deleted,
+        &["--delete-key", first["visit_id"].as_str().expect("a key")],
+    );
+    refused(
+        &table_input_args(&deleted, &tmp.path().join("s1"), &out, &[]),
+        "removes the data file",
+    );
+
+    // New rows after the job ended (no --keep-open).
+    let ended = tmp.path().join("ended");
+    append_rows(&ended, &data, 0, n / 2);
+    let state = tmp.path().join("s2");
+    let args = table_input_args(&ended, &state, &out, &[]);
+    run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    append_rows(&ended, &data, n / 2, n);
+    refused(&args, "the job it holds has ended");
+
+    // Another table where the one read was.
+    let replaced = tmp.path().join("replaced");
+    append_rows(&replaced, &data, 0, n / 2);
+    let state = tmp.path().join("s3");
+    let args = table_input_args(&replaced, &state, &out, &["--keep-open"]);
+    run_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    std::fs::remove_dir_all(&replaced).expect("drop the table");
+    append_rows(&replaced, &data, 0, n);
+    refused(&args, "it is another Delta table");
+}

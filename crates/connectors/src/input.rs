@@ -4,13 +4,17 @@ use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// One input: a file or standard input.
+/// One input: a file, standard input, or a Delta table's rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InputSource {
     /// A file, read from its start (or from a checkpoint's offset).
     File(PathBuf),
     /// Standard input.
     Stdin,
+    /// The rows of the Delta table at this location (a directory or `s3://bucket/path`)
+    /// as JSON lines, in the order its commits added them (from a checkpoint's row on);
+    /// needs the cargo feature `delta`.
+    Delta(String),
 }
 
 impl InputSource {
@@ -28,6 +32,7 @@ impl InputSource {
         match self {
             InputSource::File(p) => p.display().to_string(),
             InputSource::Stdin => "stdin".to_string(),
+            InputSource::Delta(location) => location.clone(),
         }
     }
 }
@@ -329,11 +334,16 @@ impl Inputs {
     /// Checks that every file input can be opened, before any work starts.
     pub fn check_readable(&self) -> Result<(), InputError> {
         for (i, s) in self.sources.iter().enumerate() {
-            if let InputSource::File(p) = s {
-                open(p).map_err(|source| InputError {
-                    name: self.names[i].clone(),
-                    source,
-                })?;
+            let name_err = |source| InputError {
+                name: self.names[i].clone(),
+                source,
+            };
+            match s {
+                InputSource::File(p) => drop(open(p).map_err(name_err)?),
+                InputSource::Stdin => {}
+                InputSource::Delta(location) => {
+                    table_rows(location, 0).map_err(name_err)?;
+                }
             }
         }
         Ok(())
@@ -534,6 +544,12 @@ impl Inputs {
                 (Box::new(f), false)
             }
             InputSource::Stdin => (Box::new(io::stdin()), true),
+            // A row number is the line number: the table finds it without reading
+            // the rows before.
+            InputSource::Delta(location) => (
+                table_rows(location, resume.line_no).map_err(name_err)?,
+                false,
+            ),
         };
         self.current = Some(Current {
             index,
@@ -602,6 +618,20 @@ fn push_line(batch: &mut Batch, start: usize, stop: usize, input: u32, line_no: 
         input,
         line_no,
     });
+}
+
+/// The rows of the Delta table at `location` from row `from` on, as JSON lines.
+#[cfg(feature = "delta")]
+fn table_rows(location: &str, from: u64) -> io::Result<Box<dyn Read + Send>> {
+    let rows = crate::delta::DeltaRows::open(location, from).map_err(io::Error::other)?;
+    Ok(Box::new(rows))
+}
+
+#[cfg(not(feature = "delta"))]
+fn table_rows(_location: &str, _from: u64) -> io::Result<Box<dyn Read + Send>> {
+    Err(io::Error::other(
+        "reading a Delta table needs a build with the cargo feature `delta`",
+    ))
 }
 
 fn open(p: &Path) -> io::Result<File> {

@@ -48,12 +48,14 @@
 //! delta-rs is asynchronous; the output runs it on a current-thread Tokio runtime of
 //! its own, on the caller's thread.
 
+mod source;
 mod stats;
 mod store;
 mod table;
 #[cfg(test)]
 mod tests;
 
+pub use source::{DataFile, DeltaRows, TableHistory, table_history};
 pub use table::{DeltaOutput, Recovered, app_id, committed_version};
 
 pub use sessionizer_checkpoint::{DeltaEpoch, DeltaFileRef};
@@ -77,6 +79,14 @@ pub enum DeltaError {
         /// The underlying error.
         #[source]
         source: Box<deltalake::DeltaTableError>,
+    },
+    /// A table read as an input cannot be read, or not as one.
+    #[error("Delta table {table} as an input: {reason}")]
+    Input {
+        /// The table's location.
+        table: String,
+        /// Why.
+        reason: String,
     },
     /// The table's location is neither a local directory nor `s3://bucket/path`.
     #[error("Delta table {0}: give a local directory or an S3 location (s3://bucket/path)")]

@@ -119,15 +119,18 @@ impl Durable {
         let dir_label = dir_name(cfg);
         let mut inputs = Vec::with_capacity(pipeline.inputs.len());
         for source in &pipeline.inputs {
-            let InputSource::File(path) = source else {
-                return Err(RunError::Resume {
-                    dir: dir_label,
-                    message:
-                        "stdin cannot be resumed from a checkpoint; give input files with --input"
-                            .into(),
-                });
-            };
-            inputs.push(unread_input(path)?);
+            match source {
+                InputSource::File(path) => inputs.push(unread_input(path)?),
+                InputSource::Delta(location) => inputs.push(unread_table(location)?),
+                InputSource::Stdin => {
+                    return Err(RunError::Resume {
+                        dir: dir_label,
+                        message:
+                            "stdin cannot be resumed from a checkpoint; give input files with --input"
+                                .into(),
+                    });
+                }
+            }
         }
         let mut dir = StateDir::open(&cfg.state_dir)?;
         dir.fail_write_at(cfg.fail_write_at);
@@ -606,10 +609,23 @@ pub(crate) fn continuation(
     finished: bool,
     flushed: bool,
 ) -> Result<Continuation, Refusal> {
+    // A table read before is the same input with more rows (`a` then, `b` now); a file
+    // must be the same bytes.
     let identical = |a: &InputPosition, b: &InputPosition| {
-        a.path == b.path && a.size == b.size && a.head_xxh3 == b.head_xxh3
+        let table = a.head_xxh3.starts_with(TABLE_IDENTITY);
+        a.path == b.path
+            && a.head_xxh3 == b.head_xxh3
+            && (a.size == b.size || table && b.size >= a.size)
     };
     let same_paths = then.len() == now.len() && then.iter().zip(now).all(|(a, b)| a.path == b.path);
+    if flushed
+        && then.iter().zip(now).any(|(a, b)| {
+            a.head_xxh3.starts_with(TABLE_IDENTITY) && identical(a, b) && b.size > a.size
+        })
+    {
+        // New rows of a table after a run that emitted every session at its end.
+        return Err(Refusal::Ended);
+    }
     if same_paths {
         let changed: Vec<usize> = (0..now.len())
             .filter(|&i| !identical(&then[i], &now[i]))
@@ -617,9 +633,24 @@ pub(crate) fn continuation(
         let Some(&first) = changed.first() else {
             return Ok(Continuation::Same);
         };
-        if !(finished && !flushed && changed.len() == now.len()) {
+        // A table is not rotated in place as a daily file is: another table where the
+        // one read was means its history is gone.
+        let table_changed = changed
+            .iter()
+            .any(|&i| then[i].head_xxh3.starts_with(TABLE_IDENTITY));
+        if table_changed || !(finished && !flushed && changed.len() == now.len()) {
             let (then, now) = (&then[first], &now[first]);
-            let what = if then.size != now.size {
+            let what = if then.head_xxh3.starts_with(TABLE_IDENTITY) {
+                if then.head_xxh3 != now.head_xxh3 {
+                    "it is another Delta table (a new table id): the one read before was replaced"
+                        .to_string()
+                } else {
+                    format!(
+                        "the table had {} rows then and has {} now: its history was rewritten",
+                        then.size, now.size
+                    )
+                }
+            } else if then.size != now.size {
                 format!("{} bytes then, {} bytes now", then.size, now.size)
             } else {
                 "its first 4 KiB differ".to_string()
@@ -665,6 +696,34 @@ pub(crate) fn continuation(
         });
     }
     Ok(Continuation::NewFiles)
+}
+
+/// How a checkpoint names a Delta table input's identity, in the place of a file's head
+/// hash: this prefix and the table's id. Its size is its rows.
+const TABLE_IDENTITY: &str = "delta-table:";
+
+/// The Delta table input at `location` as a checkpoint records it, not read yet: its
+/// identity (the table's id), its rows now as its size, and position 0.
+#[cfg(feature = "delta")]
+pub(crate) fn unread_table(location: &str) -> Result<InputPosition, RunError> {
+    let history = sessionizer_connectors::delta::table_history(location).map_err(|e| {
+        sessionizer_connectors::input::InputError {
+            name: location.to_string(),
+            source: std::io::Error::other(e),
+        }
+    })?;
+    Ok(InputPosition {
+        path: location.to_string(),
+        size: history.rows(),
+        head_xxh3: format!("{TABLE_IDENTITY}{}", history.id),
+        offset: 0,
+        line: 0,
+    })
+}
+
+#[cfg(not(feature = "delta"))]
+pub(crate) fn unread_table(_location: &str) -> Result<InputPosition, RunError> {
+    Err(RunError::Unsupported(crate::error::Unsupported::NoDelta))
 }
 
 /// The input file at `path` as a checkpoint records it, not read yet: its identity (size,
@@ -715,4 +774,52 @@ pub(crate) fn output_paths(cfg: &PipelineConfig) -> Vec<(&'static str, String)> 
 
 fn path_text(p: &Path) -> String {
     p.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(id: &str, rows: u64) -> InputPosition {
+        InputPosition {
+            path: "s3://lake/visits".into(),
+            size: rows,
+            head_xxh3: format!("{TABLE_IDENTITY}{id}"),
+            offset: 0,
+            line: 0,
+        }
+    }
+
+    #[test]
+    fn a_table_input_continues_with_more_rows_and_nothing_else() {
+        let then = [table("a", 100)];
+        // Read to its end with the sessions kept open: more rows, or none, go on.
+        for rows in [100, 250] {
+            assert_eq!(
+                continuation(&then, &[table("a", rows)], true, false),
+                Ok(Continuation::Same)
+            );
+        }
+        // Also from the middle.
+        assert_eq!(
+            continuation(&then, &[table("a", 250)], false, false),
+            Ok(Continuation::Same)
+        );
+        // Fewer rows, another table: its history is gone, not rotated like a file.
+        for now in [table("a", 99), table("b", 100), table("b", 400)] {
+            assert!(matches!(
+                continuation(&then, &[now], true, false),
+                Err(Refusal::Changed { .. })
+            ));
+        }
+        // New rows after a job that emitted every session at its end.
+        assert_eq!(
+            continuation(&then, &[table("a", 250)], true, true),
+            Err(Refusal::Ended)
+        );
+        assert_eq!(
+            continuation(&then, &[table("a", 100)], true, true),
+            Ok(Continuation::Same)
+        );
+    }
 }
