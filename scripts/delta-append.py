@@ -11,6 +11,7 @@ TABLE is a directory or an s3://bucket/path URL; for S3 the endpoint and keys co
 AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION, and commits use
 S3's conditional put.
 """
+import importlib.util
 import json
 import os
 import sys
@@ -20,15 +21,15 @@ from deltalake import DeltaTable, write_deltalake
 
 
 def options(table):
+    """delta-read.py's storage options for S3 (none for a directory), with S3's
+    conditional put for the commits."""
     if not table.startswith("s3://"):
         return None
-    out = {"AWS_REGION": os.environ.get("AWS_REGION", "us-east-1"), "conditional_put": "etag"}
-    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
-        if name in os.environ:
-            out[name] = os.environ[name]
-    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
-        out["AWS_ALLOW_HTTP"] = "true"
-    return out
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delta-read.py")
+    spec = importlib.util.spec_from_file_location("delta_read", path)
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    return {**reader.s3_options(), "conditional_put": "etag"}
 
 
 def main():

@@ -59,25 +59,33 @@ fn generate(path: &Path, events: u64, seed: u64) {
     process::generate_with(path, events, 100, seed, &process::DIRTY);
 }
 
-/// What `scripts/delta-read.py TABLE OPTIONS` prints.
-fn delta_read(table: &Path, options: &[&str]) -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/delta-read.py");
+/// What `scripts/SCRIPT TABLE ARGS` prints, a script of the Python `deltalake` package
+/// (with the S3 server's settings for a table there); it must succeed.
+fn python_delta(script: &str, table: &Path, args: &[&str]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts")
+        .join(script);
     let mut cmd = Command::new("python3");
     if s(table).starts_with("s3://") {
         cmd.envs(s3::server().iter().map(|(k, v)| (k, v)));
     }
     let out = cmd
-        .arg(&script)
+        .arg(&path)
         .arg(table)
-        .args(options)
+        .args(args)
         .output()
         .expect("python3 runs (scripts/test.sh installs deltalake)");
     assert!(
         out.status.success(),
-        "delta-read.py failed: {}",
+        "{script} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout).expect("utf8")
+}
+
+/// What `scripts/delta-read.py TABLE OPTIONS` prints.
+fn delta_read(table: &Path, options: &[&str]) -> String {
+    python_delta("delta-read.py", table, options)
 }
 
 /// The table's rows as the `deltalake` package reads them, typed and sorted.
@@ -858,22 +866,7 @@ const TABLE_DIRT: process::Dirt = process::Dirt {
 
 /// `scripts/delta-append.py ARGS` (the Python `deltalake` package writing the table).
 fn delta_append(table: &Path, args: &[&str]) {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/delta-append.py");
-    let mut cmd = Command::new("python3");
-    if s(table).starts_with("s3://") {
-        cmd.envs(s3::server().iter().map(|(k, v)| (k, v)));
-    }
-    let out = cmd
-        .arg(&script)
-        .arg(table)
-        .args(args)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "delta-append.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_delta("delta-append.py", table, args);
 }
 
 /// Appends lines `from..to` of `data` to `table`, as one commit.

@@ -256,12 +256,16 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             self.consumer.unassign(&taken)?;
         }
         // What the consumer reads now (a rebalance during the outage may have taken
-        // some away) and what the group gave that it does not read yet.
+        // some away) and what the group gave that it does not read yet. Every partition
+        // it reads is rebuilt, also one the failed step had let go of already (a rewind
+        // that failed between dropping its tasks and restoring them).
         let held = self.consumer.assigned()?;
-        let mut rebuild: Vec<TopicPartition> = parts
+        for tp in &held {
+            self.release(tp);
+        }
+        let mut rebuild: Vec<TopicPartition> = held
             .iter()
             .copied()
-            .filter(|tp| held.contains(tp))
             .chain(given.iter().copied().filter(|tp| !held.contains(tp)))
             .filter(|tp| !taken.contains(tp))
             .collect();
