@@ -93,6 +93,16 @@ fn table_rows(table: &Path) -> Vec<String> {
     sorted(&delta_read(table, &[]))
 }
 
+/// The table's rows as the `deltalake` package reads them are `want`, row for row
+/// (`after` says after what, in the messages).
+fn assert_rows(table: &Path, want: &[String], after: &str) {
+    let got = table_rows(table);
+    assert_eq!(got.len(), want.len(), "rows{after}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g, w, "row {i}{after}");
+    }
+}
+
 /// The table's data files as its log lists them.
 fn logged_files(table: &Path) -> Vec<String> {
     delta_read(table, &["--files"])
@@ -210,11 +220,7 @@ fn python_deltalake_reads_the_sessions_of_the_json_final_run() {
         &state,
         &["--checkpoint-every-records", "7000"],
     );
-    let got = table_rows(&table);
-    assert_eq!(got.len(), want.len(), "rows");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "row {i}");
-    }
+    assert_rows(&table, &want, "");
     // Reads that skip files by their statistics find the same rows: the statistics
     // bound every file's values.
     for i in [0, want.len() / 3, want.len() - 1] {
@@ -313,39 +319,53 @@ const CHECKPOINTS: [&str; 4] = [
     "5000",
 ];
 
+/// A run of `events` generated visits (seed `seed`) into `table`, with `extra`, killed
+/// at random instants (about `want` times, the delays drawn with `kill_seed`) and run
+/// again until done, in `dir`; `timing` is a table for an uninterrupted run first, which
+/// times a run. Checks that the table holds the JSON-lines `--emit final` run's rows,
+/// once, and no stray file; returns the kills, how long a run takes and the state
+/// directory.
+fn killed_until_done(
+    dir: &Path,
+    (timing, table): (&Path, &Path),
+    (events, seed): (u64, u64),
+    extra: &[&str],
+    (want, kill_seed): (u32, u64),
+) -> (u32, std::time::Duration, PathBuf) {
+    let input = dir.join("visits.jsonl");
+    generate(&input, events, seed);
+    let want_rows = json_final(dir, &[&input]);
+    // How long an uninterrupted run takes, checkpoints and commits included.
+    let began = Instant::now();
+    run_delta(&[&input], timing, &dir.join("timing-state"), extra);
+    let took = began.elapsed();
+
+    let state = dir.join("state");
+    let log = dir.join("runs.log");
+    let args = delta_args(&[&input], table, &state, extra);
+    let kills = kill_until_done(&args, &state, events, &log, (took, want, kill_seed));
+    assert_rows(table, &want_rows, &format!(" after {kills} kills"));
+    assert_files_consistent(table);
+    eprintln!(
+        "delta crash test ({}): {kills} kills, {} files",
+        s(table),
+        logged_files(table).len()
+    );
+    (kills, took, state)
+}
+
 #[test]
 fn a_run_killed_at_random_instants_keeps_every_session_once() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let events = 120_000;
-    let input = tmp.path().join("visits.jsonl");
-    generate(&input, events, 21);
-    let want = json_final(tmp.path(), &[&input]);
-    // How long an uninterrupted run takes, checkpoints and commits included.
-    let began = Instant::now();
-    run_delta(
-        &[&input],
-        &tmp.path().join("timing"),
-        &tmp.path().join("timing-state"),
+    let (timing, table) = (tmp.path().join("timing"), tmp.path().join("t"));
+    let (kills, took, _) = killed_until_done(
+        tmp.path(),
+        (&timing, &table),
+        (120_000, 21),
         &CHECKPOINTS,
+        (10, 7),
     );
-    let took = began.elapsed();
-
-    let table = tmp.path().join("t");
-    let state = tmp.path().join("state");
-    let log = tmp.path().join("runs.log");
-    let args = delta_args(&[&input], &table, &state, &CHECKPOINTS);
-    let kills = kill_until_done(&args, &state, events, &log, (took, 10, 7));
     assert!(kills >= 8, "only {kills} kills (runs take {took:?})");
-    let got = table_rows(&table);
-    assert_eq!(got.len(), want.len(), "rows after {kills} kills");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "row {i} after {kills} kills");
-    }
-    assert_files_consistent(&table);
-    eprintln!(
-        "delta crash test: {kills} kills, {} files",
-        logged_files(&table).len()
-    );
 }
 
 /// The newest checkpoint of `state` and the number of data files it recorded for the
@@ -586,34 +606,18 @@ fn side_files(dir: &Path) -> [String; 4] {
 #[test]
 fn an_s3_table_killed_at_random_instants_keeps_every_session_once() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let events = 60_000;
-    let input = tmp.path().join("visits.jsonl");
-    generate(&input, events, 23);
-    let want = json_final(tmp.path(), &[&input]);
     let side = side_files(tmp.path());
     let mut extra: Vec<&str> = CHECKPOINTS.to_vec();
     extra.extend(side.iter().map(String::as_str));
-    let began = Instant::now();
-    run_delta(
-        &[&input],
-        &s3_table("timing"),
-        &tmp.path().join("timing-state"),
-        &extra,
-    );
-    let took = began.elapsed();
-
     let table = s3_table("kills");
-    let state = tmp.path().join("state");
-    let log = tmp.path().join("runs.log");
-    let args = delta_args(&[&input], &table, &state, &extra);
-    let kills = kill_until_done(&args, &state, events, &log, (took, 8, 9));
+    let (kills, took, state) = killed_until_done(
+        tmp.path(),
+        (&s3_table("timing"), &table),
+        (60_000, 23),
+        &extra,
+        (8, 9),
+    );
     assert!(kills >= 5, "only {kills} kills (runs take {took:?})");
-    let got = table_rows(&table);
-    assert_eq!(got.len(), want.len(), "rows after {kills} kills");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "row {i} after {kills} kills");
-    }
-    assert_files_consistent(&table);
     // The table's transaction is the newest checkpoint with rows (a last run that
     // resumed after every row was written commits nothing).
     let (last, _) = newest_checkpoint(&state);
@@ -629,10 +633,6 @@ fn an_s3_table_killed_at_random_instants_keeps_every_session_once() {
         text.contains("committed (the table's transaction version")
             || text.contains("no rows in this epoch, nothing to commit (table version"),
         "{text}"
-    );
-    eprintln!(
-        "S3 delta crash test: {kills} kills, {} files",
-        logged_files(&table).len()
     );
 }
 
@@ -708,6 +708,31 @@ fn json_final_per_partition(dir: &Path, topic: &str) -> Vec<String> {
     want
 }
 
+/// The arguments of a group job from `topic` (group `group`) into `table`, with the
+/// job's options and `extra`, committing every 100 ms until the end of the input.
+#[cfg(feature = "kafka")]
+fn kafka_table_args(topic: &str, group: &str, table: &Path, extra: &[&str]) -> Vec<String> {
+    [
+        "run",
+        "--kafka-brokers",
+        kafka::broker(),
+        "--kafka-topic",
+        topic,
+        "--kafka-group",
+        group,
+        "--stop-at-end",
+        "--delta-table",
+        s(table),
+        "--checkpoint-interval",
+        "100ms",
+    ]
+    .iter()
+    .chain(extra)
+    .chain(JOB)
+    .map(|a| a.to_string())
+    .collect()
+}
+
 /// A group job from a Kafka topic into a table, killed at random instants (the first
 /// kill with a transaction open) and run again until a run ends by itself: the table
 /// holds every session of the file runs of the input partitions, once.
@@ -727,24 +752,7 @@ fn a_kafka_job_killed_at_random_instants_fills_the_table_once() {
 
     let group = kafka::unique("delta-group");
     let table = tmp.path().join("table");
-    let mut args: Vec<String> = [
-        "run",
-        "--kafka-brokers",
-        kafka::broker(),
-        "--kafka-topic",
-        &topic,
-        "--kafka-group",
-        &group,
-        "--stop-at-end",
-        "--delta-table",
-        s(&table),
-        "--checkpoint-interval",
-        "100ms",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .collect();
-    args.extend(JOB.iter().map(|a| a.to_string()));
+    let args = kafka_table_args(&topic, &group, &table, &[]);
     let changelog = format!("{group}-{topic}-changelog");
     let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
     let (kills, ended) = kafka::kill_repeatedly(
@@ -766,11 +774,7 @@ fn a_kafka_job_killed_at_random_instants_fills_the_table_once() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run_ok(&args);
     }
-    let got = table_rows(&table);
-    assert_eq!(got.len(), want.len(), "rows after {kills} kills");
-    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(g, w, "row {i} after {kills} kills");
-    }
+    assert_rows(&table, &want, &format!(" after {kills} kills"));
     assert_files_consistent(&table);
     // Each partition is a writer of its own in the table.
     let files = logged_files(&table);
@@ -800,30 +804,19 @@ fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
     let group = kafka::unique("delta-group");
     let table = tmp.path().join("table");
     let spawn = |stats: &Path| {
-        let mut args: Vec<String> = [
-            "run",
-            "--kafka-brokers",
-            kafka::broker(),
-            "--kafka-topic",
-            &topic,
-            "--kafka-group",
-            &group,
-            "--stop-at-end",
-            "--delta-table",
-            s(&table),
-            "--checkpoint-interval",
-            "100ms",
+        let (dead, late) = (
+            stats.with_extension("dead.jsonl"),
+            stats.with_extension("late.jsonl"),
+        );
+        let extra = [
             "--stats-file",
             s(stats),
             "--dead-letter",
-            s(&stats.with_extension("dead.jsonl")),
+            s(&dead),
             "--late-output",
-            s(&stats.with_extension("late.jsonl")),
-        ]
-        .iter()
-        .map(|a| a.to_string())
-        .collect();
-        args.extend(JOB.iter().map(|a| a.to_string()));
+            s(&late),
+        ];
+        let args = kafka_table_args(&topic, &group, &table, &extra);
         process::bin()
             .args(args)
             .stdout(std::process::Stdio::null())

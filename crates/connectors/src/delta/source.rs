@@ -209,7 +209,7 @@ async fn read_history(location: &str) -> Result<(TableHistory, ObjectStoreRef), 
         table: location.to_string(),
         reason,
     };
-    let url = Location::parse(location)?.url(location)?;
+    let url = Location::parse(location)?.read_url(location)?;
     let table = deltalake::DeltaTableBuilder::from_url(url)
         .and_then(deltalake::DeltaTableBuilder::build)
         .map_err(failed("open the location"))?;
@@ -276,7 +276,10 @@ async fn read_history(location: &str) -> Result<(TableHistory, ObjectStoreRef), 
                         "the data file {path} added by version {version} has no row count (numRecords) in the log: its rows cannot be counted without reading them"
                     )));
                 };
-                let path = percent_decoded(path);
+                // A log's paths are URL paths (`=` and spaces percent-encoded).
+                let path = StorePath::from_url_path(path)
+                    .map_err(|e| refuse(format!("version {version} adds the file {path}: {e}")))?
+                    .to_string();
                 history.files.push(DataFile {
                     version,
                     path,
@@ -287,26 +290,6 @@ async fn read_history(location: &str) -> Result<(TableHistory, ObjectStoreRef), 
     }
     let store = log.object_store(None);
     Ok((history, store))
-}
-
-/// A log's file path, which percent-encodes characters such as spaces and `=`.
-fn percent_decoded(path: &str) -> String {
-    let bytes = path.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Ok(b) = u8::from_str_radix(&path[i + 1..i + 3], 16)
-        {
-            out.push(b);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).unwrap_or_else(|_| path.to_string())
 }
 
 /// The table at `location` as an input, without reading its rows.

@@ -67,14 +67,28 @@ impl Location {
         }
     }
 
-    /// The table's URL for delta-rs (a local directory is created if missing).
+    /// The table's URL for delta-rs to write to (a local directory is created if
+    /// missing).
     pub fn url(&self, label: &str) -> Result<Url, DeltaError> {
+        self.url_for(label, true)
+    }
+
+    /// The table's URL for delta-rs to read (nothing is created).
+    pub fn read_url(&self, label: &str) -> Result<Url, DeltaError> {
+        self.url_for(label, false)
+    }
+
+    fn url_for(&self, label: &str, create: bool) -> Result<Url, DeltaError> {
         match self {
             Location::Local(dir) => {
                 let Some(text) = dir.to_str() else {
                     return Err(DeltaError::Location(label.to_string()));
                 };
-                deltalake::ensure_table_uri(text).map_err(|source| DeltaError::Table {
+                let url = match create {
+                    true => deltalake::ensure_table_uri(text),
+                    false => deltalake::table::builder::parse_table_uri(text),
+                };
+                url.map_err(|source| DeltaError::Table {
                     table: label.to_string(),
                     action: "open the directory",
                     source: Box::new(source),

@@ -53,6 +53,8 @@ pub struct DeltaOutput {
     label: String,
     /// Its absolute path or URL, for the checkpoint's record.
     location: String,
+    /// The job's instance id: its data files' names start with it.
+    job: String,
     app_id: String,
     runtime: tokio::runtime::Runtime,
     table: DeltaTable,
@@ -129,6 +131,7 @@ impl DeltaOutput {
             store,
             location: where_.record(),
             label,
+            job: job.to_string(),
             app_id,
             runtime,
             table,
@@ -283,13 +286,11 @@ impl DeltaOutput {
         {
             // Uploaded when prepared: the epoch's own files (not those of the pending
             // epochs before it, which a later commit still adds).
-            for f in &mark.files {
-                if f.path.contains(&format!("-{:020}-", mark.epoch)) {
-                    self.delete(&f.path)?;
-                }
+            let own = |f: &DeltaFileRef| epoch_of(&f.path, &self.job) == Some(mark.epoch);
+            for f in mark.files.iter().filter(|f| own(f)) {
+                self.delete(&f.path)?;
             }
-            self.pending
-                .retain(|f| !f.path.contains(&format!("-{:020}-", mark.epoch)));
+            self.pending.retain(|f| !own(f));
         }
         Ok(self.files.abort()?)
     }
@@ -516,15 +517,7 @@ pub fn committed_version(
     app_id: &str,
 ) -> Result<(Option<i64>, Option<u64>), DeltaError> {
     let label = location.to_string();
-    let url = match Location::parse(location)? {
-        Location::Local(dir) => deltalake::table::builder::parse_table_uri(dir.to_string_lossy())
-            .map_err(|source| DeltaError::Table {
-            table: label.clone(),
-            action: "read the table",
-            source: Box::new(source),
-        })?,
-        s3 => s3.url(&label)?,
-    };
+    let url = Location::parse(location)?.read_url(&label)?;
     let failed = |source| DeltaError::Table {
         table: label.clone(),
         action: "read the table",

@@ -38,6 +38,11 @@ impl std::fmt::Debug for TableSettings {
     }
 }
 
+/// A task's next epoch of the table: the one after its last listed epoch (`last`).
+fn next_epoch(last: &Option<sessionizer_checkpoint::DeltaEpoch>) -> u64 {
+    last.as_ref().map_or(1, |d| d.epoch + 1)
+}
+
 /// The name of a task as a writer of the table (its data files', its application id's).
 fn writer_name(group: &str, topic: &str, partition: i32) -> String {
     format!("{group}-{topic}-{partition}")
@@ -54,8 +59,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         let topic = &self.topics[task.tp.topic as usize];
         let name = writer_name(group, topic, task.tp.partition);
         let mut writer = (settings.make)();
-        let next = task.delta.as_ref().map_or(1, |d| d.epoch + 1);
-        let found = writer.open_delta(next, &name, task.delta.as_ref())?;
+        let found = writer.open_delta(next_epoch(&task.delta), &name, task.delta.as_ref())?;
         if let Some(epoch) = found.rolled_forward {
             tracing::info!(
                 task = %task.names[0].name,
@@ -86,8 +90,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                 // The task's last epoch: committed to the table whatever the interval.
                 writer.finish_delta();
             }
-            let epoch = task.delta.as_ref().map_or(1, |d| d.epoch + 1);
-            let mut mark = writer.prepare_delta(epoch)?;
+            let mut mark = writer.prepare_delta(next_epoch(&task.delta))?;
             mark.role = "sessions".to_string();
             task.delta = Some(mark);
             task.table_prepared = true;
