@@ -118,6 +118,19 @@ struct WatchState {
 
 const AUTH_FAILED: &str = "authentication failed: check sasl.mechanism, sasl.username and sasl.password (or the client certificate)";
 
+/// Whether a failure's reason, as librdkafka words it, is the connection itself going
+/// away rather than the broker answering no.
+fn lost_connection(reason: &str) -> bool {
+    [
+        "Broker transport failure",
+        "Local: Timed out",
+        "Connection refused",
+        "Disconnected",
+    ]
+    .iter()
+    .any(|m| reason.contains(m))
+}
+
 const TLS_FAILED: &str = "the TLS handshake failed: check ssl.ca.location (the CA that signed the brokers' certificates), the client certificate and key, and that the listener speaks TLS";
 
 /// A client that connects and is dropped during the protocol's first request again and
@@ -137,6 +150,10 @@ impl ClientWatch {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let code = error.rdkafka_error_code();
         let cause = match code {
+            // librdkafka also reports a connection lost during the SASL handshake (a
+            // broker going away) as a failed authentication, with the transport error
+            // as its cause: that one is retried.
+            Some(Code::Authentication) if lost_connection(reason) => None,
             Some(Code::Authentication | Code::SaslAuthenticationFailed) => Some(AUTH_FAILED),
             Some(Code::SSL) => Some(TLS_FAILED),
             Some(
@@ -169,7 +186,7 @@ impl ClientWatch {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             self.set_fatal(&mut state, TLS_FAILED, message);
-        } else if message.contains("SASL authentication error") {
+        } else if message.contains("SASL authentication error") && !lost_connection(message) {
             let mut state = self
                 .inner
                 .lock()
@@ -287,6 +304,13 @@ mod tests {
                 .fatal()
                 .is_some_and(|f| f.starts_with("authentication failed"))
         );
+        // A broker that went away during the handshake refused nothing.
+        let watch = ClientWatch::default();
+        assert!(!watch.note(
+            &KafkaError::Global(Code::Authentication),
+            "sasl_ssl://127.0.0.1:29194/1: SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport failure: broker's supported mechanisms: (n/a) (after 0ms in state DOWN)"
+        ));
+        assert_eq!(watch.fatal(), None);
         // The same, from the client's log lines (they come without a poll).
         let watch = ClientWatch::default();
         watch.failed_connection("sasl_ssl://127.0.0.1:39194/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed (after 9ms in state SSL_HANDSHAKE)");

@@ -533,6 +533,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 // Poll a round: wait for the first record, then take what is ready.
                 let mut round = 0;
                 let mut ended = false;
+                let mut heard_mark = false;
                 let mut wait = Duration::from_millis(100);
                 loop {
                     let polled = match self.consumer.poll(wait) {
@@ -589,7 +590,12 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                                     None => (None, None),
                                 };
                                 if let Some(mark) = mark {
+                                    // The records staged before the mark are judged by
+                                    // the watermark before it, the ones after by the
+                                    // one it sets: the round ends here.
+                                    task.cut |= !task.batch.lines.is_empty();
                                     task.hear_upstream(r.offset(), mark);
+                                    heard_mark = true;
                                 } else {
                                     let max = self.cfg.max_record;
                                     staged +=
@@ -600,6 +606,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                     }
                     wait = Duration::ZERO;
                     if round >= ROUND_RECORDS
+                        || heard_mark
                         || staged >= TASK_BATCH_BYTES * self.tasks.len().max(1)
                         || self.consumer.rebalance_pending()
                     {

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 impl<F: TaskFactory> KafkaJob<'_, F> {
     /// Moves the watermark of each task of the re-keyed topic that heard a watermark
-    /// record to the smallest time of the input partitions (docs/semantics.md K-6) —
-    /// once the records staged before the record are processed — and sends what
-    /// completes.
+    /// record to the smallest time of the input partitions (docs/semantics.md K-6) and
+    /// sends what completes. The poll loop ends a round at a watermark record, so the
+    /// records staged before it are processed first and none after it is staged yet.
     pub(super) fn follow_upstreams(&mut self) -> Result<(), RunError> {
         let due: Vec<(TopicPartition, i64)> = self
             .tasks
