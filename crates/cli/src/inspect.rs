@@ -216,18 +216,7 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
         )?;
     }
     for d in &m.delta {
-        let rows: u64 = d.files.iter().map(|f| f.rows).sum();
-        let bytes: u64 = d.files.iter().map(|f| f.bytes).sum();
-        writeln!(
-            out,
-            "    {:<12} {} (Delta table, application id {}): epoch {}, {} files, {rows} rows, {bytes} bytes; {}",
-            d.role,
-            d.table,
-            d.app_id,
-            d.epoch,
-            d.files.len(),
-            delta_committed(d)
-        )?;
+        writeln!(out, "    {:<12} {}", d.role, delta_line(d))?;
     }
     let c = &m.counters;
     writeln!(
@@ -253,6 +242,20 @@ fn write_manifest(m: &Manifest, out: &mut impl Write) -> std::io::Result<()> {
         writeln!(out, "    {name} {value}")?;
     }
     Ok(())
+}
+
+/// A checkpoint's (or a Kafka task's) Delta epoch, and whether the table has its commit.
+fn delta_line(d: &sessionizer_checkpoint::DeltaEpoch) -> String {
+    let rows: u64 = d.files.iter().map(|f| f.rows).sum();
+    let bytes: u64 = d.files.iter().map(|f| f.bytes).sum();
+    format!(
+        "{} (Delta table, application id {}): epoch {}, {} files, {rows} rows, {bytes} bytes; {}",
+        d.table,
+        d.app_id,
+        d.epoch,
+        d.files.len(),
+        delta_committed(d)
+    )
 }
 
 /// What the table says of a checkpoint's Delta epoch: whether its commit is there.
@@ -599,6 +602,12 @@ fn inspect_kafka(
                 ""
             },
         )?;
+        // A task writing a Delta table: its last epoch, next to the table's word on it.
+        if let Ok(d) =
+            serde_json::from_value::<sessionizer_checkpoint::DeltaEpoch>(m["delta"].clone())
+        {
+            writeln!(out, "  table {}", delta_line(&d))?;
+        }
         if let Some(list) = t["sessions"].as_array() {
             for k in list {
                 writeln!(

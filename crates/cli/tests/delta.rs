@@ -785,6 +785,27 @@ fn a_kafka_job_killed_at_random_instants_fills_the_table_once() {
             "{name} in {files:?}"
         );
     }
+    // inspect shows each task's last epoch of the table and that the table has it.
+    let inspected = run_ok(&[
+        "inspect",
+        "--kafka-brokers",
+        kafka::broker(),
+        "--kafka-group",
+        &group,
+        "--kafka-topic",
+        &topic,
+    ]);
+    let text = String::from_utf8_lossy(&inspected.stdout);
+    for p in 0..4 {
+        let app = format!("application id sessionizer-{group}-{topic}-{p})");
+        let line = text.lines().find(|l| l.contains(&app));
+        assert!(
+            line.is_some_and(|l| l.trim_start().starts_with("table ")
+                && (l.contains("committed (the table's transaction version")
+                    || l.contains("no rows in this epoch"))),
+            "task {p}'s table epoch, committed, in: {text}"
+        );
+    }
     eprintln!("Kafka to Delta: {kills} kills, {} files", files.len());
 }
 

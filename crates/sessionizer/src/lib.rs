@@ -92,6 +92,8 @@ pub mod telemetry;
 
 #[cfg(feature = "kafka")]
 pub use api::kafka;
+#[cfg(feature = "delta")]
+pub use api::table;
 pub use api::{aggregators, checkpoints, late, sink, source, stateful, stream, time, windowed};
 
 pub use config::PipelineConfig;

@@ -18,45 +18,6 @@ use std::time::{Duration, Instant};
 
 const OUTPUTS: [&str; 3] = ["sessions.jsonl", "late.jsonl", "dead-letters.jsonl"];
 
-/// `n` visit lines over a sliding set of about 60 live visits, out of order by up to 3
-/// minutes, 1% half an hour late; every 700th line no visit, one far-future time (year
-/// 2500, outside the valid range) and some blank lines, CRLF ends now and then.
-fn write_input(path: &Path, n: u64) {
-    write_lines(path, 0..n);
-}
-
-/// Lines `range` of the input of [`write_input`] (a later range: later times).
-fn write_lines(path: &Path, range: std::ops::Range<u64>) {
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(7 + range.start);
-    let mut text = String::new();
-    let n = range.end;
-    for i in range {
-        let visit = i / 100 + rng.random_range(0..60);
-        let mut ms = 1_704_067_200_000 + i as i64 * 500 - rng.random_range(0..180_000);
-        if rng.random_range(0..100) == 0 {
-            ms -= 1_800_000;
-        }
-        let time = sessionizer::core::timefmt::format_rfc3339_ms(EventTime(ms));
-        let page = rng.random_range(0..9);
-        let end = if i % 97 == 0 { "\r\n" } else { "\n" };
-        if i % 700 == 350 {
-            text.push_str("{\"visit_id\":\"v-broken\",\"page\":\"/\"}\n");
-        }
-        if i % 1000 == 999 {
-            text.push('\n');
-        }
-        if i == n / 2 {
-            text.push_str(
-                "{\"visit_id\":\"v1\",\"event_time\":\"2500-01-01T00:00:00Z\",\"page\":\"/\"}\n",
-            );
-        }
-        text.push_str(&format!(
-            "{{\"visit_id\":\"v{visit}\",\"event_time\":\"{time}\",\"page\":\"/p{page}\"}}{end}"
-        ));
-    }
-    std::fs::write(path, text).expect("write the input");
-}
-
 fn read(dir: &Path, name: &str) -> Vec<u8> {
     std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -97,7 +58,7 @@ fn in_one_go(input: &Path, out: &Path) -> (Vec<u8>, Vec<u8>, u64) {
 fn a_service_killed_at_random_instants_writes_every_record_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     let input = dir.path().join("visits.jsonl");
-    write_input(&input, 80_000);
+    support::write_visit_lines(&input, 80_000);
 
     let (state, out) = (dir.path().join("state-1"), dir.path().join("out-1"));
     let started = Instant::now();
@@ -182,7 +143,7 @@ fn a_service_killed_at_random_instants_writes_every_record_once() {
 /// Checkpoints of the example's shape over a small input; returns the directories.
 fn checkpointed(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     let input = dir.join("visits.jsonl");
-    write_input(&input, 5_000);
+    support::write_visit_lines(&input, 5_000);
     let (state, out) = (dir.join("state"), dir.join("out"));
     run_to_end(&input, &state, &out);
     (input, state, out)
@@ -327,7 +288,7 @@ fn a_restart_that_cannot_continue_exactly_is_refused() {
 fn a_stateful_jobs_file_is_written_once_across_a_crash() {
     let dir = tempfile::tempdir().expect("temp dir");
     let input = dir.path().join("visits.jsonl");
-    write_input(&input, 6_000);
+    support::write_visit_lines(&input, 6_000);
     // Per visit: its events so far, reported 10 minutes (event time) after its last one.
     let job = || {
         Stream::<Visit>::new()
@@ -407,7 +368,7 @@ fn a_job_kept_open_continues_with_the_next_files() {
         .collect();
     for (d, path) in days.iter().enumerate() {
         let d = d as u64;
-        write_lines(path, d * 4_000..(d + 1) * 4_000);
+        support::write_visit_range(path, d * 4_000..(d + 1) * 4_000);
     }
     let (state, out) = (dir.path().join("state"), dir.path().join("out"));
     std::fs::create_dir_all(&out).expect("out dir");

@@ -56,7 +56,7 @@ mod table;
 mod tests;
 
 pub use source::{DataFile, DeltaRows, TableHistory, table_history};
-pub use table::{DeltaOutput, Recovered, app_id, committed_version};
+pub use table::{DeltaOutput, Recovered, app_id, committed_version, recorded_location};
 
 pub use sessionizer_checkpoint::{DeltaEpoch, DeltaFileRef};
 

@@ -10,7 +10,7 @@
 //! as Delta statistics may be. Float bounds leave NaN out, as Parquet's do.
 
 use super::DeltaError;
-use parquet::basic::LogicalType;
+use parquet::basic::{LogicalType, TimeUnit};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::statistics::Statistics;
 use serde_json::{Map, Value, json};
@@ -40,10 +40,21 @@ pub(super) fn file_stats(path: &Path) -> Result<(String, u64), DeltaError> {
     let mut maxes = Map::new();
     let mut nulls = Map::new();
     for (i, column) in columns.iter().enumerate() {
-        let timestamp = matches!(
-            column.logical_type_ref(),
-            Some(LogicalType::Timestamp { .. })
-        );
+        // A value inside a list or a map has no statistics in Delta.
+        if column.max_rep_level() > 0 {
+            continue;
+        }
+        // Delta statistics give times as text: a timestamp's unit per millisecond.
+        let per_ms = match column.logical_type_ref() {
+            Some(LogicalType::Timestamp(t)) => Some(match t.unit {
+                TimeUnit::MILLIS => 1,
+                TimeUnit::MICROS => 1_000,
+                TimeUnit::NANOS => 1_000_000,
+            }),
+            // Days (a date) or a decimal's digits: no bounds of ours fit.
+            Some(LogicalType::Date | LogicalType::Decimal(_)) => continue,
+            _ => None,
+        };
         let mut null_count = Some(0u64);
         // None once a row group has values but no bounds.
         let mut bounds: Option<Option<(Bound, Bound)>> = Some(None);
@@ -63,13 +74,22 @@ pub(super) fn file_stats(path: &Path) -> Result<(String, u64), DeltaError> {
                 _ => None,
             };
         }
-        let name = column.name().to_string();
+        // A struct's field sits under the struct's name.
+        let path = column.path().parts();
         if let Some(n) = null_count {
-            nulls.insert(name.clone(), json!(n));
+            insert(&mut nulls, path, json!(n));
         }
         if let Some(Some((lo, hi))) = bounds {
-            mins.insert(name.clone(), lo.json(timestamp));
-            maxes.insert(name, hi.json(timestamp));
+            let (lo, hi) = match (per_ms, lo, hi) {
+                (Some(per), Bound::Int(lo), Bound::Int(hi)) => (
+                    Bound::Time(lo.div_euclid(per)),
+                    // Rounded up: still a bound of every value.
+                    Bound::Time(hi.div_euclid(per) + i64::from(hi.rem_euclid(per) != 0)),
+                ),
+                (_, lo, hi) => (lo, hi),
+            };
+            insert(&mut mins, path, lo.json());
+            insert(&mut maxes, path, hi.json());
         }
     }
     let stats = Value::Object(Map::from_iter([
@@ -81,11 +101,30 @@ pub(super) fn file_stats(path: &Path) -> Result<(String, u64), DeltaError> {
     Ok((stats.to_string(), u64::try_from(rows).unwrap_or(0)))
 }
 
-/// One bound of a column: the session columns are int64 (timestamps too), float64 or
+/// Puts `value` at `path` (a column, or a struct's field) in `map`.
+fn insert(map: &mut Map<String, Value>, path: &[String], value: Value) {
+    match path {
+        [] => {}
+        [name] => {
+            map.insert(name.clone(), value);
+        }
+        [name, rest @ ..] => {
+            let inner = map
+                .entry(name.clone())
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Value::Object(inner) = inner {
+                insert(inner, rest, value);
+            }
+        }
+    }
+}
+
+/// One bound of a column: an integer, a time (milliseconds since the epoch), a float or
 /// UTF-8 text.
 #[derive(Debug, Clone, PartialEq)]
 enum Bound {
     Int(i64),
+    Time(i64),
     Float(f64),
     Text(String),
 }
@@ -95,7 +134,7 @@ impl Bound {
     /// the least, `Greater`: the greatest); `None` for bounds of two kinds.
     fn pick(self, other: Bound, keep: Ordering) -> Option<Bound> {
         let order = match (&self, &other) {
-            (Bound::Int(a), Bound::Int(b)) => a.cmp(b),
+            (Bound::Int(a), Bound::Int(b)) | (Bound::Time(a), Bound::Time(b)) => a.cmp(b),
             (Bound::Float(a), Bound::Float(b)) => a.total_cmp(b),
             (Bound::Text(a), Bound::Text(b)) => a.cmp(b),
             _ => return None,
@@ -107,9 +146,9 @@ impl Bound {
         })
     }
 
-    fn json(&self, timestamp: bool) -> Value {
+    fn json(&self) -> Value {
         match self {
-            Bound::Int(ms) if timestamp => json!(timestamp_text(*ms)),
+            Bound::Time(ms) => json!(timestamp_text(*ms)),
             Bound::Int(v) => json!(v),
             Bound::Float(v) => json!(v),
             Bound::Text(v) => json!(v),
@@ -122,6 +161,14 @@ impl Bound {
 fn group_bounds(stats: &Statistics) -> Option<(Bound, Bound)> {
     match stats {
         Statistics::Int64(s) => Some((Bound::Int(*s.min_opt()?), Bound::Int(*s.max_opt()?))),
+        Statistics::Int32(s) => Some((
+            Bound::Int(i64::from(*s.min_opt()?)),
+            Bound::Int(i64::from(*s.max_opt()?)),
+        )),
+        Statistics::Float(s) => {
+            let (lo, hi) = (f64::from(*s.min_opt()?), f64::from(*s.max_opt()?));
+            (lo.is_finite() && hi.is_finite()).then_some((Bound::Float(lo), Bound::Float(hi)))
+        }
         Statistics::Double(s) => {
             let (lo, hi) = (*s.min_opt()?, *s.max_opt()?);
             (lo.is_finite() && hi.is_finite()).then_some((Bound::Float(lo), Bound::Float(hi)))

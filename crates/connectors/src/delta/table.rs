@@ -26,6 +26,12 @@ pub fn app_id(job: &str) -> String {
     format!("sessionizer-{job}")
 }
 
+/// How a checkpoint records the table at `location` (a directory: its absolute path;
+/// an `s3://` URL as given), so that a restart that names it another way finds it.
+pub fn recorded_location(location: &str) -> Result<String, DeltaError> {
+    Ok(Location::parse(location)?.record())
+}
+
 /// What [`DeltaOutput::open`] did to bring the table back to the checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovered {

@@ -375,3 +375,61 @@ fn a_long_job_gets_delta_checkpoints_and_its_transaction_survives_them() {
     let (_, found) = open(&dir, 106, last.as_ref());
     assert_eq!(found, Recovered::default());
 }
+
+/// A library job's own rows: nested and list columns, a microsecond timestamp. The
+/// rows go into the table as given; the statistics bound the top-level columns and a
+/// struct's fields, in milliseconds for the timestamp, and leave a list's values out.
+#[test]
+fn a_library_jobs_own_rows_with_nested_columns_are_committed_with_their_statistics() {
+    use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let table = dir.path().join("rows");
+    let columns = Schema::new(vec![
+        Field::new("id", DataType::Int32, false),
+        Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new(
+            "user",
+            DataType::Struct(Fields::from(vec![
+                Field::new("name", DataType::Utf8, false),
+                Field::new("plan", DataType::Utf8, true),
+            ])),
+            false,
+        ),
+        Field::new_list("tags", Field::new("item", DataType::Utf8, true), false),
+    ]);
+    let schema = SessionSchema::of_rows(Arc::new(columns));
+    let (mut output, _) = DeltaOutput::open(loc(&table), schema, JOB, 1, None).expect("created");
+    let rows = concat!(
+        r#"{"id":2,"at":"2024-01-01T00:00:00.000500Z","user":{"name":"bo","plan":null},"tags":["a"]}"#,
+        "\n",
+        r#"{"id":7,"at":"2024-01-01T00:00:01.250001Z","user":{"name":"al","plan":"pro"},"tags":[]}"#,
+        "\n"
+    );
+    assert_eq!(output.write(rows.as_bytes()).expect("fits"), 2);
+    // A row that does not fit is refused with the row, and nothing of the call is taken.
+    let bad = "{\"id\":3,\"at\":\"2024-01-01T00:00:00Z\",\"user\":{\"name\":\"x\"},\"tags\":[]}\n{\"id\":\"four\"}\n";
+    let err = output.write(bad.as_bytes()).expect_err("a text id");
+    assert!(err.to_string().contains("\"four\""), "{err}");
+    let epoch = output.prepare(1).expect("prepared");
+    assert_eq!(epoch.files.iter().map(|f| f.rows).sum::<u64>(), 2);
+    output.commit().expect("committed");
+    let (files, _, txn) = logged(&table);
+    assert_eq!((files.len(), txn), (1, Some(1)));
+    let (stats, rows) = super::stats::file_stats(&table.join(&files[0])).expect("stats");
+    assert_eq!(rows, 2);
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("JSON");
+    assert_eq!(stats["minValues"]["id"], 2);
+    assert_eq!(stats["maxValues"]["id"], 7);
+    assert_eq!(stats["minValues"]["at"], "2024-01-01T00:00:00.000Z");
+    // Rounded up to the next millisecond: still a bound.
+    assert_eq!(stats["maxValues"]["at"], "2024-01-01T00:00:01.251Z");
+    assert_eq!(stats["minValues"]["user"]["name"], "al");
+    assert_eq!(stats["nullCount"]["user"]["plan"], 1);
+    assert!(stats["minValues"].get("tags").is_none(), "{stats}");
+    assert!(stats["minValues"].get("item").is_none(), "{stats}");
+}

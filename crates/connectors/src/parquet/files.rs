@@ -168,6 +168,17 @@ impl ParquetFiles {
         if self.failed {
             return Err(self.failed_error());
         }
+        if self.schema.is_rows() {
+            let batches = self.schema.decode_rows(records)?;
+            let mut rows = 0;
+            for batch in &batches {
+                let added = self.add_batch(batch);
+                self.failed |= added.is_err();
+                added?;
+                rows += batch.num_rows() as u64;
+            }
+            return Ok(rows);
+        }
         let rows = records
             .split(|&b| b == b'\n')
             .filter(|line| !line.trim_ascii().is_empty())
@@ -194,7 +205,22 @@ impl ParquetFiles {
         } else {
             String::new()
         };
-        let open = match self.open.entry(sub.clone()) {
+        let (group_rows, max_bytes) = (self.options.row_group_rows, self.options.max_file_bytes);
+        let open = self.open_file(sub.clone())?;
+        open.builders.append(row);
+        open.file.rows += 1;
+        if open.builders.rows() >= group_rows {
+            open.write_group()?;
+            if open.file.bytes >= max_bytes {
+                self.close(&sub)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The open file of directory `sub`, opened now if there is none.
+    fn open_file(&mut self, sub: String) -> Result<&mut OpenFile, ParquetError> {
+        Ok(match self.open.entry(sub) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
                 let n = self.next_file;
@@ -209,14 +235,20 @@ impl ParquetFiles {
                 self.next_file += 1;
                 e.insert(file)
             }
-        };
-        open.builders.append(row);
-        open.file.rows += 1;
-        if open.builders.rows() >= self.options.row_group_rows {
-            open.write_group()?;
-            if open.file.bytes >= self.options.max_file_bytes {
-                self.close(&sub)?;
-            }
+        })
+    }
+
+    /// Adds a batch of a library job's own rows (no directories by date: the columns
+    /// are the user's).
+    fn add_batch(&mut self, batch: &arrow_array::RecordBatch) -> Result<(), ParquetError> {
+        let max_bytes = self.options.max_file_bytes;
+        let open = self.open_file(String::new())?;
+        // The writer cuts its row groups itself.
+        open.writer.write(batch).map_err(open.parquet_error())?;
+        open.file.rows += batch.num_rows() as u64;
+        open.file.bytes = (open.writer.bytes_written() + open.writer.in_progress_size()) as u64;
+        if open.file.bytes >= max_bytes {
+            self.close("")?;
         }
         Ok(())
     }
@@ -527,7 +559,7 @@ fn io_error(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Parq
 }
 
 /// A record for an error message: lossy UTF-8, at most 200 characters.
-fn shorten(line: &[u8]) -> String {
+pub(super) fn shorten(line: &[u8]) -> String {
     const SHOWN: usize = 200;
     let text = String::from_utf8_lossy(line.trim_ascii());
     match text.char_indices().nth(SHOWN) {

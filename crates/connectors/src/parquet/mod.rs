@@ -79,6 +79,8 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
+/// Arrow's schema types, in which a table's columns are given.
+pub use arrow_schema;
 pub use files::{ParquetFiles, ParquetOptions, Recovered, Staged, StagedFile};
 pub use schema::{AGGREGATE_METADATA, EMIT_METADATA, RecordError, SessionSchema};
 

@@ -23,6 +23,9 @@ pub const EMIT_METADATA: &str = "sessionizer.emit";
 // The fields every session record has, which aggregates may not be named after.
 use crate::encode::FIXED_FIELDS as FIXED;
 
+/// Rows read into one batch by [`SessionSchema::decode_rows`].
+const ROWS_PER_DECODE: usize = 8192;
+
 /// The columns of the session table of one run. They follow the fields of the JSON
 /// record for the same options, and do not change once rows are written.
 #[derive(Debug, Clone)]
@@ -30,6 +33,9 @@ pub struct SessionSchema {
     arrow: SchemaRef,
     aggregates: Vec<(String, AggKind)>,
     emit: EmitMode,
+    /// The rows of a library job's own type ([`of_rows`](Self::of_rows)), not the
+    /// command line's session records.
+    rows: bool,
 }
 
 /// Why a session record does not fit the table's columns.
@@ -44,6 +50,11 @@ pub enum RecordError {
     /// A field that has no column (or that this emit mode leaves out).
     #[error("the field `{0}` has no column in the table")]
     Unexpected(String),
+    /// A record of a library job's own rows does not fit the table's columns (a field
+    /// without a column, a value of another type, a missing value where the column may
+    /// not be null), as Arrow's JSON decoder says.
+    #[error("{0}")]
+    Columns(arrow_schema::ArrowError),
     /// A field's value is not of its column's type.
     #[error("the field `{field}` is {found}, where the table wants {expected}")]
     Type {
@@ -153,6 +164,70 @@ impl SessionSchema {
             arrow: Arc::new(Schema::new_with_metadata(fields, metadata)),
             aggregates: aggregates.to_vec(),
             emit,
+            rows: false,
+        })
+    }
+
+    /// The table of a library job's own rows (a session window's records mapped to the
+    /// user's type, a stateful function's outputs): the columns `arrow` as given. Each
+    /// record (a JSON object, as serde writes the type) is read into them by Arrow's
+    /// JSON decoder: every field must have a column, a missing field is null (an error
+    /// for a column that may not be null), a text goes into a timestamp column when it
+    /// is an RFC 3339 time.
+    pub fn of_rows(arrow: SchemaRef) -> SessionSchema {
+        SessionSchema {
+            arrow,
+            aggregates: Vec::new(),
+            emit: EmitMode::Final,
+            rows: true,
+        }
+    }
+
+    /// Whether the table is of a library job's own rows ([`of_rows`](Self::of_rows)).
+    pub fn is_rows(&self) -> bool {
+        self.rows
+    }
+
+    /// Reads the JSON lines in `records` (blank lines skipped) into batches of the
+    /// columns of [`of_rows`](Self::of_rows): every record or none. The error names the
+    /// first record that does not fit.
+    pub(crate) fn decode_rows(&self, records: &[u8]) -> Result<Vec<RecordBatch>, ParquetError> {
+        let decode = |text: &[u8]| -> Result<Vec<RecordBatch>, arrow_schema::ArrowError> {
+            let mut decoder = arrow_json::ReaderBuilder::new(self.arrow.clone())
+                .with_batch_size(ROWS_PER_DECODE)
+                .with_strict_mode(true)
+                .build_decoder()?;
+            let mut batches = Vec::new();
+            let mut rest = text;
+            while !rest.is_empty() {
+                let read = decoder.decode(rest)?;
+                rest = &rest[read..];
+                match decoder.flush()? {
+                    Some(batch) => batches.push(batch),
+                    None if read == 0 => break,
+                    None => {}
+                }
+            }
+            batches.extend(decoder.flush()?);
+            Ok(batches)
+        };
+        decode(records).map_err(|_| {
+            // Which record: each one read alone, until one fails.
+            let lines = records.split(|&b| b == b'\n');
+            lines
+                .filter(|line| !line.trim_ascii().is_empty())
+                .find_map(|line| {
+                    decode(line).err().map(|e| ParquetError::Record {
+                        record: super::files::shorten(line),
+                        reason: RecordError::Columns(e),
+                    })
+                })
+                .unwrap_or(ParquetError::Record {
+                    record: super::files::shorten(records),
+                    reason: RecordError::Columns(arrow_schema::ArrowError::JsonError(
+                        "the records do not fit the table's columns".into(),
+                    )),
+                })
         })
     }
 

@@ -59,6 +59,8 @@ use std::path::{Path, PathBuf};
 /// The role of a library job's exactly-once file in a manifest's outputs (the command
 /// line's are `sessions`, `dead-letter` and `late`).
 const FILE_ROLE: &str = "file";
+/// The role of a library job's Delta tables in a checkpoint.
+const TABLE_ROLE: &str = "table";
 
 /// What one checkpoint wrote, and whether its state file is a base or a delta.
 pub use sessionizer_checkpoint::{Committed, FileKind};
@@ -103,6 +105,9 @@ pub struct Checkpoints {
     ///
     /// [`JsonLinesSink::exactly_once`]: crate::api::sink::JsonLinesSink::exactly_once
     files: Vec<(String, SharedWriter)>,
+    /// The Delta tables written exactly once (a [`DeltaSink`](crate::api::sink::DeltaSink)
+    /// each), by their location as the checkpoints record it.
+    tables: Vec<(String, SharedWriter)>,
     /// Why these checkpoints take no more writes or restores: the exactly-once output
     /// failed in a checkpoint or while joining (what Kafka committed is then not known
     /// here; only a reopened state directory resolves it).
@@ -163,6 +168,7 @@ impl Checkpoints {
             source: None,
             restored_ended: false,
             files: Vec::new(),
+            tables: Vec::new(),
             failed: None,
         })
     }
@@ -235,12 +241,17 @@ impl Checkpoints {
         // transaction (two phases: prepared with a progress record naming this
         // checkpoint, committed once it is written).
         let mut writers: Vec<_> = self.files.iter().map(|(_, w)| w.lock()).collect();
+        let mut tables: Vec<_> = self.tables.iter().map(|(_, w)| w.lock()).collect();
         let mut files: Vec<FileSink<'_>> = writers
             .iter_mut()
             .map(|w| FileSink {
                 role: FILE_ROLE,
                 writer: w,
             })
+            .chain(tables.iter_mut().map(|w| FileSink {
+                role: TABLE_ROLE,
+                writer: w,
+            }))
             .collect();
         let mut transaction = self.transaction.as_ref().map(SharedTopicSink::lock);
         let mut sinks: Vec<&mut dyn EpochSink> =
@@ -258,6 +269,7 @@ impl Checkpoints {
         drop(transaction);
         drop(files);
         drop(writers);
+        drop(tables);
         match written {
             Ok(Some(written)) => {
                 self.restored = true;
@@ -329,6 +341,21 @@ impl Checkpoints {
             .outputs
             .iter()
             .find(|o| !self.files.iter().any(|(path, _)| *path == o.path));
+        let unopened_table = manifest
+            .delta
+            .iter()
+            .find(|d| !self.tables.iter().any(|(table, _)| *table == d.table));
+        if let Some(d) = unopened_table {
+            let error = StateError::Output(format!(
+                "checkpoint {} in {} wrote into the Delta table {} exactly once: open DeltaSink::exactly_once({:?}) on these checkpoints before restore(), so that the table is brought back to the checkpoint, or use another state directory",
+                manifest.epoch,
+                self.path.display(),
+                d.table,
+                d.table
+            ));
+            self.found = Some((manifest, state));
+            return Err(error);
+        }
         if let Some(o) = unopened {
             let error = StateError::Output(format!(
                 "checkpoint {} in {} committed the file {} exactly once: open JsonLinesSink::exactly_once({:?}) on these checkpoints before restore(), so that what was written after the checkpoint is cut off, or use another state directory",
@@ -419,6 +446,60 @@ impl Checkpoints {
         Ok(shared)
     }
 
+    /// Joins the exactly-once Delta table output at `location` (a directory or an
+    /// `s3://` URL), with the columns `schema`, to these checkpoints, before the job
+    /// restores: the table is created if missing and brought back to the checkpoint
+    /// found (its recorded epoch committed if it was not; the job's data files no
+    /// commit names deleted). The job's application id in the table is
+    /// `sessionizer-<instance id of the state directory>`.
+    #[cfg(feature = "delta")]
+    pub(crate) fn join_table(
+        &mut self,
+        location: &str,
+        schema: sessionizer_connectors::parquet::SessionSchema,
+    ) -> Result<SharedWriter, StateError> {
+        self.refuse_if_failed()?;
+        if self.restored {
+            return Err(StateError::Output(format!(
+                "the Delta table {location} joins the checkpoints in {} before restore() and the first checkpoint",
+                self.path.display()
+            )));
+        }
+        let recorded = sessionizer_connectors::delta::recorded_location(location)
+            .map_err(|e| StateError::Output(e.to_string()))?;
+        if self.tables.iter().any(|(t, _)| *t == recorded) {
+            return Err(StateError::Output(format!(
+                "the Delta table {location} is already an exactly-once output of these checkpoints"
+            )));
+        }
+        let committed = self
+            .found
+            .as_ref()
+            .and_then(|(m, _)| m.delta.iter().find(|d| d.table == recorded));
+        if let Some((m, _)) = &self.found
+            && committed.is_none()
+        {
+            return Err(StateError::Output(format!(
+                "checkpoint {} in {} did not write into the Delta table {location}, so it cannot be continued exactly once; open the tables of the job's first run, or use another state directory",
+                m.epoch,
+                self.path.display(),
+            )));
+        }
+        let job =
+            crate::runtime::instance::persisted_instance(&self.path).map_err(StateError::output)?;
+        let epoch = self
+            .committer
+            .next_epoch()
+            .unwrap_or_else(|| self.found_epoch.map_or(1, |e| e + 1));
+        let mut writer = RecordWriter::delta(OutputTarget::File(location.into()), schema, None);
+        writer
+            .open_delta(epoch, &job, committed)
+            .map_err(|e| StateError::Output(e.to_string()))?;
+        let shared = SharedWriter::new(writer);
+        self.tables.push((recorded, shared.clone()));
+        Ok(shared)
+    }
+
     /// Puts back a checkpoint whose restore failed (nothing of it was applied) and
     /// returns the error of `reason`.
     pub(crate) fn keep_found(
@@ -454,7 +535,7 @@ impl Checkpoints {
                 "an exactly-once Kafka output joins the checkpoints before restore() and the first checkpoint, once".into(),
             ));
         }
-        if !self.files.is_empty() {
+        if !self.files.is_empty() || !self.tables.is_empty() {
             // Joining may fall back to an older checkpoint, whose file lengths differ.
             return Err(StateError::Output(
                 "open the exactly-once Kafka output before the exactly-once files".into(),

@@ -15,5 +15,7 @@ pub mod sink;
 pub mod source;
 pub mod stateful;
 pub mod stream;
+#[cfg(feature = "delta")]
+pub mod table;
 pub mod time;
 pub mod windowed;

@@ -152,3 +152,43 @@ fn newest_source(dir: &std::path::Path) -> Option<(std::time::SystemTime, std::p
     }
     newest
 }
+
+/// `n` visit lines over a sliding set of about 60 live visits, out of order by up to 3
+/// minutes, 1% half an hour late; every 700th line no visit, one far-future time (year
+/// 2500, outside the valid range) and some blank lines, CRLF ends now and then.
+pub fn write_visit_lines(path: &std::path::Path, n: u64) {
+    write_visit_range(path, 0..n);
+}
+
+/// Lines `range` of the input of [`write_visit_lines`] (a later range: later times).
+pub fn write_visit_range(path: &std::path::Path, range: std::ops::Range<u64>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(7 + range.start);
+    let mut text = String::new();
+    let n = range.end;
+    for i in range {
+        let visit = i / 100 + rng.random_range(0..60);
+        let mut ms = 1_704_067_200_000 + i as i64 * 500 - rng.random_range(0..180_000);
+        if rng.random_range(0..100) == 0 {
+            ms -= 1_800_000;
+        }
+        let time = sessionizer::core::timefmt::format_rfc3339_ms(EventTime(ms));
+        let page = rng.random_range(0..9);
+        let end = if i % 97 == 0 { "\r\n" } else { "\n" };
+        if i % 700 == 350 {
+            text.push_str("{\"visit_id\":\"v-broken\",\"page\":\"/\"}\n");
+        }
+        if i % 1000 == 999 {
+            text.push('\n');
+        }
+        if i == n / 2 {
+            text.push_str(
+                "{\"visit_id\":\"v1\",\"event_time\":\"2500-01-01T00:00:00Z\",\"page\":\"/\"}\n",
+            );
+        }
+        text.push_str(&format!(
+            "{{\"visit_id\":\"v{visit}\",\"event_time\":\"{time}\",\"page\":\"/p{page}\"}}{end}"
+        ));
+    }
+    std::fs::write(path, text).expect("write the input");
+}
