@@ -113,10 +113,11 @@ pub struct RunArgs {
 
     /// Append the sessions to the Delta Lake table in directory PATH, or at
     /// s3://bucket/path (created with the session columns if it has no table yet)
-    /// instead of writing --output: exactly once, one table commit per checkpoint (see
-    /// --delta-commit-interval), so --state-dir is required (with a Kafka input
-    /// --kafka-group instead: each partition commits its own epochs after the group's
-    /// transactions). The emit mode defaults to final (plain inserts); on-close and
+    /// instead of writing --output: with --state-dir exactly once, one table commit per
+    /// checkpoint (see --delta-commit-interval); with a Kafka input --kafka-group
+    /// instead: each partition commits its own epochs after the group's transactions;
+    /// without either (stdin, say) the run commits its rows once, at its end (a run
+    /// killed before adds none, a rerun adds its rows again). The emit mode defaults to final (plain inserts); on-close and
     /// on-update are refused. Dead letters and late events stay JSON lines (on stderr
     /// for a table on S3 or a Kafka input, unless named). S3 settings come from
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL. Needs
@@ -127,7 +128,8 @@ pub struct RunArgs {
     /// Commit to the --delta-table at most this often (e.g. 1m) instead of at every
     /// checkpoint: the checkpoints in between record the data files written, which the
     /// next commit adds, and the run's last checkpoint always commits. Fewer, larger
-    /// table versions; rows become visible later. [default: every checkpoint]
+    /// table versions; rows become visible later. Needs --state-dir (or a Kafka input).
+    /// [default: every checkpoint]
     #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     pub delta_commit_interval: Option<String>,
 

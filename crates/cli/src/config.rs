@@ -637,9 +637,9 @@ pub fn resolve(mut args: RunArgs) -> Result<RunConfig, ConfigError> {
             &inputs,
         )?
     };
-    if delta_table.is_some() && checkpoint.is_none() && !kafka_in {
+    if commit_every.is_some() && checkpoint.is_none() && !kafka_in {
         return Err(ConfigError::Conflict(
-            "--delta-table needs --state-dir: the table is written exactly once, one commit per checkpoint, and its recovery starts from the checkpoints kept there".into(),
+            "--delta-commit-interval needs --state-dir: without checkpoints a run commits to the table once, at its end".into(),
         ));
     }
     let state_memory = args.state_memory.or(file.state_memory);

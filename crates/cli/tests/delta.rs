@@ -453,6 +453,72 @@ fn a_table_of_other_columns_is_refused_naming_the_difference() {
     assert_eq!(logged_files(&table), before);
 }
 
+/// A run over stdin (or any run without `--state-dir`) is a job of its own that commits
+/// once, at its end: its rows are the JSON-lines run's; a run killed before its end adds
+/// no row; a second run appends its own.
+#[test]
+fn a_run_without_checkpoints_commits_its_rows_once_at_its_end() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("visits.jsonl");
+    generate(&input, 5_000, 17);
+    let want = json_final(tmp.path(), &[&input]);
+    let table = tmp.path().join("t");
+    let over_stdin = || {
+        let mut c = process::bin();
+        c.args(["run", "--input", "-", "--delta-table", s(&table)])
+            .args(JOB)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        c.spawn().expect("spawn")
+    };
+
+    // Killed before its input ended: the table exists, with no row.
+    let mut child = over_stdin();
+    let text = std::fs::read(&input).expect("input");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(&text[..text.len() / 2])
+        .expect("half the input");
+    stdin.flush().expect("flushed");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    drop(stdin);
+    assert_rows(&table, &[], " after a killed run");
+
+    // A whole run: its rows, once.
+    let mut child = over_stdin();
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&text)
+        .expect("the input");
+    let done = child.wait_with_output().expect("ran");
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_rows(&table, &want, " after a whole run");
+
+    // Another run is another job: its rows are added.
+    let args = [
+        &["run", "--input", s(&input), "--delta-table", s(&table)][..],
+        JOB,
+    ]
+    .concat();
+    run_ok(&args);
+    let twice: Vec<String> = {
+        let mut w = [want.clone(), want.clone()].concat();
+        w.sort();
+        w
+    };
+    assert_rows(&table, &twice, " after a second run");
+}
+
 #[test]
 fn what_a_table_cannot_take_is_refused_with_a_reason() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -462,8 +528,8 @@ fn what_a_table_cannot_take_is_refused_with_a_reason() {
     let state = tmp.path().join("state");
     let cases: [(Vec<&str>, &str); 6] = [
         (
-            vec!["--delta-table", s(&table)],
-            "--delta-table needs --state-dir",
+            vec!["--delta-table", s(&table), "--delta-commit-interval", "1m"],
+            "--delta-commit-interval needs --state-dir",
         ),
         (
             vec!["--delta-commit-interval", "1m", "--output", "o.jsonl"],

@@ -316,6 +316,21 @@ impl RecordWriter {
         }
     }
 
+    /// The open epoch of a Delta table output, prepared and committed at once: the end
+    /// of a run without checkpoints.
+    #[cfg(feature = "delta")]
+    pub fn end_delta(&mut self) -> Result<(), OutputError> {
+        let epoch = match &mut self.out {
+            Some(Sink::Delta(table)) => {
+                table.finish();
+                table.epoch()
+            }
+            _ => return Ok(()),
+        };
+        self.prepare_delta(epoch)?;
+        self.commit_delta()
+    }
+
     /// The open epoch of a Parquet output, staged and committed at once: the end of a
     /// run without checkpoints.
     #[cfg(feature = "parquet")]

@@ -222,11 +222,6 @@ pub enum Unsupported {
         "this sessionizer was built without Delta Lake output; build it with `cargo build --release --features delta`"
     )]
     NoDelta,
-    /// A Delta table output without a state directory.
-    #[error(
-        "a Delta table is written exactly once, through checkpoints: give a state directory (--state-dir)"
-    )]
-    DeltaWithoutCheckpoints,
 
     /// A library job that cannot be a task of a Kafka group.
     #[error(transparent)]

@@ -116,10 +116,13 @@ impl<'c> Job<'c> {
     }
 
     /// The end of a run without a state directory: the Kafka output's open
-    /// transaction commits, and Parquet files become visible.
+    /// transaction commits, Parquet files become visible, and a Delta table gets the
+    /// run's rows in one commit.
     pub(super) fn end_without_checkpoint(&mut self, telemetry: &Telemetry) -> Result<(), RunError> {
         #[cfg(feature = "parquet")]
         self.sessions.end_staged()?;
+        #[cfg(feature = "delta")]
+        self.sessions.end_delta()?;
         if self.topics.is_some() {
             self.commit_topics(telemetry)?;
         }

@@ -415,12 +415,12 @@ impl<'c> Job<'c> {
                 // A Delta table: its log is brought back to the checkpoint.
                 #[cfg(feature = "delta")]
                 {
-                    let Some(c) = checkpoint else {
-                        return Err(RunError::Unsupported(
-                            crate::error::Unsupported::DeltaWithoutCheckpoints,
-                        ));
+                    // Without checkpoints the run is a job of its own, which commits
+                    // once, at its end (a killed run adds nothing).
+                    let job = match checkpoint {
+                        Some(c) => crate::runtime::instance::persisted_instance(&c.state_dir)?,
+                        None => crate::runtime::instance::random_instance(),
                     };
-                    let job = crate::runtime::instance::persisted_instance(&c.state_dir)?;
                     let committed = start
                         .restore
                         .as_ref()
