@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, every cargo feature included (Kafka: a real broker, started by
-# scripts/kafka-dev.sh from Apache Kafka's jars on Maven Central).
+# scripts/kafka-dev.sh from Apache Kafka's jars on Maven Central), then the Python
+# package's tests (pytest, in a virtual environment made here).
 #
 #   scripts/test.sh               # everything
 #   scripts/test.sh -p sessionizer-cli --test kafka    # extra arguments go to cargo test
@@ -24,6 +25,8 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v python3 >/dev/null || need+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# The Python package's tests run in a virtual environment.
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # librdkafka with TLS, SASL and OAUTHBEARER's OIDC: OpenSSL's and libcurl's headers.
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need+=(libcurl4-openssl-dev)
@@ -63,4 +66,20 @@ KAFKA_DEV_HOME=$SESSIONIZER_TEST_KAFKA_HOME scripts/kafka-dev.sh wipe
 export SESSIONIZER_TEST_S3_HOME=${SESSIONIZER_TEST_S3_HOME:-$HOME/.cache/sessionizer-s3-tests}
 S3_DEV_HOME=$SESSIONIZER_TEST_S3_HOME S3_DEV_PORT=28333 scripts/s3-dev.sh wipe
 
-exec cargo test --workspace --all-features --locked "$@"
+if [ "$#" -gt 0 ]; then
+  # Arguments choose some of the Rust tests: only those run.
+  exec cargo test --workspace --all-features --locked "$@"
+fi
+cargo test --workspace --all-features --locked
+
+# The Python package (crates/python, python/sessionizer), built by maturin into a
+# virtual environment of its own, against the binary the Rust tests built: pytest
+# tests/python. The build shares cargo's target directory (a debug build: the tests
+# compare outputs, the benchmarks use release wheels).
+venv=${SESSIONIZER_TEST_VENV:-$HOME/.cache/sessionizer-python-venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade "maturin>=1.9,<2" pytest
+MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install -q \
+  --no-build-isolation --force-reinstall --no-deps .
+SESSIONIZER_BIN="${CARGO_TARGET_DIR:-target}/debug/sessionizer" \
+  "$venv/bin/python" -m pytest -q tests/python

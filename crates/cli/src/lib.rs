@@ -8,6 +8,7 @@
 //! [`generate`] writes sample visit events; [`inspect`] shows a state directory;
 //! [`http`] serves a running job's metrics, sessions and health (`--http-addr`).
 
+pub mod app;
 pub mod args;
 pub mod config;
 pub mod generate;

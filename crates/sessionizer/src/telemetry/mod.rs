@@ -584,6 +584,17 @@ impl Telemetry {
         self.inner.stop.clone()
     }
 
+    /// The same telemetry with the stop flag `stop`, which the host sets to ask the job
+    /// to stop cleanly (see [`stop_flag`](Self::stop_flag)). Call it before the
+    /// telemetry is cloned: a clone keeps the flag it had.
+    pub fn with_stop_flag(mut self, stop: Arc<AtomicBool>) -> Telemetry {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.stop = stop,
+            None => debug_assert!(false, "with_stop_flag on a cloned Telemetry"),
+        }
+        self
+    }
+
     /// Asks the job to stop cleanly (see [`stop_flag`](Self::stop_flag)).
     pub fn request_stop(&self) {
         self.inner.stop.store(true, Ordering::Release);
