@@ -7,21 +7,18 @@ The binary is `$SESSIONIZER_BIN`, else target/debug/sessionizer of this checkout
 (scripts/test.sh builds it before it runs these tests)."""
 
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 import sessionizer
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("SESSIONIZER_BIN", ROOT / "target" / "debug" / "sessionizer"))
+from conftest import BIN
 
 
 def binary(*args):
