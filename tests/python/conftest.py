@@ -32,3 +32,31 @@ def broker():
     kafka_dev("wipe")
 
 
+
+
+def kill_at_random_instants(start, took, share, rounds, seed):
+    """Starts a restartable job (`start()`: a Popen with stderr piped) again and again,
+    each run killed with SIGKILL after a random share (`share`: the least and the most)
+    of `took`, the time of an uninterrupted run, for at most `rounds` runs or until one
+    ends by itself; if none did, one more run to its end. Every run that ends must
+    succeed. Returns how many runs were killed."""
+    import random
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    kills = 0
+    for _ in range(rounds):
+        child = start()
+        time.sleep(rng.uniform(took * share[0], took * share[1]))
+        if child.poll() is not None:
+            _, err = child.communicate()
+            assert child.returncode == 0, err
+            return kills
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+        kills += 1
+    last = start()
+    _, err = last.communicate(timeout=600)
+    assert last.returncode == 0, err
+    return kills

@@ -6,14 +6,12 @@ The broker is the project's own (scripts/kafka-dev.sh: Apache Kafka's jars from 
 Central, KRaft on 127.0.0.1), on a home and a port of these tests' own, wiped before
 and after."""
 
-import random
-import signal
 import subprocess
 import sys
 import textwrap
 import time
 
-from conftest import BIN, kafka_dev
+from conftest import BIN, kafka_dev, kill_at_random_instants
 
 
 JOB = textwrap.dedent("""
@@ -55,21 +53,8 @@ def test_a_python_job_on_a_topic_commits_every_session_once_through_kills(tmp_pa
     want = sorted(kafka_dev("consume", "py-sessions-one").splitlines())
     assert len(want) == emitted > 3000
 
-    rng = random.Random(3)
-    kills = 0
-    for _ in range(6):
-        child = job("py-killed", "py-sessions-killed")
-        time.sleep(rng.uniform(took / 6, took * 0.8))
-        if child.poll() is not None:
-            assert child.returncode == 0, child.stderr.read()
-            break
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        kills += 1
-    else:
-        last = job("py-killed", "py-sessions-killed")
-        _, err = last.communicate(timeout=300)
-        assert last.returncode == 0, err
+    kills = kill_at_random_instants(lambda: job("py-killed", "py-sessions-killed"), took,
+                                    (1 / 6, 0.8), 6, 3)
     assert kills >= 2, f"only {kills} kills"
     got = sorted(kafka_dev("consume", "py-sessions-killed").splitlines())
     assert len(got) == len(want)

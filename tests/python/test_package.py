@@ -7,7 +7,6 @@ The binary is `$SESSIONIZER_BIN`, else target/debug/sessionizer of this checkout
 (scripts/test.sh builds it before it runs these tests)."""
 
 import json
-import random
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import pytest
 
 import sessionizer
 
-from conftest import BIN
+from conftest import BIN, kill_at_random_instants
 
 
 def binary(*args):
@@ -179,20 +178,8 @@ def test_a_job_killed_at_random_instants_ends_with_the_uninterrupted_output(tmp_
     want = outputs(one)
     assert want["sessions.jsonl"].count(b"\n") > 5000
 
-    rng = random.Random(31)
     out, state = tmp_path / "killed", tmp_path / "state-killed"
-    kills = 0
-    for _ in range(8):
-        child = start(out, state)
-        time.sleep(rng.uniform(took / 10, took / 2))
-        if child.poll() is not None:
-            assert child.returncode == 0, child.stderr.read()
-            break
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        kills += 1
-    else:
-        assert start(out, state).wait() == 0
+    kills = kill_at_random_instants(lambda: start(out, state), took, (0.1, 0.5), 8, 31)
     assert kills >= 3, f"only {kills} kills"
     assert start(out, state).wait() == 0  # done already: resumes at the end, adds nothing
     assert outputs(out) == want

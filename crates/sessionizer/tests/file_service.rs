@@ -10,11 +10,10 @@ mod support;
 mod file_service;
 
 use file_service::Visit;
-use rand::{Rng, SeedableRng};
 use sessionizer::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const OUTPUTS: [&str; 3] = ["sessions.jsonl", "late.jsonl", "dead-letters.jsonl"];
 
@@ -93,34 +92,8 @@ fn a_service_killed_at_random_instants_writes_every_record_once() {
 
     // Killed with SIGKILL at random instants, started again each time.
     let (state, out) = (dir.path().join("state-2"), dir.path().join("out-2"));
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(12);
-    let (mut kills, mut resumed) = (0, 0);
-    let mut finished = false;
-    for _ in 0..12 {
-        let mut child = service(&input, &state, &out).spawn().expect("spawn");
-        let ms = took.as_millis() as u64;
-        std::thread::sleep(Duration::from_millis(rng.random_range(ms / 25..ms / 4 + 2)));
-        if child.try_wait().expect("wait").is_some() {
-            let done = child.wait_with_output().expect("output");
-            assert!(
-                done.status.success(),
-                "{}",
-                String::from_utf8_lossy(&done.stderr)
-            );
-            finished = true;
-            break;
-        }
-        child.kill().expect("SIGKILL");
-        let killed = child.wait_with_output().expect("reaped");
-        kills += 1;
-        resumed += usize::from(
-            String::from_utf8_lossy(&killed.stderr).contains("resumed from checkpoint"),
-        );
-    }
-    if !finished {
-        let said = run_to_end(&input, &state, &out);
-        resumed += usize::from(said.contains("resumed from checkpoint"));
-    }
+    let support::Killed { kills, resumed } =
+        support::kill_at_random_instants(|| service(&input, &state, &out), took, (25, 4), 12, 12);
     eprintln!("{kills} kills, {resumed} runs resumed; an uninterrupted run took {took:?}");
     assert!(kills >= 3, "only {kills} kills: the runs were too short");
     assert!(

@@ -13,13 +13,12 @@ mod support;
 #[allow(dead_code)]
 mod table_service;
 
-use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use sessionizer::prelude::*;
 use sessionizer::table::{DeltaSink, columns_of};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use table_service::{Visit, VisitSession};
 
 fn service(input: &Path, state: &Path, table: &Path, out: &Path) -> Command {
@@ -129,34 +128,13 @@ fn a_killed_service_leaves_every_session_in_the_table_once() {
         dir.path().join("lake-2/sessions"),
         dir.path().join("out-2"),
     );
-    let mut rng = rand_pcg::Pcg64::seed_from_u64(35);
-    let (mut kills, mut resumed) = (0, 0);
-    let mut finished = false;
-    for _ in 0..10 {
-        let mut child = service(&input, &state, &table, &out)
-            .spawn()
-            .expect("spawn");
-        let ms = took.as_millis() as u64;
-        std::thread::sleep(Duration::from_millis(rng.random_range(ms / 20..ms / 3 + 2)));
-        if child.try_wait().expect("wait").is_some() {
-            let done = child.wait_with_output().expect("output");
-            let said = String::from_utf8_lossy(&done.stderr);
-            assert!(done.status.success(), "{said}");
-            resumed += usize::from(said.contains("resumed from checkpoint"));
-            finished = true;
-            break;
-        }
-        child.kill().expect("SIGKILL");
-        let killed = child.wait_with_output().expect("reaped");
-        kills += 1;
-        resumed += usize::from(
-            String::from_utf8_lossy(&killed.stderr).contains("resumed from checkpoint"),
-        );
-    }
-    if !finished {
-        let said = run_to_end(&input, &state, &table, &out);
-        resumed += usize::from(said.contains("resumed from checkpoint"));
-    }
+    let support::Killed { kills, resumed } = support::kill_at_random_instants(
+        || service(&input, &state, &table, &out),
+        took,
+        (20, 3),
+        10,
+        35,
+    );
     eprintln!("{kills} kills, {resumed} runs resumed; an uninterrupted run took {took:?}");
     assert!(kills >= 3, "only {kills} kills: the runs were too short");
     assert!(

@@ -192,3 +192,62 @@ pub fn write_visit_range(path: &std::path::Path, range: std::ops::Range<u64>) {
     }
     std::fs::write(path, text).expect("write the input");
 }
+
+/// What [`kill_at_random_instants`] did.
+pub struct Killed {
+    /// Runs killed.
+    pub kills: usize,
+    /// Runs that said on stderr that they resumed from a checkpoint.
+    pub resumed: usize,
+}
+
+/// Starts a restartable service (`service()`, its stderr piped) again and again, each
+/// run killed with SIGKILL at a random instant between `took / slowest` and
+/// `took / fastest + 2 ms` (`took`: how long an uninterrupted run took), for at most
+/// `rounds` runs or until one ends by itself; if none did, one more run to its end.
+/// Every run that ends must succeed.
+pub fn kill_at_random_instants(
+    mut service: impl FnMut() -> std::process::Command,
+    took: std::time::Duration,
+    (slowest, fastest): (u64, u64),
+    rounds: usize,
+    seed: u64,
+) -> Killed {
+    use rand::{Rng, SeedableRng};
+    let said_resumed = |stderr: &[u8]| {
+        usize::from(String::from_utf8_lossy(stderr).contains("resumed from checkpoint"))
+    };
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+    let mut done = Killed {
+        kills: 0,
+        resumed: 0,
+    };
+    let ms = took.as_millis() as u64;
+    for _ in 0..rounds {
+        let mut child = service().spawn().expect("spawn the service");
+        let wait = rng.random_range(ms / slowest..ms / fastest + 2);
+        std::thread::sleep(std::time::Duration::from_millis(wait));
+        if child.try_wait().expect("wait").is_some() {
+            let ended = child.wait_with_output().expect("output");
+            assert!(
+                ended.status.success(),
+                "{}",
+                String::from_utf8_lossy(&ended.stderr)
+            );
+            done.resumed += said_resumed(&ended.stderr);
+            return done;
+        }
+        child.kill().expect("SIGKILL");
+        let killed = child.wait_with_output().expect("reaped");
+        done.kills += 1;
+        done.resumed += said_resumed(&killed.stderr);
+    }
+    let ended = service().output().expect("run the service");
+    assert!(
+        ended.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ended.stderr)
+    );
+    done.resumed += said_resumed(&ended.stderr);
+    done
+}
