@@ -43,7 +43,7 @@ measure() { # label, command...: one line "label events/s peak-RSS-MB"
 results=$(mktemp)
 for _ in $(seq "$rounds"); do
   measure binary "$bin" run --input "$data" --output /dev/null --progress never "${args[@]}" | tee -a "$results"
-  measure python "$venv/bin/python" -c "import sessionizer; sessionizer.SessionWindows(collect='page').run(input='$data', output='/dev/null', progress='never')" | tee -a "$results"
+  measure python "$venv/bin/python" -c "import sessionizer; sessionizer.SessionWindows(gap='10m', collect='page').run(input='$data', output='/dev/null', progress='never')" | tee -a "$results"
 done
 python3 - "$results" <<'PY'
 import statistics, sys

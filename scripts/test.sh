@@ -81,5 +81,5 @@ venv=${SESSIONIZER_TEST_VENV:-$HOME/.cache/sessionizer-python-venv}
 "$venv/bin/python" -m pip install -q --upgrade "maturin>=1.9,<2" pytest
 MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install -q \
   --no-build-isolation --force-reinstall --no-deps .
-SESSIONIZER_BIN="${CARGO_TARGET_DIR:-target}/debug/sessionizer" \
+SESSIONIZER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/sessionizer" \
   "$venv/bin/python" -m pytest -q tests/python

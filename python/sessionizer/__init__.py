@@ -139,8 +139,10 @@ class SessionWindows:
     """A declarative session window job, run by the Rust engine.
 
     ``key`` and ``time`` name the fields of each event (a dotted path reaches into
-    nested objects); ``gap`` closes a session after that much inactivity (text such as
-    ``"10m"`` or a ``datetime.timedelta``). Every other keyword is an option of
+    nested objects; by default ``visit_id`` and ``event_time``); ``gap`` closes a
+    session after that much inactivity (text such as ``"10m"`` or a
+    ``datetime.timedelta``; by default 30 minutes). Left out, these three are the
+    command line's defaults, or those of a ``config`` TOML file. Every other keyword is an option of
     ``sessionizer run`` with underscores for dashes — ``watermark_delay``,
     ``allowed_lateness``, ``emit`` (``"on-close"``, ``"on-update"``, ``"final"``),
     ``dedup``, ``valid_time_range``, ``workers``, ... — and the aggregates ``collect``,
@@ -152,8 +154,10 @@ class SessionWindows:
         stats = job.run(input="visits.jsonl", output="sessions.jsonl")
     """
 
-    def __init__(self, *, key: str = "visit_id", time: str = "event_time",
-                 gap: Any = "10m", **options: Any) -> None:
+    def __init__(self, *, key: str | None = None, time: str | None = None,
+                 gap: Any = None, **options: Any) -> None:
+        # Left out, they are the command line's defaults (`visit_id`, `event_time`,
+        # 30 minutes) or a `config` file's.
         self.options: dict[str, Any] = {"key": key, "time": time, "gap": gap, **options}
         # Refuse a value of the wrong shape now, not when the job runs.
         _args(self.options)

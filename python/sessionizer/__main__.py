@@ -1,5 +1,7 @@
 """`python -m sessionizer ...`: the command line, with the same flags and output as the
-`sessionizer` binary (run, generate, inspect), in this interpreter's process."""
+`sessionizer` binary (run, generate, inspect), in this interpreter's process. Ctrl-C
+stops a run between two batches, as SIGINT stops the binary; a second one ends the
+process at once."""
 
 import sys
 

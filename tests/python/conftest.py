@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BIN = Path(os.environ.get("SESSIONIZER_BIN", ROOT / "target" / "debug" / "sessionizer"))
+BIN = Path(os.environ.get("SESSIONIZER_BIN", ROOT / "target" / "debug" / "sessionizer")).resolve()
 PORT = 29792
 HOME = os.environ.get("SESSIONIZER_TEST_PY_KAFKA_HOME",
                       os.path.expanduser("~/.cache/sessionizer-python-kafka-tests"))

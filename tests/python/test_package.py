@@ -212,6 +212,61 @@ def test_ctrl_c_stops_a_run_cleanly_and_raises_keyboard_interrupt(tmp_path, dirt
     assert code == 130, err
     assert "interrupted" in err
     # What was processed was written out: the sessions closed within those lines.
-    assert out.exists()
-    for line in out.read_text().splitlines():
+    lines = out.read_text().splitlines()
+    assert lines, "the sessions closed before the stop are written"
+    for line in lines:
         assert json.loads(line)["event_count"] >= 1
+
+
+def test_ctrl_c_in_python_m_sessionizer_is_the_binarys_sigint(tmp_path, dirty):
+    """The command line in the interpreter stops as the binary does on SIGINT — the
+    outputs written, exit code 1, no Python traceback — and leaves the interpreter's
+    signal handling alone: a later Ctrl-C is Python's KeyboardInterrupt again."""
+    script = tmp_path / "cli.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time, sessionizer
+        code = sessionizer.main(["run", "--input", "-", "--output", sys.argv[1],
+                                 "--progress", "never", "--collect", "page"])
+        print("exit", code, file=sys.stderr, flush=True)
+        try:
+            time.sleep(30)
+        except KeyboardInterrupt:
+            print("python's own", file=sys.stderr)
+            raise SystemExit(0)
+    """))
+    out = tmp_path / "sessions.jsonl"
+    child = subprocess.Popen([sys.executable, script, out], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdin.write(dirty.read_bytes()[:2_000_000])
+    child.stdin.flush()
+    time.sleep(1.0)
+    child.send_signal(signal.SIGINT)
+    time.sleep(1.5)
+    child.send_signal(signal.SIGINT)
+    try:
+        code = child.wait(timeout=20)
+    finally:
+        child.kill()
+    err = child.stderr.read().decode()
+    assert code == 0, err
+    assert "stopped by a signal" in err and "exit 1" in err
+    assert "python's own" in err and "Traceback" not in err
+    assert out.read_text().splitlines(), "the sessions closed before the stop are written"
+
+
+def test_a_config_file_gives_what_the_job_leaves_out(tmp_path, dirty):
+    config = tmp_path / "job.toml"
+    config.write_text('key = "visit_id"\ngap = "5m"\ncollect = ["page"]\n')
+    events = []
+    for line in dirty.read_text().splitlines()[:3000]:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue
+    from_file = sessionizer.SessionWindows(config=config).collect(events)
+    given = sessionizer.SessionWindows(gap="5m", collect="page").collect(events)
+    default = sessionizer.SessionWindows(collect="page").collect(events)
+    assert from_file.sessions == given.sessions
+    # The file's 5-minute gap, not the command line's 30 minutes.
+    assert from_file.sessions != default.sessions
+    assert from_file.sessions[0]["page"]

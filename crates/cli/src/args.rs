@@ -117,7 +117,7 @@ pub struct RunArgs {
     /// checkpoint (see --delta-commit-interval); with a Kafka input --kafka-group
     /// instead: each partition commits its own epochs after the group's transactions;
     /// without either (stdin, say) the run commits its rows once, at its end (a run
-    /// killed before adds none, a rerun adds its rows again). The emit mode defaults to final (plain inserts); on-close and
+    /// killed or stopped before adds none, a rerun adds its rows again). The emit mode defaults to final (plain inserts); on-close and
     /// on-update are refused. Dead letters and late events stay JSON lines (on stderr
     /// for a table on S3 or a Kafka input, unless named). S3 settings come from
     /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and AWS_ENDPOINT_URL. Needs

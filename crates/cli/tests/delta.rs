@@ -454,8 +454,8 @@ fn a_table_of_other_columns_is_refused_naming_the_difference() {
 }
 
 /// A run over stdin (or any run without `--state-dir`) is a job of its own that commits
-/// once, at its end: its rows are the JSON-lines run's; a run killed before its end adds
-/// no row; a second run appends its own.
+/// once, at its end: its rows are the JSON-lines run's; a run killed, or stopped by a
+/// signal, before its end adds no row; a second run appends its own.
 #[test]
 fn a_run_without_checkpoints_commits_its_rows_once_at_its_end() {
     use std::io::Write;
@@ -487,6 +487,28 @@ fn a_run_without_checkpoints_commits_its_rows_once_at_its_end() {
     child.wait().expect("reaped");
     drop(stdin);
     assert_rows(&table, &[], " after a killed run");
+
+    // Stopped by SIGTERM with its whole input read (stdin still open): it ends cleanly,
+    // and says so, but a run without checkpoints that did not reach its end commits
+    // none of its rows either.
+    let mut child = over_stdin();
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(&text).expect("the input");
+    stdin.flush().expect("flushed");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    let stopped = child.wait_with_output().expect("ended");
+    drop(stdin);
+    let said = String::from_utf8_lossy(&stopped.stderr);
+    assert!(
+        said.contains("none of the run's sessions are committed to the Delta table"),
+        "{said}"
+    );
+    assert_rows(&table, &[], " after a stopped run");
 
     // A whole run: its rows, once.
     let mut child = over_stdin();

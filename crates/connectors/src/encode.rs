@@ -331,6 +331,19 @@ impl RecordWriter {
         self.commit_delta()
     }
 
+    /// Drops the open epoch of a Delta table output: what was buffered, and the data
+    /// files written for it (a run without checkpoints that did not end).
+    #[cfg(feature = "delta")]
+    pub fn abort_delta(&mut self) -> Result<(), OutputError> {
+        self.buf.clear();
+        match &mut self.out {
+            Some(Sink::Delta(table)) => table
+                .abort()
+                .map_err(|e| error(&self.target, io::Error::other(e))),
+            _ => Ok(()),
+        }
+    }
+
     /// The open epoch of a Parquet output, staged and committed at once: the end of a
     /// run without checkpoints.
     #[cfg(feature = "parquet")]

@@ -25,49 +25,37 @@ pyo3::create_exception!(
 /// How often a run waiting in the interpreter's main thread looks for Ctrl-C.
 const SIGNAL_TICK: Duration = Duration::from_millis(50);
 
-/// `sessionizer ARGV...` (the program name first), as the binary runs it, SIGINT and
-/// SIGTERM included (they stop the run between two batches, as in the binary); returns
-/// the exit code.
+/// `sessionizer ARGV...` (the program name first), as the binary runs it; returns the
+/// exit code. Ctrl-C stops a run between two batches as SIGINT stops the binary (its
+/// exit code then says so); the interpreter's own signal handling is left as it was.
 #[pyfunction]
-fn main(py: Python<'_>, argv: Vec<String>) -> u8 {
-    py.detach(|| app::main(argv, RunOptions::binary()))
+fn main(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
+    let (code, _) = on_a_thread(py, move |options| app::main(argv, options))?;
+    Ok(code)
 }
 
 /// `sessionizer run ARGS...` without its summary on stderr: returns the run's
-/// statistics as JSON text, or raises
-/// `SessionizerError`. Ctrl-C (KeyboardInterrupt) stops the run between two batches,
-/// as SIGINT stops the binary — what was processed is written out, and checkpointed
-/// with a state directory — and is then raised.
+/// statistics as JSON text, or raises `SessionizerError`. Ctrl-C (KeyboardInterrupt)
+/// stops the run between two batches, as SIGINT stops the binary — what was processed
+/// is written out, and checkpointed with a state directory — and is then raised.
 #[pyfunction]
 fn run(py: Python<'_>, args: Vec<String>) -> PyResult<String> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let options = RunOptions {
-        signals: false,
-        stop: Some(stop.clone()),
-        summary: false,
-    };
-    let job = std::thread::Builder::new()
-        .name("sessionizer".into())
-        .spawn(move || app::run_args(args, options))
-        .map_err(|e| SessionizerError::new_err(format!("cannot start the run's thread: {e}")))?;
-    let mut interrupted = None;
-    while !job.is_finished() {
-        if interrupted.is_none()
-            && let Err(e) = py.check_signals()
-        {
-            stop.store(true, Ordering::Release);
-            interrupted = Some(e);
-        }
-        py.detach(|| std::thread::sleep(SIGNAL_TICK));
-    }
-    let result = py.detach(|| job.join());
+    let (result, interrupted) = on_a_thread(py, move |options| {
+        app::run_args(
+            args,
+            RunOptions {
+                summary: false,
+                ..options
+            },
+        )
+    })?;
     if let Some(e) = interrupted {
         return Err(e);
     }
     match result {
-        Ok(Ok(stats)) => serde_json::to_string(&stats)
+        Ok(stats) => serde_json::to_string(&stats)
             .map_err(|e| SessionizerError::new_err(format!("cannot encode the statistics: {e}"))),
-        Ok(Err(failure)) => {
+        Err(failure) => {
             let err = SessionizerError::new_err(failure.message);
             let value = err.value(py);
             value.setattr("code", failure.code)?;
@@ -75,6 +63,41 @@ fn run(py: Python<'_>, args: Vec<String>) -> PyResult<String> {
             value.setattr("stats_json", stats)?;
             Err(err)
         }
+    }
+}
+
+/// Runs `job` on a thread of its own, the interpreter's lock released, with options
+/// whose stop flag the calling thread sets at the first Ctrl-C (which it looks for
+/// every [`SIGNAL_TICK`]); a second Ctrl-C ends the process at once, as a second signal
+/// ends the binary (exit code 1). Returns what `job` returned and the first interrupt.
+fn on_a_thread<T: Send + 'static>(
+    py: Python<'_>,
+    job: impl FnOnce(RunOptions) -> T + Send + 'static,
+) -> PyResult<(T, Option<PyErr>)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let options = RunOptions {
+        signals: false,
+        stop: Some(stop.clone()),
+        summary: true,
+    };
+    let job = std::thread::Builder::new()
+        .name("sessionizer".into())
+        .spawn(move || job(options))
+        .map_err(|e| SessionizerError::new_err(format!("cannot start the run's thread: {e}")))?;
+    let mut interrupted = None;
+    while !job.is_finished() {
+        if let Err(e) = py.check_signals() {
+            if interrupted.is_some() {
+                // The second one: the binary's way out.
+                std::process::exit(1);
+            }
+            stop.store(true, Ordering::Release);
+            interrupted = Some(e);
+        }
+        py.detach(|| std::thread::sleep(SIGNAL_TICK));
+    }
+    match py.detach(|| job.join()) {
+        Ok(value) => Ok((value, interrupted)),
         Err(_) => Err(pyo3::exceptions::PyRuntimeError::new_err(
             "the run panicked (a bug: please report it with the message printed on stderr)",
         )),

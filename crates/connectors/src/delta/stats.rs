@@ -55,6 +55,12 @@ pub(super) fn file_stats(path: &Path) -> Result<(String, u64), DeltaError> {
             Some(LogicalType::Date | LogicalType::Decimal(_)) => continue,
             _ => None,
         };
+        // Bytes get text bounds only in a text column (not binary that happens to be
+        // UTF-8).
+        let bytes_are_text = matches!(
+            column.logical_type_ref(),
+            Some(LogicalType::String | LogicalType::Json | LogicalType::Enum)
+        );
         let mut null_count = Some(0u64);
         // None once a row group has values but no bounds.
         let mut bounds: Option<Option<(Bound, Bound)>> = Some(None);
@@ -64,7 +70,10 @@ pub(super) fn file_stats(path: &Path) -> Result<(String, u64), DeltaError> {
             let group_nulls = stats.and_then(Statistics::null_count_opt);
             null_count = null_count.zip(group_nulls).map(|(a, b)| a + b);
             let all_null = group_nulls.is_some_and(|n| n as i64 == chunk.num_values());
-            bounds = match (bounds, stats.and_then(group_bounds)) {
+            let group = stats
+                .and_then(group_bounds)
+                .filter(|(lo, _)| bytes_are_text || !matches!(lo, Bound::Text(_)));
+            bounds = match (bounds, group) {
                 (Some(None), Some(b)) => Some(Some(b)),
                 (Some(Some((l, h))), Some((lo, hi))) => Some(
                     l.pick(lo, Ordering::Less)

@@ -120,15 +120,12 @@ const AUTH_FAILED: &str = "authentication failed: check sasl.mechanism, sasl.use
 
 /// Whether a failure's reason, as librdkafka words it, is the connection itself going
 /// away rather than the broker answering no.
+/// librdkafka words these client-side (`Local:`); a broker that refuses a login answers
+/// with an error of its own ("SASL authentication error: ...").
 fn lost_connection(reason: &str) -> bool {
-    [
-        "Broker transport failure",
-        "Local: Timed out",
-        "Connection refused",
-        "Disconnected",
-    ]
-    .iter()
-    .any(|m| reason.contains(m))
+    ["Local: Broker transport failure", "Local: Timed out"]
+        .iter()
+        .any(|m| reason.contains(m))
 }
 
 const TLS_FAILED: &str = "the TLS handshake failed: check ssl.ca.location (the CA that signed the brokers' certificates), the client certificate and key, and that the listener speaks TLS";
@@ -311,6 +308,12 @@ mod tests {
             "sasl_ssl://127.0.0.1:29194/1: SASL SCRAM-SHA-512 mechanism handshake failed: Local: Broker transport failure: broker's supported mechanisms: (n/a) (after 0ms in state DOWN)"
         ));
         assert_eq!(watch.fatal(), None);
+        // A refusal stays one, whatever follows it.
+        let watch = ClientWatch::default();
+        assert!(watch.note(
+            &KafkaError::Global(Code::Authentication),
+            "sasl_ssl://127.0.0.1:29194/bootstrap: SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512 (after 3ms in state AUTH_REQ); Disconnected"
+        ));
         // The same, from the client's log lines (they come without a poll).
         let watch = ClientWatch::default();
         watch.failed_connection("sasl_ssl://127.0.0.1:39194/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed (after 9ms in state SSL_HANDSHAKE)");

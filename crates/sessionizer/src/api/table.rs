@@ -153,8 +153,12 @@ impl<T: Serialize> DeltaSink<T> {
 }
 
 impl<T: Serialize> Sink<T> for DeltaSink<T> {
-    /// Takes one item; it reaches the table with the job's next checkpoint. An item
-    /// that does not fit the columns fails the checkpoint, with the item in the error.
+    /// Takes one item; it reaches the table with the job's next checkpoint. Items are
+    /// read into the columns in blocks (when the sink's buffer is full, and at the
+    /// checkpoint): an item that does not fit fails that `send` or that checkpoint, the
+    /// error naming the first item of the block that does not fit, and the sink then
+    /// refuses everything until a restart — which meets the item again: fix the type or
+    /// the columns.
     fn send(&mut self, item: T) -> Result<(), SinkError> {
         self.line.clear();
         serde_json::to_writer(&mut self.line, &item)?;

@@ -117,12 +117,28 @@ impl<'c> Job<'c> {
 
     /// The end of a run without a state directory: the Kafka output's open
     /// transaction commits, Parquet files become visible, and a Delta table gets the
-    /// run's rows in one commit.
-    pub(super) fn end_without_checkpoint(&mut self, telemetry: &Telemetry) -> Result<(), RunError> {
+    /// run's rows in one commit — unless the run was `stopped` before the end of its
+    /// input: a table then gets none of them (the whole input run again adds each
+    /// once).
+    pub(super) fn end_without_checkpoint(
+        &mut self,
+        telemetry: &Telemetry,
+        stopped: bool,
+    ) -> Result<(), RunError> {
         #[cfg(feature = "parquet")]
         self.sessions.end_staged()?;
         #[cfg(feature = "delta")]
-        self.sessions.end_delta()?;
+        if self.sessions.is_delta() && stopped {
+            self.sessions.abort_delta()?;
+            telemetry.warn(&format!(
+                "stopped before the end of the input: without --state-dir none of the run's sessions are committed to the Delta table {} (run the whole input again)",
+                self.sessions.target().display_name()
+            ));
+        } else {
+            self.sessions.end_delta()?;
+        }
+        #[cfg(not(feature = "delta"))]
+        let _ = stopped;
         if self.topics.is_some() {
             self.commit_topics(telemetry)?;
         }

@@ -610,7 +610,7 @@ impl<'c> Job<'c> {
                     d.wait()?;
                 }
             } else {
-                self.end_without_checkpoint(telemetry)?;
+                self.end_without_checkpoint(telemetry, true)?;
             }
             for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
                 w.finish()?;
@@ -632,7 +632,7 @@ impl<'c> Job<'c> {
             d.consumed(last_end, &[]);
             self.checkpoint(first_step, true, !keep_open, telemetry)?;
         } else {
-            self.end_without_checkpoint(telemetry)?;
+            self.end_without_checkpoint(telemetry, false)?;
         }
         self.sessions.finish()?;
         self.dead.finish()?;
