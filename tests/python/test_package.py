@@ -185,6 +185,23 @@ def test_a_job_killed_at_random_instants_ends_with_the_uninterrupted_output(tmp_
     assert outputs(out) == want
 
 
+def interrupted(script, out, data, pauses):
+    """Runs `script OUT` with `data` on its stdin (left open, as a live input), sends it
+    SIGINT after each of `pauses` (seconds), and returns its exit code and stderr."""
+    child = subprocess.Popen([sys.executable, script, out], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    child.stdin.write(data)
+    child.stdin.flush()
+    for pause in pauses:
+        time.sleep(pause)
+        child.send_signal(signal.SIGINT)
+    try:
+        code = child.wait(timeout=20)
+    finally:
+        child.kill()
+    return code, child.stderr.read().decode()
+
+
 def test_ctrl_c_stops_a_run_cleanly_and_raises_keyboard_interrupt(tmp_path, dirty):
     script = tmp_path / "live.py"
     script.write_text(textwrap.dedent("""
@@ -197,18 +214,8 @@ def test_ctrl_c_stops_a_run_cleanly_and_raises_keyboard_interrupt(tmp_path, dirt
             raise SystemExit(130)
     """))
     out = tmp_path / "sessions.jsonl"
-    child = subprocess.Popen([sys.executable, script, out], stdin=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
     lines = dirty.read_bytes().splitlines(keepends=True)
-    child.stdin.write(b"".join(lines[:5000]))
-    child.stdin.flush()
-    time.sleep(1.0)
-    child.send_signal(signal.SIGINT)
-    try:
-        code = child.wait(timeout=20)
-    finally:
-        child.kill()
-    err = child.stderr.read().decode()
+    code, err = interrupted(script, out, b"".join(lines[:5000]), [1.0])
     assert code == 130, err
     assert "interrupted" in err
     # What was processed was written out: the sessions closed within those lines.
@@ -235,19 +242,7 @@ def test_ctrl_c_in_python_m_sessionizer_is_the_binarys_sigint(tmp_path, dirty):
             raise SystemExit(0)
     """))
     out = tmp_path / "sessions.jsonl"
-    child = subprocess.Popen([sys.executable, script, out], stdin=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-    child.stdin.write(dirty.read_bytes()[:2_000_000])
-    child.stdin.flush()
-    time.sleep(1.0)
-    child.send_signal(signal.SIGINT)
-    time.sleep(1.5)
-    child.send_signal(signal.SIGINT)
-    try:
-        code = child.wait(timeout=20)
-    finally:
-        child.kill()
-    err = child.stderr.read().decode()
+    code, err = interrupted(script, out, dirty.read_bytes()[:2_000_000], [1.0, 1.5])
     assert code == 0, err
     assert "stopped by a signal" in err and "exit 1" in err
     assert "python's own" in err and "Traceback" not in err

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 /// How a run of the command line behaves in its process.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct RunOptions {
     /// SIGTERM and SIGINT ask the run to stop between two batches (a second one ends
     /// the process): the binary's behaviour. A host process with handlers of its own
@@ -55,13 +55,11 @@ pub struct Failure {
     pub stats: Option<Box<RunStats>>,
 }
 
-/// Sets up the logs once per process: events with fields on stderr (`RUST_LOG` filters
-/// them); colours only on a terminal.
+/// Sets up the logs once per process. Logs (`RUST_LOG=sessionizer=info`) are events with
+/// fields on stderr; colours only on a terminal, so that a log file or collector gets
+/// plain text. Unset, only errors are logged — but not the "run failed" event, whose
+/// error the binary prints itself (once) — and a Kafka job's waits for its cluster.
 fn init_logs() {
-    // Logs (`RUST_LOG=sessionizer=info`) are events with fields on stderr; colours only
-    // on a terminal, so that a log file or collector gets plain text. Unset, only
-    // errors are logged — but not the "run failed" event, whose error the binary
-    // prints itself (once) — and a Kafka job's waits for its cluster.
     let filter = match std::env::var_os("RUST_LOG") {
         Some(_) => tracing_subscriber::EnvFilter::from_default_env(),
         None => tracing_subscriber::EnvFilter::new(format!(
@@ -250,10 +248,10 @@ fn run(args: RunArgs, options: RunOptions) -> Result<RunStats, Failure> {
         .transpose()
         .map_err(|e| fail(1, message(&e)))?;
     let progress = Progress::new(cfg.progress == ProgressArg::Auto);
-    let mut telemetry = Telemetry::new(progress.clone());
-    if let Some(stop) = options.stop {
-        telemetry = telemetry.with_stop_flag(stop);
-    }
+    let telemetry = match options.stop {
+        Some(stop) => Telemetry::with_stop(progress.clone(), stop),
+        None => Telemetry::new(progress.clone()),
+    };
     if let Some(addr) = cfg.http_addr {
         match crate::http::serve(addr, telemetry.clone()) {
             // One line that scripts (and tests) can read the chosen port from.

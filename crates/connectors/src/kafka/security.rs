@@ -119,9 +119,9 @@ struct WatchState {
 const AUTH_FAILED: &str = "authentication failed: check sasl.mechanism, sasl.username and sasl.password (or the client certificate)";
 
 /// Whether a failure's reason, as librdkafka words it, is the connection itself going
-/// away rather than the broker answering no.
-/// librdkafka words these client-side (`Local:`); a broker that refuses a login answers
-/// with an error of its own ("SASL authentication error: ...").
+/// away rather than the broker answering no: librdkafka words those client-side
+/// (`Local: ...`), where a broker that refuses a login answers with an error of its own
+/// ("SASL authentication error: ...").
 fn lost_connection(reason: &str) -> bool {
     ["Local: Broker transport failure", "Local: Timed out"]
         .iter()

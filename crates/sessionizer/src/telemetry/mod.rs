@@ -549,6 +549,16 @@ fn millis(d: Duration) -> u64 {
 impl Telemetry {
     /// Telemetry whose progress and warnings go to `observer`.
     pub fn new(observer: impl Observer + Send + Sync + 'static) -> Telemetry {
+        Telemetry::with_stop(observer, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// The same, with the stop flag `stop`, which the host sets to ask the job to stop
+    /// cleanly (see [`stop_flag`](Self::stop_flag)): a host that does not hand the flag
+    /// to signal handlers, such as a Python interpreter watching for Ctrl-C.
+    pub fn with_stop(
+        observer: impl Observer + Send + Sync + 'static,
+        stop: Arc<AtomicBool>,
+    ) -> Telemetry {
         let mut registry = Registry::with_prefix("sessionizer");
         let tasks = Arc::new(Mutex::new(BTreeMap::new()));
         let m = Metrics::register(&mut registry, tasks.clone());
@@ -562,7 +572,7 @@ impl Telemetry {
                 completed: Mutex::new(Vec::new()),
                 queries: Mutex::new(Vec::new()),
                 asked: AtomicBool::new(false),
-                stop: Arc::new(AtomicBool::new(false)),
+                stop,
                 serving: AtomicBool::new(false),
             }),
         }
@@ -582,17 +592,6 @@ impl Telemetry {
     /// `stopped`). Hand it to a signal handler (`signal_hook::flag::register`).
     pub fn stop_flag(&self) -> Arc<AtomicBool> {
         self.inner.stop.clone()
-    }
-
-    /// The same telemetry with the stop flag `stop`, which the host sets to ask the job
-    /// to stop cleanly (see [`stop_flag`](Self::stop_flag)). Call it before the
-    /// telemetry is cloned: a clone keeps the flag it had.
-    pub fn with_stop_flag(mut self, stop: Arc<AtomicBool>) -> Telemetry {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => inner.stop = stop,
-            None => debug_assert!(false, "with_stop_flag on a cloned Telemetry"),
-        }
-        self
     }
 
     /// Asks the job to stop cleanly (see [`stop_flag`](Self::stop_flag)).
