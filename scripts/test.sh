@@ -78,7 +78,10 @@ cargo test --workspace --all-features --locked
 # compare outputs, the benchmarks use release wheels).
 venv=${SESSIONIZER_TEST_VENV:-$HOME/.cache/sessionizer-python-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade "maturin>=1.9,<2" pytest
+# pandas for sessionizer.spark's applyInPandasWithState; PySpark 4.3 (with pyarrow; it
+# runs on the machine's Java 17) is what tests/python/test_spark.py compares it with.
+"$venv/bin/python" -m pip install -q --upgrade "maturin>=1.9,<2" pytest "pandas<3" pyarrow \
+  "pyspark==4.3.0"
 MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install -q \
   --no-build-isolation --force-reinstall --no-deps .
 SESSIONIZER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/sessionizer" \

@@ -288,6 +288,11 @@ pub struct WatermarkState {
     /// format 2; absent in a format-1 manifest, where a resumed run derives it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_key_floor_ms: Option<i64>,
+    /// The watermark the next batch judges late events by (ms), when it is not
+    /// `watermark_ms`: a stateful job on Spark's rules judges them by the previous
+    /// batch's watermark. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_watermark_ms: Option<i64>,
 }
 
 /// The committed length of one file output.

@@ -254,6 +254,7 @@ fn write_fixture(dir: &Path) {
             watermark_ms: 1_704_067_200_000,
             largest_gap_ms: 1_800_000,
             new_key_floor_ms: Some(1_704_065_400_000),
+            late_watermark_ms: None,
         },
         outputs: vec![sessionizer_checkpoint::OutputCommit {
             role: "sessions".into(),

@@ -5,6 +5,8 @@
 //! the interpreter's lock released.
 
 use pyo3::prelude::*;
+
+mod stateful;
 use sessionizer_cli::app::{self, RunOptions};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -104,10 +106,39 @@ fn on_a_thread<T: Send + 'static>(
     }
 }
 
+/// A stateful job whose function is Python code (`sessionizer.spark`): `call` is the
+/// Python side's per-call wrapper, `options` the job as JSON. Returns the run's report
+/// as JSON, or raises the function's own exception (with the key in a note) or
+/// `SessionizerError`. Ctrl-C stops the run after its micro-batch (checkpointed) and
+/// is then raised.
+#[pyfunction]
+fn run_stateful(py: Python<'_>, call: Py<PyAny>, options: &str) -> PyResult<String> {
+    let options: stateful::Options = serde_json::from_str(options)
+        .map_err(|e| SessionizerError::new_err(format!("bad options: {e}")))?;
+    let (result, interrupted) = on_a_thread(py, move |run| {
+        let stop = run.stop.unwrap_or_default();
+        stateful::run(call, options, stop)
+    })?;
+    if let Some(e) = interrupted {
+        return Err(e);
+    }
+    match result {
+        Ok(report) => serde_json::to_string(&report)
+            .map_err(|e| SessionizerError::new_err(format!("cannot encode the report: {e}"))),
+        Err(stateful::Stop::Python(e)) => Err(e),
+        Err(stateful::Stop::Engine(message)) => {
+            let err = SessionizerError::new_err(message);
+            err.value(py).setattr("code", 1)?;
+            Err(err)
+        }
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(run_stateful, m)?)?;
     m.add("SessionizerError", m.py().get_type::<SessionizerError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

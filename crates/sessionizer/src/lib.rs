@@ -127,6 +127,8 @@ pub mod prelude {
     pub use sessionizer_core::{DurationMs, EventTime, Watermark};
     pub use sessionizer_window::aggregate::{Aggregator, Position};
     pub use sessionizer_window::clock::{Clock, ManualClock, ProcessingTime, SystemClock};
-    pub use sessionizer_window::stateful::{GroupState, LatePolicy, TimeoutKind, Timer};
+    pub use sessionizer_window::stateful::{
+        BatchRules, GroupState, LatePolicy, TimeoutKind, Timer,
+    };
     pub use sessionizer_window::{BoundedOutOfOrderness, EmitMode, WatermarkStrategy};
 }

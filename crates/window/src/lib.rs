@@ -48,5 +48,5 @@ pub use operator::{
     TypedEvent, Verdict, WindowConfig,
 };
 pub use session::session_id;
-pub use stateful::{GroupState, LatePolicy, StatefulOperator, TimeoutKind, Timer};
+pub use stateful::{BatchRules, GroupState, LatePolicy, StatefulOperator, TimeoutKind, Timer};
 pub use watermark::{BoundedOutOfOrderness, WatermarkStrategy};

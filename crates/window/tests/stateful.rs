@@ -5,7 +5,8 @@
 use serde::{Deserialize, Serialize};
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::stateful::{
-    GroupState, LatePolicy, SNAPSHOT_VERSION, SnapshotError, StatefulOperator, TimeoutKind,
+    BatchRules, GroupState, LatePolicy, SNAPSHOT_VERSION, SnapshotError, StatefulOperator,
+    TimeoutKind,
 };
 use sessionizer_window::{BoundedOutOfOrderness, ManualClock, ProcessingTime};
 
@@ -130,6 +131,95 @@ fn an_event_time_timeout_fires_once_at_the_end_of_the_batch_whose_watermark_reac
         "a timeout call sees the new watermark"
     );
     assert!(last.events.is_empty());
+}
+
+#[test]
+fn with_sparks_rules_a_timeout_fires_in_the_next_batch_after_its_data_calls() {
+    let clock = ManualClock::default();
+    let mut op = op(0, &clock).with_batch_rules(BatchRules::Spark);
+    let mut calls = Vec::new();
+    let mut out = Vec::new();
+    let mut f = recorder(&mut calls, Some(10));
+    push_all(&mut op, &[("a", 0), ("b", 0)]); // timeouts 10
+    op.end_batch(&mut f, &mut |o| out.push(o));
+    push_all(&mut op, &[("c", 10)]); // W' = 10: due, but checked against W = 0
+    op.end_batch(&mut f, &mut |o| out.push(o));
+    assert!(out.is_empty(), "not in the batch whose events made it due");
+    // The next batch: b's events come first (its data call, no timeout call), then a's
+    // timeout fires at the batch's own watermark, 10.
+    push_all(&mut op, &[("b", 11)]);
+    op.end_batch(&mut f, &mut |o| out.push(o));
+    assert_eq!(out, ["a:1"]);
+    // The end of the input: the no-data batch (c's timeout 20 is not due at W = 11), then
+    // +inf fires the rest.
+    op.finish(&mut f, &mut |o| out.push(o));
+    assert_eq!(out, ["a:1", "c:1", "b:2"]);
+    drop(f);
+    let a = calls.iter().find(|c| c.key == "a" && c.timed_out.is_some());
+    let a = a.expect("a timed out");
+    assert_eq!(a.timed_out, Some(TimeoutKind::EventTime));
+    assert_eq!(a.watermark, w(10), "the batch's own watermark");
+    let b: Vec<_> = calls.iter().filter(|c| c.key == "b").collect();
+    assert_eq!(b.len(), 3, "b's second batch was a data call: {b:?}");
+    assert!(b[1].existed && b[1].timed_out.is_none() && b[1].events == [11]);
+}
+
+#[test]
+fn with_sparks_rules_an_event_is_late_only_behind_the_previous_batchs_watermark() {
+    let clock = ManualClock::default();
+    let mut op = op(0, &clock).with_batch_rules(BatchRules::Spark);
+    let mut calls = Vec::new();
+    let mut f = recorder(&mut calls, None);
+    push_all(&mut op, &[("a", 0)]);
+    op.end_batch(&mut f, &mut |_| {}); // W: 0
+    push_all(&mut op, &[("a", 100)]); // the batch's W is 0, the previous batch's unset
+    op.end_batch(&mut f, &mut |_| {}); // W: 100, late by 0
+    assert_eq!((op.watermark(), op.late_watermark()), (w(100), w(0)));
+    assert!(
+        op.push("a", EventTime(50), 50).is_none(),
+        "behind W, not behind the last W"
+    );
+    let late = op
+        .push("a", EventTime(0), 0)
+        .expect("at the previous batch's watermark");
+    assert_eq!(late.watermark, w(0));
+    op.end_batch(&mut f, &mut |_| {});
+    assert_eq!(op.late_watermark(), w(100));
+    drop(f);
+    assert_eq!(calls.last().map(|c| c.events.clone()), Some(vec![50]));
+    // The standard rules judge by the batch's own watermark.
+    let mut standard = op_at(100, &clock);
+    assert!(standard.push("a", EventTime(50), 50).is_some());
+}
+
+fn op_at(watermark: i64, clock: &ManualClock) -> Op {
+    let mut op = op(0, clock);
+    assert!(op.push("z", EventTime(watermark), watermark).is_none());
+    op.end_batch(
+        &mut |_: &str, _: Vec<i64>, _: &mut GroupState<'_, u32>| None::<String>,
+        &mut |_| {},
+    );
+    op
+}
+
+#[test]
+fn with_sparks_rules_finish_runs_a_no_data_batch_before_infinity() {
+    let clock = ManualClock::default();
+    let mut op = op(0, &clock).with_batch_rules(BatchRules::Spark);
+    let mut calls = Vec::new();
+    let mut f = recorder(&mut calls, Some(10));
+    push_all(&mut op, &[("a", 0)]);
+    op.end_batch(&mut f, &mut |_| {});
+    push_all(&mut op, &[("b", 100)]);
+    op.finish(&mut f, &mut |_| {});
+    drop(f);
+    let fired: Vec<(&str, Watermark)> = calls
+        .iter()
+        .filter(|c| c.timed_out.is_some())
+        .map(|c| (c.key.as_str(), c.watermark))
+        .collect();
+    // a is due at W = 100 (the no-data batch); b only at +inf.
+    assert_eq!(fired, [("a", w(100)), ("b", Watermark::MAX)]);
 }
 
 #[test]

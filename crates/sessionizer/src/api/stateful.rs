@@ -15,7 +15,7 @@ use sessionizer_core::Watermark;
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::{Clock, SystemClock};
 use sessionizer_window::stateful::{
-    BatchReport, GroupState, LateEvent, LatePolicy, StatefulOperator,
+    BatchReport, BatchRules, GroupState, LateEvent, LatePolicy, StatefulOperator,
 };
 use std::fmt;
 
@@ -59,6 +59,7 @@ pub struct StatefulBuilder<E, K, T, W, S, F, C> {
     f: F,
     clock: C,
     late_policy: LatePolicy,
+    rules: BatchRules,
     batching: Batching,
     state_ttl: Option<sessionizer_core::DurationMs>,
     idle_timeout: Option<sessionizer_core::DurationMs>,
@@ -73,6 +74,7 @@ impl<E, K, T, W: fmt::Debug, S, F, C: fmt::Debug> fmt::Debug
             .field("stream", &self.stream)
             .field("clock", &self.clock)
             .field("late_policy", &self.late_policy)
+            .field("rules", &self.rules)
             .field("batching", &self.batching)
             .field("state_ttl", &self.state_ttl)
             .field("idle_timeout", &self.idle_timeout)
@@ -87,6 +89,7 @@ impl<E, K, T, W, S, F> StatefulBuilder<E, K, T, W, S, F, SystemClock> {
             f,
             clock: SystemClock,
             late_policy: LatePolicy::Drop,
+            rules: BatchRules::default(),
             batching: Batching::PerEvent,
             state_ttl: None,
             idle_timeout: None,
@@ -104,6 +107,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             f: self.f,
             clock,
             late_policy: self.late_policy,
+            rules: self.rules,
             batching: self.batching,
             state_ttl: self.state_ttl,
             idle_timeout: self.idle_timeout,
@@ -115,6 +119,13 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
     /// [`LatePolicy::Drop`]: they go to the late sink).
     pub fn late_events(mut self, policy: LatePolicy) -> Self {
         self.late_policy = policy;
+        self
+    }
+
+    /// The rules by which batches judge late events and fire timeouts (default
+    /// [`BatchRules::Standard`]; [`BatchRules::Spark`] for Spark's).
+    pub fn batch_rules(mut self, rules: BatchRules) -> Self {
+        self.rules = rules;
         self
     }
 
@@ -157,7 +168,8 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
         C: Clock,
     {
         let mut op = StatefulOperator::new(self.stream.watermark, self.clock)
-            .with_late_policy(self.late_policy);
+            .with_late_policy(self.late_policy)
+            .with_batch_rules(self.rules);
         if let Some(ttl) = self.state_ttl {
             op = op.with_state_ttl(ttl);
         }
@@ -171,6 +183,7 @@ impl<E, K, T, W, S, F, C> StatefulBuilder<E, K, T, W, S, F, C> {
             key_buf: String::new(),
             counts: StatefulCounts::default(),
             late_policy: self.late_policy,
+            rules: self.rules,
             state_ttl: self.state_ttl,
             idle_timeout: self.idle_timeout,
             last_input: None,
@@ -241,6 +254,7 @@ pub struct StatefulJob<E, K, T, W, S, F, C> {
     key_buf: String,
     counts: StatefulCounts,
     late_policy: LatePolicy,
+    rules: BatchRules,
     state_ttl: Option<sessionizer_core::DurationMs>,
     idle_timeout: Option<sessionizer_core::DurationMs>,
     /// The processing time of the last event and the watermark it leads to (for the
@@ -382,7 +396,7 @@ where
                     Some(LateEvent {
                         event,
                         time,
-                        watermark: self.op.watermark(),
+                        watermark: self.op.late_watermark(),
                     })
                 } else {
                     match shard_of(self.key_buf.as_bytes(), 1 + self.workers.len()) {
@@ -518,6 +532,10 @@ where
     {
         if let Some(open) = self.parallel.as_ref().map(|p| p.open) {
             if open {
+                self.end_batch(out)?;
+            }
+            if self.rules == BatchRules::Spark {
+                // The no-data batch, as one operator's finish runs it.
                 self.end_batch(out)?;
             }
             let now = self.op.now();
@@ -666,7 +684,8 @@ where
         self.workers = (1..workers)
             .map(|_| {
                 let mut op = StatefulOperator::new(beat.clone(), beat.clone())
-                    .with_late_policy(self.late_policy);
+                    .with_late_policy(self.late_policy)
+                    .with_batch_rules(self.rules);
                 if let Some(ttl) = self.state_ttl {
                     op = op.with_state_ttl(ttl);
                 }

@@ -51,6 +51,7 @@ pub(crate) fn progress<A: SessionAggregate>(
         watermark_ms: op.watermark().millis(),
         largest_gap_ms: op.largest_gap().millis(),
         new_key_floor_ms: Some(op.new_key_floor()),
+        late_watermark_ms: None,
     }
 }
 

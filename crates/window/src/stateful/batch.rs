@@ -2,6 +2,7 @@
 //! data calls, the watermark step and the timeout and timer calls at its end, and the
 //! order in which their outputs are emitted ([`CallOrder`]).
 
+use super::BatchRules;
 use super::{BatchReport, GroupState, LateEvent, LatePolicy, OpenBatch, StatefulOperator};
 use super::{TimeoutKind, Timer};
 use crate::clock::{Clock, ProcessingTime};
@@ -107,7 +108,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
 
     /// Whether an event at `time` pushed now would be handed back as late.
     pub fn is_late(&self, time: EventTime) -> bool {
-        self.late_policy == LatePolicy::Drop && self.watermark.has_reached(time)
+        self.late_policy == LatePolicy::Drop && self.late_watermark().has_reached(time)
     }
 
     /// Opens a batch if none is open (reading the clock) and returns its processing
@@ -151,7 +152,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     ) -> Option<LateEvent<E>> {
         let mut batch = self.open_batch();
         batch.events += 1;
-        let w = self.watermark;
+        let w = self.late_watermark();
         if observe && !self.external_time {
             self.strategy.observe(time);
         }
@@ -232,11 +233,18 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         drop(events);
         self.pending = pending;
 
+        if self.rules == BatchRules::Spark {
+            self.fire_timeouts(batch.now, f, emit, &mut report);
+            // This batch's watermark judges the next batch's late events.
+            self.late_watermark = self.watermark;
+        }
         let next = self.strategy.current();
         if next > self.watermark {
             self.watermark = next;
         }
-        self.fire_timeouts(batch.now, f, emit, &mut report);
+        if self.rules == BatchRules::Standard {
+            self.fire_timeouts(batch.now, f, emit, &mut report);
+        }
         self.batches += 1;
         self.open = None;
         self.check_budget(batch.events.max(1));
@@ -280,7 +288,8 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     /// The end of a bounded input: ends the open batch, if any, then moves the watermark
     /// to +∞ so that every event-time timeout fires (processing-time ones fire if the
     /// clock has reached them). Keys that still hold state afterwards stay, e.g. for a
-    /// snapshot.
+    /// snapshot. With [`BatchRules::Spark`] a batch with no events (Spark's
+    /// no-data micro-batch) runs first, at the watermark the last events lead to.
     pub fn finish<F, R>(&mut self, f: &mut F, emit: &mut impl FnMut(R::Item)) -> BatchReport
     where
         F: FnMut(&str, Vec<E>, &mut GroupState<'_, S>) -> R,
@@ -292,6 +301,9 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         } else {
             BatchReport::default()
         };
+        if self.rules == BatchRules::Spark {
+            report.then(self.end_batch_ordered(f, &mut emit));
+        }
         let now = self.clock.now();
         report.then(self.finish_at(now, f, &mut emit));
         report

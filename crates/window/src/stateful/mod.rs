@@ -117,6 +117,25 @@ pub enum LatePolicy {
     Deliver,
 }
 
+/// The rules by which a batch judges late events and fires timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BatchRules {
+    /// An event at or behind the batch's watermark is late; a timeout is checked after
+    /// the batch's watermark step, so one due by the watermark the batch's events lead
+    /// to fires at the end of that batch (the calls see that watermark).
+    #[default]
+    Standard,
+    /// Spark's `applyInPandasWithState` / `flatMapGroupsWithState` (Spark 3.4 and
+    /// later, one stateful operator): an event is late when it is at or behind the
+    /// *previous* batch's watermark (Spark's watermark for late events); timeouts are
+    /// checked against the batch's own watermark, after its data calls and before the
+    /// watermark step — a timeout the batch's events make due fires in the next batch,
+    /// or not at all if the key has events in it (its data call comes instead). A batch
+    /// with no events is Spark's no-data micro-batch;
+    /// [`finish`](StatefulOperator::finish) runs one before moving the watermark to +∞.
+    Spark,
+}
+
 /// An event that was not given to the function because it was at or behind the
 /// watermark of its batch ([`LatePolicy::Drop`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -301,6 +320,11 @@ pub struct StatefulOperator<E, S, W, C> {
     /// [`follow_external_time`](Self::follow_external_time): events do not move the
     /// watermark strategy.
     external_time: bool,
+    /// [`with_batch_rules`](Self::with_batch_rules).
+    rules: BatchRules,
+    /// With [`BatchRules::Spark`], the watermark late events are judged by: the
+    /// previous batch's.
+    late_watermark: Watermark,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -343,6 +367,8 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             spill: None,
             bound_changes: false,
             external_time: false,
+            rules: BatchRules::default(),
+            late_watermark: Watermark::MIN,
         }
     }
 
@@ -365,6 +391,28 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
     pub fn with_state_ttl(mut self, ttl: DurationMs) -> Self {
         self.ttl = Some(ttl);
         self
+    }
+
+    /// Sets the rules by which batches judge late events and fire timeouts (default
+    /// [`BatchRules::Standard`]).
+    pub fn with_batch_rules(mut self, rules: BatchRules) -> Self {
+        self.rules = rules;
+        self
+    }
+
+    /// The watermark an event pushed now is judged late by: the batch's own, or with
+    /// [`BatchRules::Spark`] the previous batch's.
+    pub fn late_watermark(&self) -> Watermark {
+        match self.rules {
+            BatchRules::Standard => self.watermark,
+            BatchRules::Spark => self.late_watermark,
+        }
+    }
+
+    /// Sets the watermark late events are judged by until the next batch ends (with
+    /// [`BatchRules::Spark`]; a restore puts back the one its checkpoint recorded).
+    pub fn restore_late_watermark(&mut self, w: Watermark) {
+        self.late_watermark = w;
     }
 
     /// The watermark of the open (or next) batch.

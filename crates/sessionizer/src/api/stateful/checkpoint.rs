@@ -15,7 +15,7 @@ use sessionizer_checkpoint::{Counters, Manifest, StateEntries, WatermarkState};
 use sessionizer_core::Watermark;
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::Clock;
-use sessionizer_window::stateful::{LatePolicy, SnapshotError};
+use sessionizer_window::stateful::{BatchRules, LatePolicy, SnapshotError};
 
 impl<E, K, T, W: WatermarkStrategy, S, F, C: Clock> StatefulJob<E, K, T, W, S, F, C> {
     /// Keys with state or a pending timeout, on every worker.
@@ -191,6 +191,8 @@ where
                 watermark_ms: self.op.watermark().millis(),
                 largest_gap_ms: 0,
                 new_key_floor_ms: None,
+                late_watermark_ms: (self.rules == BatchRules::Spark)
+                    .then(|| self.op.late_watermark().millis()),
             },
             counters: Counters {
                 records_read: c.events,
@@ -238,6 +240,8 @@ where
             let watermark = Watermark(manifest.watermark.watermark_ms);
             let none = std::iter::empty::<(&[u8], &[u8])>;
             self.op.restore_state(watermark, 0, none())?;
+            let late = manifest.watermark.late_watermark_ms.map(Watermark);
+            self.op.restore_late_watermark(late.unwrap_or(watermark));
             for w in &mut self.workers {
                 w.op.restore_state(watermark, 0, none())?;
             }
@@ -320,5 +324,12 @@ where
             ),
             pair("state type", std::any::type_name::<S>().to_string()),
         ]
+        .into_iter()
+        .chain(
+            // Only a job on Spark's rules names them: checkpoints of earlier jobs stay
+            // restorable.
+            (self.rules == BatchRules::Spark).then(|| pair("batch rules", "spark".into())),
+        )
+        .collect()
     }
 }

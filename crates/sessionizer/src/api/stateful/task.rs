@@ -128,6 +128,7 @@ where
             watermark_ms: self.op.watermark().millis(),
             largest_gap_ms: 0,
             new_key_floor_ms: None,
+            late_watermark_ms: None,
         }
     }
 
