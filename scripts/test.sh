@@ -79,10 +79,13 @@ cargo test --workspace --all-features --locked
 venv=${SESSIONIZER_TEST_VENV:-$HOME/.cache/sessionizer-python-venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # pandas for sessionizer.spark's applyInPandasWithState; PySpark 4.3 (with pyarrow; it
-# runs on the machine's Java 17) is what tests/python/test_spark.py compares it with.
+# runs on the machine's Java 17) is what tests/python/test_spark.py compares it with;
+# deltalake reads the tables a job from Python writes.
 "$venv/bin/python" -m pip install -q --upgrade "maturin>=1.9,<2" pytest "pandas<3" pyarrow \
-  "pyspark==4.3.0"
-MATURIN_PEP517_ARGS="--profile dev" "$venv/bin/python" -m pip install -q \
+  "pyspark==4.3.0" deltalake
+# Every feature, as the cargo tests built the crates (their builds are reused): the
+# Python tests use Kafka, RocksDB and Delta too.
+MATURIN_PEP517_ARGS="--profile dev --features delta,rocksdb" "$venv/bin/python" -m pip install -q \
   --no-build-isolation --force-reinstall --no-deps .
 SESSIONIZER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/sessionizer" \
   "$venv/bin/python" -m pytest -q tests/python

@@ -5,10 +5,13 @@ state until no visit came for 10 minutes of event time, then one session row.
 
 ``map_visits_to_session`` below is the book's function with its body unchanged; only
 its imports and the stream's set-up differ (``sessionizer.spark`` instead of a
-SparkSession, JSON lines instead of Kafka topics, micro-batches of a fixed number of
-records):
+SparkSession; micro-batches of a fixed number of records). From a topic to a topic,
+exactly once, as the book runs it — or from files to a file:
 
-    python examples/python/spark_sessions.py visits.jsonl sessions.jsonl [--state-dir DIR]
+    python examples/python/spark_sessions.py --brokers 127.0.0.1:39092 \\
+        --topic visits --group sessions_mapper --output-topic sessions
+    python examples/python/spark_sessions.py --input visits.jsonl --output sessions.jsonl \\
+        [--state-dir DIR]
 """
 
 import argparse
@@ -112,9 +115,12 @@ state_schema = StructType([
 ])
 
 
-def sessions(inputs, records_per_batch=500, function=map_visits_to_session):
-    """The book's query over JSON-lines files, in micro-batches of `records_per_batch`."""
-    return (spark.read_json(inputs, schema=visit_schema, records_per_batch=records_per_batch)
+def sessions(inputs, records_per_batch=500, function=map_visits_to_session, stream=None):
+    """The book's query over JSON-lines files (or `stream`), in micro-batches of
+    `records_per_batch`."""
+    if stream is None:
+        stream = spark.read_json(inputs, schema=visit_schema, records_per_batch=records_per_batch)
+    return (stream
             .withWatermark("event_time", "1 minute")
             .groupBy("visit_id")
             .applyInPandasWithState(function, output_schema, state_schema, "update",
@@ -123,12 +129,26 @@ def sessions(inputs, records_per_batch=500, function=map_visits_to_session):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("input", nargs="+", help="visits as JSON lines")
-    parser.add_argument("output", help="the sessions' JSON-lines file")
+    parser.add_argument("--input", nargs="+", help="visits as JSON lines (instead of a topic)")
+    parser.add_argument("--output", help="the sessions' JSON-lines file")
     parser.add_argument("--state-dir", help="checkpoints: a rerun after a crash continues")
+    parser.add_argument("--brokers")
+    parser.add_argument("--topic")
+    parser.add_argument("--group")
+    parser.add_argument("--output-topic")
+    parser.add_argument("--dead-letter-topic")
+    parser.add_argument("--stop-at-end", action="store_true", help="end at the topic's end")
     parser.add_argument("--records-per-batch", type=int, default=500)
     args = parser.parse_args(argv)
-    stats = sessions(args.input, args.records_per_batch).run(args.output, state_dir=args.state_dir)
+    if args.input:
+        query = sessions(args.input, args.records_per_batch)
+        stats = query.run(args.output, state_dir=args.state_dir)
+    else:
+        stream = spark.read_kafka(args.brokers, args.topic, args.group, schema=visit_schema,
+                                  records_per_batch=args.records_per_batch)
+        stats = sessions(None, stream=stream).run(
+            output_topic=args.output_topic, dead_letter_topic=args.dead_letter_topic,
+            stop_at_end=args.stop_at_end, commit_interval="200 ms")
     json.dump(stats, sys.stderr)
     print(file=sys.stderr)
 

@@ -4,8 +4,12 @@ JSON-lines files, one micro-batch per file (in file order); every output row as 
 (Spark's to_json, session time zone UTC) to a file.
 
     python pyspark_job.py INPUT_DIR OUTPUT CHECKPOINT_DIR
+
+The function is `module:name` in $SPARK_SESSIONS_FUNCTION (on the PYTHONPATH), the
+example's by default (scripts/bench-spark.sh gives one without its prints).
 """
 
+import importlib
 import os
 import sys
 
@@ -13,13 +17,18 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import (ArrayType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from spark_sessions import map_visits_to_session
-
 
 def main(input_dir, output, checkpoint):
+    module, name = os.environ.get("SPARK_SESSIONS_FUNCTION",
+                                  "spark_sessions:map_visits_to_session").split(":")
+    map_visits_to_session = getattr(importlib.import_module(module), name)
     spark = (SparkSession.builder.master("local[2]")
              .config("spark.sql.shuffle.partitions", 2)
              .config("spark.sql.session.timeZone", "UTC")
+             # One DataFrame per key and micro-batch, as sessionizer.spark hands them: by
+             # default PySpark cuts a key's rows at its Arrow batches' 10,000-row
+             # boundaries, and the book's function keeps only the last frame's rows.
+             .config("spark.sql.execution.arrow.maxRecordsPerBatch", 10_000_000)
              .config("spark.ui.enabled", "false")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")

@@ -64,9 +64,9 @@ def run_commands(block, cwd):
 def kafka_ready(code, broker):
     """`code` against the tests' broker, with the topics it names made and `visits`
     filled with generated visits."""
-    for topic in set(re.findall(r'kafka_(?:output_)?topic="([^"]+)"', code)):
+    for topic in set(re.findall(r'(?:kafka_)?(?:output_)?topic="([^"]+)"', code)):
         kafka_dev("topics", "--create", "--if-not-exists", "--topic", topic, "--partitions", "3")
-    if 'kafka_topic="visits"' in code:
+    if re.search(r'(?:kafka_)?topic="visits"', code):
         done = subprocess.run([str(BIN), "generate", "--events", "5000", "--seed", "2",
                                "--kafka-brokers", broker, "--kafka-topic", "visits"],
                               capture_output=True, text=True)
@@ -81,7 +81,7 @@ def test_the_guides_examples_run_as_written(visits, broker):
     codes = blocks(guide, "python")
     assert len(codes) >= 3
     for code in codes:
-        if "kafka_brokers" in code:
+        if DOCUMENTED_BROKERS in code:
             code = kafka_ready(code, broker)
         if "state_dir" in code:
             # Started again with the same arguments: it resumes, and adds nothing.

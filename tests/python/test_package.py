@@ -265,3 +265,20 @@ def test_a_config_file_gives_what_the_job_leaves_out(tmp_path, dirty):
     # The file's 5-minute gap, not the command line's 30 minutes.
     assert from_file.sessions != default.sessions
     assert from_file.sessions[0]["page"]
+
+
+def test_a_delta_table_and_parquet_files_from_python_hold_the_command_lines_sessions(tmp_path, dirty):
+    """The package built with the feature delta (scripts/test.sh builds it so): the table
+    holds the rows of the binary's `--emit final` JSON run, read back with deltalake."""
+    import deltalake
+    job = sessionizer.SessionWindows(collect="page")
+    stats = job.run(input=dirty, delta_table=tmp_path / "table", state_dir=tmp_path / "state")
+    rows = deltalake.DeltaTable(str(tmp_path / "table")).to_pyarrow_table().to_pylist()
+    binary("run", "--input", dirty, "--collect", "page", "--emit", "final",
+           "--output", tmp_path / "final.jsonl")
+    final = [json.loads(line) for line in (tmp_path / "final.jsonl").read_text().splitlines()]
+    assert len(rows) == len(final) == stats["sessions_emitted"] > 1000
+    assert sorted(r["session_id"] for r in rows) == sorted(r["session_id"] for r in final)
+    job.run(input=dirty, output=tmp_path / "parquet", output_format="parquet", emit="final")
+    import pyarrow.parquet
+    assert pyarrow.parquet.read_table(tmp_path / "parquet").num_rows == len(final)

@@ -107,8 +107,8 @@ fn on_a_thread<T: Send + 'static>(
 }
 
 /// A stateful job whose function is Python code (`sessionizer.spark`): `call` is the
-/// Python side's per-call wrapper, `options` the job as JSON. Returns the run's report
-/// as JSON, or raises the function's own exception (with the key in a note) or
+/// Python side's per-call wrapper, `options` the job as JSON (files or a Kafka topic).
+/// Returns the run's statistics as JSON, or raises the function's own exception (with the key in a note) or
 /// `SessionizerError`. Ctrl-C stops the run after its micro-batch (checkpointed) and
 /// is then raised.
 #[pyfunction]
@@ -123,8 +123,7 @@ fn run_stateful(py: Python<'_>, call: Py<PyAny>, options: &str) -> PyResult<Stri
         return Err(e);
     }
     match result {
-        Ok(report) => serde_json::to_string(&report)
-            .map_err(|e| SessionizerError::new_err(format!("cannot encode the report: {e}"))),
+        Ok(stats) => Ok(stats),
         Err(stateful::Stop::Python(e)) => Err(e),
         Err(stateful::Stop::Engine(message)) => {
             let err = SessionizerError::new_err(message);

@@ -11,7 +11,7 @@
 //! taken for one call and given back after it.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
@@ -19,58 +19,92 @@ use serde_json::{Map, Value};
 use sessionizer::prelude::*;
 use sessionizer::stateful::StatefulCounts;
 use sessionizer::window::stateful::BatchRules;
-use std::cell::RefCell;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
-/// What `spark.py` asks for (JSON).
+/// What `sessionizer/spark` asks for (JSON): files, or a Kafka topic (`kafka`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
+    #[serde(default)]
     inputs: Vec<PathBuf>,
-    output: PathBuf,
+    output: Option<PathBuf>,
     late: Option<PathBuf>,
     dead_letters: Option<PathBuf>,
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    kafka: Option<KafkaOptions>,
     key: Vec<String>,
+    /// The schema's fields: the others are dropped as a record is read.
+    fields: Option<Vec<String>>,
     time: Option<String>,
     watermark_delay_ms: Option<i64>,
     batch_size: usize,
     /// `event`, `processing` or `none`.
     timeout: String,
     state_dir: Option<PathBuf>,
+    /// The RocksDB state backend with this memory budget (bytes); in memory without.
+    state_memory_bytes: Option<u64>,
+}
+
+/// A job on a Kafka topic, as a member of a consumer group (exactly once).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+pub struct KafkaOptions {
+    brokers: String,
+    topic: String,
+    group: String,
+    output_topic: String,
+    dead_letter_topic: Option<String>,
+    late_topic: Option<String>,
+    instance_id: Option<String>,
+    state_dir: Option<PathBuf>,
+    stop_at_end: bool,
+    idle_timeout_ms: Option<i64>,
+    commit_interval_ms: Option<u64>,
 }
 
 /// One input record: its key (the grouping fields' values as a JSON array), its event
-/// time and all its fields.
-#[derive(Debug, Serialize)]
+/// time and its fields (those of the schema, when there is one) as compact JSON text —
+/// a micro-batch of them waits in memory until its calls, and Python reads each with
+/// `json.loads`.
+#[derive(Debug)]
 pub struct Row {
-    #[serde(skip)]
     key: String,
-    #[serde(skip)]
     time: EventTime,
-    #[serde(flatten)]
-    fields: Map<String, Value>,
+    json: Box<RawValue>,
 }
 
-/// Which fields make the key and the time, for [`Row`]'s decoding: the library's source
-/// decodes records with serde's `Deserialize`, which takes no arguments, so the job
-/// sets them for its thread before reading.
+impl Serialize for Row {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.json.serialize(s)
+    }
+}
+
+/// Which fields make the key and the time, for [`Row`]'s decoding: the library's
+/// sources decode records with serde's `Deserialize`, which takes no arguments, on
+/// threads of their own, so the running job sets them for the process (one stateful
+/// job runs at a time: [`RUNNING`]).
 struct Shape {
     key: Vec<String>,
+    fields: Option<Vec<String>>,
     time: Option<String>,
 }
 
-thread_local! {
-    static SHAPE: RefCell<Option<Shape>> = const { RefCell::new(None) };
-}
+static SHAPE: RwLock<Option<Shape>> = RwLock::new(None);
+
+/// Held by the running stateful job.
+static RUNNING: Mutex<()> = Mutex::new(());
 
 impl<'de> Deserialize<'de> for Row {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Row, D::Error> {
-        let fields = Map::<String, Value>::deserialize(d)?;
-        SHAPE.with(|shape| {
-            let shape = shape.borrow();
-            let shape = shape.as_ref().expect("the job sets the shape before reading");
+        let mut fields = Map::<String, Value>::deserialize(d)?;
+        {
+            let shape = SHAPE.read().unwrap_or_else(|e| e.into_inner());
+            let shape = shape
+                .as_ref()
+                .expect("the job sets the shape before reading");
             let mut key = Vec::with_capacity(shape.key.len());
             for name in &shape.key {
                 match fields.get(name) {
@@ -91,8 +125,14 @@ impl<'de> Deserialize<'de> for Row {
                 },
             };
             let key = serde_json::to_string(&key).map_err(D::Error::custom)?;
-            Ok(Row { key, time, fields })
-        })
+            if let Some(keep) = &shape.fields {
+                fields.retain(|name, _| keep.contains(name));
+            }
+            let json = serde_json::to_string(&fields)
+                .and_then(RawValue::from_string)
+                .map_err(D::Error::custom)?;
+            Ok(Row { key, time, json })
+        }
     }
 }
 
@@ -181,31 +221,75 @@ pub struct Report {
     outputs: u64,
     resumed_from_checkpoint: Option<u64>,
     stopped_by_signal: bool,
+    /// With the RocksDB backend: keys evicted from memory to disk so far.
+    keys_evicted: Option<u64>,
 }
 
 /// The first error of a Python call: the job stops at the end of the batch it came in,
-/// and nothing of that batch is written or checkpointed.
-type Failure = RefCell<Option<PyErr>>;
+/// and nothing of that batch is written, committed or checkpointed.
+type Failure = Arc<Mutex<Option<PyErr>>>;
 
-/// One call of the Python side: `(outputs, action, state, timeout)` back, applied here.
+fn failed(failure: &Failure) -> bool {
+    failure.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+}
+
+fn take_failure(failure: &Failure) -> Option<PyErr> {
+    failure.lock().unwrap_or_else(|e| e.into_inner()).take()
+}
+
+/// An output of a call: a row, or the failure of the call — which no sink can take, so
+/// that a Kafka task, whose sinks encode each output, ends its run there (its
+/// transaction is not committed); the file job stops before writing it.
+#[derive(Debug)]
+pub enum Out {
+    Row(Box<RawValue>),
+    Failed(String),
+}
+
+impl Serialize for Out {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Out::Row(row) => row.serialize(s),
+            Out::Failed(why) => Err(serde::ser::Error::custom(why)),
+        }
+    }
+}
+
+/// The Python function, as the job calls it: `(outputs, action, state, timeout)` back,
+/// applied here.
+#[derive(Clone)]
+struct PythonCall {
+    call: Arc<Py<PyAny>>,
+    failure: Failure,
+}
+
+impl PythonCall {
+    fn call(&self, key: &str, rows: Vec<Row>, state: &mut GroupState<'_, Pickled>) -> Vec<Out> {
+        call_python(&self.call, key, rows, state, &self.failure)
+    }
+}
+
+/// One call of the Python side.
 fn call_python(
     call: &Py<PyAny>,
     key: &str,
     rows: Vec<Row>,
     state: &mut GroupState<'_, Pickled>,
     failure: &Failure,
-) -> Vec<Box<RawValue>> {
-    if failure.borrow().is_some() {
+) -> Vec<Out> {
+    if failed(failure) {
         return Vec::new();
     }
     let watermark = watermark_ms(state.current_watermark());
     let now = state.current_processing_time().0;
-    let result = Python::attach(|py| -> PyResult<Vec<Box<RawValue>>> {
-        let rows = PyList::new(py, rows.iter().map(|r| to_py(py, &r.fields)))?;
+    let result = Python::attach(|py| -> PyResult<Vec<Out>> {
+        let times = PyList::new(py, rows.iter().map(|r| r.time.0))?;
+        let rows = PyList::new(py, rows.iter().map(|r| PyString::new(py, r.json.get())))?;
         let before = state.get().map(|p| PyBytes::new(py, &p.0));
         let args = (
             PyString::new(py, key),
             rows,
+            times,
             before,
             state.has_timed_out(),
             watermark,
@@ -241,7 +325,7 @@ fn call_python(
         outputs
             .into_iter()
             .map(|line| {
-                RawValue::from_string(line).map_err(|e| {
+                RawValue::from_string(line).map(Out::Row).map_err(|e| {
                     pyo3::exceptions::PyValueError::new_err(format!(
                         "an output row is not JSON: {e}"
                     ))
@@ -252,45 +336,26 @@ fn call_python(
     match result {
         Ok(outputs) => outputs,
         Err(e) => {
-            Python::attach(|py| {
+            let why = Python::attach(|py| {
                 let note = format!("in the call for key {key}");
                 let _ = e.value(py).call_method1("add_note", (note,));
+                traceback_text(py, &e)
             });
-            *failure.borrow_mut() = Some(e);
-            Vec::new()
+            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+            vec![Out::Failed(why)]
         }
     }
 }
 
-/// A JSON value as the Python value `json.loads` would give.
-fn to_py<'py>(py: Python<'py>, v: &Map<String, Value>) -> Bound<'py, PyAny> {
-    let dict = PyDict::new(py);
-    for (k, v) in v {
-        let _ = dict.set_item(k, value_to_py(py, v));
-    }
-    dict.into_any()
-}
-
-fn value_to_py<'py>(py: Python<'py>, v: &Value) -> Bound<'py, PyAny> {
-    match v {
-        Value::Null => py.None().into_bound(py),
-        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
-        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
-            (Some(i), _) => i.into_pyobject(py).map(|o| o.into_any()).expect("an int"),
-            (None, Some(u)) => u.into_pyobject(py).map(|o| o.into_any()).expect("an int"),
-            _ => n
-                .as_f64()
-                .unwrap_or(f64::NAN)
-                .into_pyobject(py)
-                .map(|o| o.into_any())
-                .expect("a float"),
-        },
-        Value::String(s) => PyString::new(py, s).into_any(),
-        Value::Array(items) => {
-            let items: Vec<_> = items.iter().map(|i| value_to_py(py, i)).collect();
-            PyList::new(py, items).expect("a list").into_any()
-        }
-        Value::Object(m) => to_py(py, m),
+/// The exception as Python prints it (traceback, message, notes).
+fn traceback_text(py: Python<'_>, e: &PyErr) -> String {
+    let formatted = py.import("traceback").and_then(|tb| {
+        tb.call_method1("format_exception", (e.value(py),))?
+            .extract::<Vec<String>>()
+    });
+    match formatted {
+        Ok(lines) => format!("the function raised:\n{}", lines.concat().trim_end()),
+        Err(_) => format!("the function raised: {e}"),
     }
 }
 
@@ -299,7 +364,7 @@ fn value_to_py<'py>(py: Python<'py>, v: &Value) -> Bound<'py, PyAny> {
 pub enum Stop {
     /// The user's function raised: its exception, with the key in a note.
     Python(PyErr),
-    /// Reading, writing or checkpointing failed.
+    /// Reading, writing or checkpointing failed, or the options are not possible.
     Engine(String),
 }
 
@@ -347,40 +412,101 @@ impl Sink<Late<Row>> for LateRows<'_> {
     }
 }
 
-/// Runs the job: reads `options.inputs` in micro-batches of `batch_size` records,
-/// calls `call` per key, writes its rows to `options.output`; with a state directory a
-/// checkpoint after every micro-batch (outputs exactly once across kills). `stop` ends
-/// the run after the micro-batch under way (checkpointed).
-pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<Report, Stop> {
-    SHAPE.with(|s| {
-        *s.borrow_mut() = Some(Shape {
-            key: options.key.clone(),
-            time: options.time.clone(),
-        })
+/// Runs the job: over files (a checkpoint per micro-batch with a state directory) or a
+/// Kafka topic. `stop` ends the run cleanly (after the micro-batch under way,
+/// checkpointed or committed). Returns the run's statistics as JSON.
+pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<String, Stop> {
+    let _running = RUNNING.try_lock().map_err(|_| {
+        Stop::Engine("another stateful job is running in this process; run one at a time".into())
+    })?;
+    *SHAPE.write().unwrap_or_else(|e| e.into_inner()) = Some(Shape {
+        key: options.key.clone(),
+        fields: options.fields.clone(),
+        time: options.time.clone(),
     });
-    let watermarks = match options.watermark_delay_ms {
+    let call = PythonCall {
+        call: Arc::new(call),
+        failure: Arc::new(Mutex::new(None)),
+    };
+    let result = match &options.kafka {
+        #[cfg(feature = "kafka")]
+        Some(kafka) => run_kafka(&call, &options, kafka, stop),
+        #[cfg(not(feature = "kafka"))]
+        Some(_) => Err(Stop::Engine(
+            "this build of the package has no Kafka (the wheel's feature kafka)".into(),
+        )),
+        None => run_files(&call, &options, stop)
+            .and_then(|report| serde_json::to_string(&report).map_err(Stop::from)),
+    };
+    // The function's own exception comes first: the run's error only says it failed.
+    match (take_failure(&call.failure), result) {
+        (Some(e), _) => Err(Stop::Python(e)),
+        (None, result) => result,
+    }
+}
+
+/// The watermark strategy of `options`.
+fn watermarks(options: &Options) -> Watermarks {
+    match options.watermark_delay_ms {
         Some(ms) => Watermarks::Delay(BoundedOutOfOrderness::new(DurationMs(ms))),
         None => Watermarks::Unset,
-    };
-    let failure: Failure = RefCell::new(None);
-    // Spark drops rows behind the watermark only with an event-time timeout.
-    let late_policy = if options.timeout == "event" {
+    }
+}
+
+/// The state backend of `options`: RocksDB with `state_memory_bytes`.
+fn state_backend(options: &Options) -> Result<Option<StateBackend>, Stop> {
+    match options.state_memory_bytes {
+        None => Ok(None),
+        #[cfg(feature = "rocksdb")]
+        Some(memory_bytes) => Ok(Some(StateBackend::RocksDb {
+            memory_bytes,
+            dir: None,
+        })),
+        #[cfg(not(feature = "rocksdb"))]
+        Some(_) => Err(Stop::Engine(
+            "this build of the package has no RocksDB state backend (the wheel's feature rocksdb)"
+                .into(),
+        )),
+    }
+}
+
+/// Spark drops rows behind the watermark only with an event-time timeout.
+fn late_policy(options: &Options) -> LatePolicy {
+    if options.timeout == "event" {
         LatePolicy::Drop
     } else {
         LatePolicy::Deliver
+    }
+}
+
+/// One job, as both the file run and every Kafka task build it.
+macro_rules! job {
+    ($options:expr, $call:expr, $batching:expr) => {{
+        let call = $call;
+        Stream::<Row>::new()
+            .key_by_ref(|r: &Row| r.key.as_str())
+            .event_time(|r: &Row| r.time)
+            .watermark(watermarks($options))
+            .flat_map_groups_with_state(
+                move |key: &str, rows: Vec<Row>, state: &mut GroupState<'_, Pickled>| {
+                    call.call(key, rows, state)
+                },
+            )
+            .late_events(late_policy($options))
+            .batch_rules(BatchRules::Spark)
+            .batching($batching)
+            .build()
+    }};
+}
+
+fn run_files(call: &PythonCall, options: &Options, stop: Arc<AtomicBool>) -> Result<Report, Stop> {
+    let Some(output) = &options.output else {
+        return Err(Stop::Engine("give an output file".into()));
     };
-    let mut job = Stream::<Row>::new()
-        .key_by_ref(|r: &Row| r.key.as_str())
-        .event_time(|r: &Row| r.time)
-        .watermark(watermarks)
-        .flat_map_groups_with_state(
-            |key: &str, rows: Vec<Row>, state: &mut GroupState<'_, Pickled>| {
-                call_python(&call, key, rows, state, &failure)
-            },
-        )
-        .late_events(late_policy)
-        .batch_rules(BatchRules::Spark)
-        .build();
+    let mut job = job!(options, call.clone(), Batching::PerEvent);
+    if let Some(backend) = state_backend(options)? {
+        job.set_state_backend(&backend)?;
+    }
 
     let mut checkpoints = match &options.state_dir {
         Some(dir) => Some(Checkpoints::open(dir)?),
@@ -391,7 +517,7 @@ pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<R
         Some(c) => JsonLinesSink::exactly_once(path, c),
         None => Ok(JsonLinesSink::file(path)),
     };
-    let mut output = file(&options.output, &mut checkpoints)?;
+    let mut output = file(output, &mut checkpoints)?;
     let mut late = options
         .late
         .as_ref()
@@ -412,8 +538,21 @@ pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<R
         None => JsonLines::<Row, _>::files(options.inputs.clone(), dead_letters)?,
     };
     let mut late_rows = LateRows(late.as_mut());
-    // One micro-batch's rows: written only once its every call has returned.
-    let mut rows: Vec<Box<RawValue>> = Vec::new();
+    // One micro-batch's outputs: written only once its every call has returned.
+    let mut outs: Vec<Out> = Vec::new();
+    let write = |outs: &mut Vec<Out>, output: &mut JsonLinesSink| -> Result<(), Stop> {
+        if failed(&call.failure) {
+            // What the batches before wrote stays; nothing of this one.
+            Sink::<Box<RawValue>>::flush(output)?;
+            return Err(Stop::Engine("the function raised".into()));
+        }
+        for out in outs.drain(..) {
+            if let Out::Row(row) = out {
+                output.send(row)?;
+            }
+        }
+        Ok(())
+    };
     let size = options.batch_size.max(1);
     let mut in_batch = 0;
     loop {
@@ -425,15 +564,8 @@ pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<R
         }
         if in_batch == size || (at_end && in_batch > 0) {
             in_batch = 0;
-            job.end_batch(&mut rows)?;
-            if let Some(e) = failure.borrow_mut().take() {
-                // What the batches before wrote stays; nothing of this one.
-                Sink::<Box<RawValue>>::flush(&mut output)?;
-                return Err(Stop::Python(e));
-            }
-            for row in rows.drain(..) {
-                output.send(row)?;
-            }
+            job.end_batch(&mut outs)?;
+            write(&mut outs, &mut output)?;
             if let Some(c) = checkpoints.as_mut() {
                 job.checkpoint(c)?;
             }
@@ -451,14 +583,8 @@ pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<R
         Sink::<Late<Row>>::flush(&mut late_rows)?;
     } else {
         // The end of the input: Spark's no-data micro-batch, then every timeout.
-        job.finish(&mut rows, &mut late_rows)?;
-        if let Some(e) = failure.borrow_mut().take() {
-            Sink::<Box<RawValue>>::flush(&mut output)?;
-            return Err(Stop::Python(e));
-        }
-        for row in rows.drain(..) {
-            output.send(row)?;
-        }
+        job.finish(&mut outs, &mut late_rows)?;
+        write(&mut outs, &mut output)?;
         if let Some(c) = checkpoints.as_mut() {
             job.checkpoint(c)?;
         }
@@ -472,5 +598,61 @@ pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<R
     report.data_calls = counts.data_calls;
     report.timeout_calls = counts.timeout_calls;
     report.outputs = counts.outputs;
+    report.keys_evicted = job.operator().spill_counts().map(|c| c.evicted);
     Ok(report)
+}
+
+/// A member of a consumer group: a job per partition of the topic, its state in
+/// changelog topics, its rows to the output topic keyed by the key of their call (a
+/// JSON array of the key's values), exactly once; micro-batches of `batch_size`
+/// records of a partition (the library's `KafkaGroup::run_stateful`).
+#[cfg(feature = "kafka")]
+fn run_kafka(
+    call: &PythonCall,
+    options: &Options,
+    kafka: &KafkaOptions,
+    stop: Arc<AtomicBool>,
+) -> Result<String, Stop> {
+    use sessionizer::kafka::KafkaGroup;
+    use sessionizer::telemetry::{Quiet, Telemetry};
+
+    if options.output.is_some() || options.late.is_some() || options.dead_letters.is_some() {
+        return Err(Stop::Engine(
+            "a job on a Kafka topic writes to topics: give output_topic (and dead_letter_topic, late_topic), not files".into(),
+        ));
+    }
+    let telemetry = Telemetry::with_stop(Quiet, stop);
+    let mut group = KafkaGroup::new(
+        &kafka.brokers,
+        &kafka.group,
+        &kafka.topic,
+        &kafka.output_topic,
+    )
+    .stop_at_end(kafka.stop_at_end)
+    .kafka_properties_from_env()
+    .telemetry(&telemetry);
+    if let Some(t) = &kafka.dead_letter_topic {
+        group = group.dead_letter_topic(t);
+    }
+    if let Some(t) = &kafka.late_topic {
+        group = group.late_topic(t);
+    }
+    if let Some(id) = &kafka.instance_id {
+        group = group.instance_id(id);
+    }
+    if let Some(dir) = &kafka.state_dir {
+        group = group.state_dir(dir);
+    }
+    if let Some(ms) = kafka.idle_timeout_ms {
+        group = group.idle_timeout(DurationMs(ms));
+    }
+    if let Some(backend) = state_backend(options)? {
+        group = group.state_backend(backend);
+    }
+    if let Some(ms) = kafka.commit_interval_ms {
+        group = group.commit_interval(std::time::Duration::from_millis(ms));
+    }
+    let batching = Batching::Events(options.batch_size.max(1));
+    let stats = group.run_stateful(|| job!(options, call.clone(), batching))?;
+    Ok(serde_json::to_string(&stats)?)
 }

@@ -42,6 +42,7 @@ from sessionizer.spark.types import TimestampType, _of
 
 __all__ = [
     "read_json",
+    "read_kafka",
     "DataStream",
     "GroupedStream",
     "StatefulQuery",
@@ -81,6 +82,17 @@ def _interval_ms(text: str) -> int:
     return total
 
 
+def _bytes(size: int | str) -> int:
+    """Bytes of a size: an int, or text such as '64MB', '1GiB', '512kb'."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", str(size), flags=re.I)
+    if not m:
+        raise ValueError(f"{size!r} is not a size such as '64MB'")
+    power = " kmgt".index(m.group(2).lower() or " ")
+    return int(m.group(1)) * 1024 ** power
+
+
 def read_json(
     path: str | os.PathLike | Iterable[str | os.PathLike],
     schema: Any = None,
@@ -93,14 +105,35 @@ def read_json(
     paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
     if records_per_batch < 1:
         raise ValueError("records_per_batch must be at least 1")
-    return DataStream([os.fspath(p) for p in paths], _of(schema), records_per_batch, None)
+    source = {"inputs": [os.fspath(p) for p in paths]}
+    return DataStream(source, _of(schema), records_per_batch, None)
+
+
+def read_kafka(
+    brokers: str,
+    topic: str,
+    group: str,
+    schema: Any = None,
+    records_per_batch: int = 1000,
+) -> "DataStream":
+    """A stream of the JSON records of a Kafka topic, read as a member of consumer group
+    `group`: each partition is a task of its own — its keys' state in a changelog topic,
+    moved to another member on a rebalance — cut into micro-batches of
+    `records_per_batch` consecutive records of the partition (so a restart or a
+    rebalance calls the function with the same rows). The output goes to a topic,
+    exactly once (:meth:`StatefulQuery.run` with ``output_topic``). Security settings
+    come from ``SESSIONIZER_KAFKA_*`` environment variables, as for the command line."""
+    if records_per_batch < 1:
+        raise ValueError("records_per_batch must be at least 1")
+    source = {"kafka": {"brokers": brokers, "topic": topic, "group": group}}
+    return DataStream(source, _of(schema), records_per_batch, None)
 
 
 class DataStream:
     """Rows read in micro-batches; :meth:`withWatermark`, then :meth:`groupBy`."""
 
-    def __init__(self, paths, schema, records_per_batch, watermark) -> None:
-        self._paths = paths
+    def __init__(self, source, schema, records_per_batch, watermark) -> None:
+        self._source = source
         self._schema = schema
         self._records_per_batch = records_per_batch
         self._watermark = watermark
@@ -109,7 +142,7 @@ class DataStream:
         """The event-time column (RFC 3339 text or epoch milliseconds in the input) and
         how far the watermark stays behind the largest event time seen."""
         delay = _interval_ms(delayThreshold)
-        return DataStream(self._paths, self._schema, self._records_per_batch, (eventTime, delay))
+        return DataStream(self._source, self._schema, self._records_per_batch, (eventTime, delay))
 
     def groupBy(self, *cols: str) -> "GroupedStream":
         """The key columns; the function gets their values as a tuple."""
@@ -190,27 +223,53 @@ class StatefulQuery:
 
     def run(
         self,
-        output: str | os.PathLike,
+        output: str | os.PathLike | None = None,
         state_dir: str | os.PathLike | None = None,
         late: str | os.PathLike | None = None,
         dead_letters: str | os.PathLike | None = None,
+        *,
+        output_topic: str | None = None,
+        dead_letter_topic: str | None = None,
+        late_topic: str | None = None,
+        stop_at_end: bool = False,
+        instance_id: str | None = None,
+        idle_timeout: str | None = None,
+        commit_interval: str | None = None,
+        state_memory: int | str | None = None,
     ) -> dict[str, Any]:
-        """Runs the job over its input and writes the function's rows to `output`
-        (JSON lines). With `state_dir`, every micro-batch is checkpointed: a run
-        stopped at any instant (kill -9 too) and started again with the same arguments
-        continues where its last checkpoint stood, and `output` ends as that of a run
-        that never stopped. `late` receives the rows dropped behind the watermark,
-        `dead_letters` the records that are not JSON objects with the key and time
-        fields. Returns the run's statistics. An exception of the function ends the run
-        (its traceback, and the key in a note); nothing of its micro-batch is written."""
+        """Runs the job and returns its statistics.
+
+        From files (:func:`read_json`): the function's rows go to `output` (JSON lines).
+        With `state_dir`, every micro-batch is checkpointed: a run stopped at any instant
+        (kill -9 too) and started again with the same arguments continues where its last
+        checkpoint stood, and `output` ends as that of a run that never stopped. `late`
+        receives the rows dropped behind the watermark, `dead_letters` the records that
+        are not JSON objects with the key and time fields.
+
+        From a topic (:func:`read_kafka`): the rows go to `output_topic` (dead letters to
+        `dead_letter_topic`, late rows to `late_topic`), committed with the state and the
+        input offsets in one Kafka transaction — exactly once across kills and
+        rebalances. The run goes on until Ctrl-C, or until the topic's end with
+        `stop_at_end`; `idle_timeout` ('30 seconds') moves a quiet partition's watermark
+        on with the clock; `instance_id` names this member's transactions (default: one
+        kept with the group's state).
+
+        `state_memory` ('256MB', or bytes) keeps the keys' state in RocksDB on local disk
+        beyond that memory budget (the package built with the feature rocksdb): the
+        calls and outputs are the same; state larger than memory fits.
+
+        An exception of the function ends the run (its traceback, and the key in a
+        note); nothing of its micro-batch is written or committed."""
         stream = self._stream
         watermark = stream._watermark
         options = {
-            "inputs": stream._paths,
-            "output": os.fspath(output),
+            "inputs": stream._source.get("inputs", []),
+            "output": os.fspath(output) if output is not None else None,
             "late": os.fspath(late) if late is not None else None,
             "dead_letters": os.fspath(dead_letters) if dead_letters is not None else None,
             "key": self._keys,
+            # Spark's from_json keeps the schema's fields only: the others are not read.
+            "fields": stream._schema.names if stream._schema is not None else None,
             "time": watermark[0] if watermark else None,
             "watermark_delay_ms": watermark[1] if watermark else None,
             "batch_size": stream._records_per_batch,
@@ -219,7 +278,38 @@ class StatefulQuery:
                 GroupStateTimeout.ProcessingTimeTimeout: "processing",
             }.get(self._timeout, "none"),
             "state_dir": os.fspath(state_dir) if state_dir is not None else None,
+            "state_memory_bytes": _bytes(state_memory) if state_memory is not None else None,
         }
+        kafka = stream._source.get("kafka")
+        if kafka is None:
+            if output is None:
+                raise ValueError("a job on files writes to a file: give output")
+            given = [n for n, v in (("output_topic", output_topic),
+                                    ("dead_letter_topic", dead_letter_topic),
+                                    ("late_topic", late_topic), ("instance_id", instance_id),
+                                    ("idle_timeout", idle_timeout),
+                                    ("commit_interval", commit_interval)) if v is not None]
+            if given or stop_at_end:
+                raise ValueError(f"{', '.join(given) or 'stop_at_end'}: only for a job on a "
+                                 "Kafka topic (read_kafka)")
+        else:
+            if output_topic is None:
+                raise ValueError("a job on a Kafka topic writes to a topic: give output_topic")
+            if output is not None or late is not None or dead_letters is not None or state_dir is not None:
+                raise ValueError("a job on a Kafka topic keeps its state in the cluster and "
+                                 "writes to topics: give output_topic, dead_letter_topic, "
+                                 "late_topic, not files or a state_dir")
+            options["kafka"] = {
+                **kafka,
+                "output_topic": output_topic,
+                "dead_letter_topic": dead_letter_topic,
+                "late_topic": late_topic,
+                "instance_id": instance_id,
+                "state_dir": None,
+                "stop_at_end": bool(stop_at_end),
+                "idle_timeout_ms": _interval_ms(idle_timeout) if idle_timeout else None,
+                "commit_interval_ms": _interval_ms(commit_interval) if commit_interval else None,
+            }
         return json.loads(_native.run_stateful(self._caller(), json.dumps(options)))
 
     def collect(self) -> list[dict[str, Any]]:
@@ -241,68 +331,83 @@ class StatefulQuery:
         watermark_present = self._stream._watermark is not None
         names = schema.names if schema is not None else None
         times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)] if schema else []
+        time_field = self._stream._watermark[0] if self._stream._watermark else None
         out_names = output.names
+        out_types = [f.dataType for f in output.fields]
         dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-        keys: dict[str, tuple] = {}
 
         if self._pandas:
+            import numpy
             import pandas
 
-            def frames(rows: list[dict]) -> Iterable:
+            def frames(rows: list[dict], event_times: list[int]) -> Iterable:
                 if not rows:
                     return iter(())
+                if names is None:
+                    return iter((pandas.DataFrame(rows),))
                 # Struct columns stay dicts, as Spark hands them to pandas.
-                df = pandas.DataFrame(rows, columns=names)
+                columns = {name: [r.get(name) for r in rows] for name in names}
                 for name in times:
-                    col = df[name]
+                    if name == time_field:
+                        # The engine has read these times already.
+                        ms = numpy.array(event_times, dtype="datetime64[ms]")
+                        columns[name] = ms.astype("datetime64[ns]")
+                        continue
+                    col = pandas.Series(columns[name])
                     if col.dtype.kind in "iuf":
-                        df[name] = pandas.to_datetime(col, unit="ms")
+                        columns[name] = pandas.to_datetime(col, unit="ms")
                     else:
-                        df[name] = pandas.to_datetime(col, utc=True, format="ISO8601").dt.tz_localize(None)
-                return iter((df,))
+                        columns[name] = pandas.to_datetime(
+                            col, utc=True, format="ISO8601").dt.tz_localize(None)
+                return iter((pandas.DataFrame(columns),))
 
-            def records(out: Any) -> list:
+            def records(out: Any) -> Iterable:
+                """The rows of a returned frame, each as its values in the output
+                schema's field order."""
                 if not isinstance(out, pandas.DataFrame):
                     raise TypeError(
                         f"applyInPandasWithState's function must return pandas.DataFrames, "
                         f"not {type(out).__name__}"
                     )
                 cols = [str(c) for c in out.columns]
-                missing = [n for n in out_names if n not in cols]
-                unexpected = [c for c in cols if c not in out_names]
-                if missing or unexpected:
-                    raise ValueError(
-                        "Column names of the returned pandas.DataFrame do not match the "
-                        f"output schema. Missing: {', '.join(missing) or '-'}. "
-                        f"Unexpected: {', '.join(unexpected) or '-'}."
-                    )
-                return out.to_dict(orient="records")
+                if cols != out_names:
+                    missing = [n for n in out_names if n not in cols]
+                    unexpected = [c for c in cols if c not in out_names]
+                    if missing or unexpected:
+                        raise ValueError(
+                            "Column names of the returned pandas.DataFrame do not match the "
+                            f"output schema. Missing: {', '.join(missing) or '-'}. "
+                            f"Unexpected: {', '.join(unexpected) or '-'}."
+                        )
+                return zip(*(out[name].tolist() for name in out_names))
         else:
 
-            def frames(rows: list[dict]) -> Iterable:
+            def frames(rows: list[dict], event_times: list[int]) -> Iterable:
                 if not rows:
                     return iter(())
                 if schema is not None:
                     rows = [schema.to_python(r).asDict() for r in rows]
                 return iter((rows,))
 
-            def records(out: Any) -> list:
-                return [out]
+            def records(out: Any) -> Iterable:
+                return (output._values(out),)
 
-        def call(key_json, rows, before, timed_out, watermark_ms, processing_ms):
-            key = keys.get(key_json)
-            if key is None:
-                key = keys[key_json] = tuple(json.loads(key_json))
+        loads = json.loads
+
+        def call(key_json, rows, event_times, before, timed_out, watermark_ms, processing_ms):
+            rows = [loads(r) for r in rows]
+            key = tuple(loads(key_json))
             value = pickle.loads(before) if before is not None else None
             state = GroupState(
                 value, processing_ms, watermark_ms, timeout_conf, timed_out, watermark_present
             )
             lines = []
-            result = func(key, frames(rows), state)
+            result = func(key, frames(rows, event_times), state)
             if result is not None:
                 for out in result:
-                    for record in records(out):
-                        lines.append(dumps(output.to_json(record)))
+                    for values in records(out):
+                        lines.append(dumps({n: t.to_json(v) for n, t, v in
+                                            zip(out_names, out_types, values)}))
             if state._removed:
                 action, after = 2, None
             elif state._updated:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def _row(fields: list[str] | None, values: tuple) -> "Row":
+def _row(fields: tuple[str, ...] | None, values: tuple) -> "Row":
     return Row._make(fields, values)
 
 
@@ -14,7 +14,7 @@ class Row(tuple):
     ``Row("v1", "home")`` (values only). ``row.page``, ``row["page"]``, ``row[1]`` and
     ``row.asDict()`` read it; it pickles with its field names."""
 
-    _fields: list[str] | None
+    _fields: tuple[str, ...] | None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Row":
         if args and kwargs:
@@ -24,9 +24,10 @@ class Row(tuple):
         return cls._make(None, args)
 
     @classmethod
-    def _make(cls, fields: list[str] | None, values: Any) -> "Row":
+    def _make(cls, fields: Any, values: Any) -> "Row":
         row = tuple.__new__(cls, values)
-        row._fields = list(fields) if fields is not None else None
+        # A tuple, shared by the rows of one schema (pickle then writes it once).
+        row._fields = fields if fields is None or isinstance(fields, tuple) else tuple(fields)
         return row
 
     def __getattr__(self, name: str) -> Any:

@@ -242,6 +242,12 @@ class StructType(DataType):
     def __repr__(self) -> str:
         return f"StructType([{', '.join(map(repr, self.fields))}])"
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StructType) and self.fields == other.fields
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.names))
+
     def __iter__(self):
         return iter(self.fields)
 
@@ -274,9 +280,10 @@ class StructType(DataType):
         if value is None:
             return None
         values = self._values(value)
-        return Row._make(
-            self.names, [f.dataType.to_python(v) for f, v in zip(self.fields, values)]
-        )
+        names = self.__dict__.get("_names")
+        if names is None:
+            names = self._names = tuple(self.names)
+        return Row._make(names, [f.dataType.to_python(v) for f, v in zip(self.fields, values)])
 
     def to_json(self, value: Any) -> Any:
         if value is None:

@@ -10,7 +10,7 @@ use sessionizer_checkpoint::WatermarkState;
 use sessionizer_core::{EventTime, Watermark};
 use sessionizer_window::WatermarkStrategy;
 use sessionizer_window::clock::Clock;
-use sessionizer_window::stateful::{GroupState, SnapshotError};
+use sessionizer_window::stateful::{BatchRules, GroupState, SnapshotError};
 
 /// What the Kafka driver needs of a job that is the operator of one partition's task
 /// (`crate::api::kafka::group`): the same job, stepped batch by batch, its outputs tagged
@@ -94,6 +94,18 @@ where
         self.store_error()
     }
 
+    /// The end of a bounded input: with Spark's rules a batch without events first
+    /// (Spark's no-data batch), then the watermark +∞.
+    pub(crate) fn finish_task(
+        &mut self,
+        out: &mut dyn FnMut(&[u8], R::Item),
+    ) -> Result<(), SinkError> {
+        if self.rules == BatchRules::Spark {
+            self.end_task_batch(out)?;
+        }
+        self.advance_task(Watermark::MAX, out)
+    }
+
     /// From now on the watermark follows [`observe_task_upstream`](Self::observe_task_upstream)
     /// alone (a task of a re-keyed topic).
     pub(crate) fn follow_task_upstream(&mut self) {
@@ -128,7 +140,8 @@ where
             watermark_ms: self.op.watermark().millis(),
             largest_gap_ms: 0,
             new_key_floor_ms: None,
-            late_watermark_ms: None,
+            late_watermark_ms: (self.rules == BatchRules::Spark)
+                .then(|| self.op.late_watermark().millis()),
         }
     }
 
@@ -139,6 +152,8 @@ where
     ) -> Result<(), SnapshotError> {
         let none = std::iter::empty::<(&[u8], &[u8])>();
         self.op.restore_state(Watermark(w.watermark_ms), 0, none)?;
+        let late = w.late_watermark_ms.unwrap_or(w.watermark_ms);
+        self.op.restore_late_watermark(Watermark(late));
         self.checkpointed = true;
         Ok(())
     }

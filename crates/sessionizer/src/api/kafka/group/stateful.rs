@@ -276,7 +276,7 @@ where
     }
 
     fn finish(&mut self) {
-        self.step(|job, out| job.advance_task(Watermark::MAX, out));
+        self.step(|job, out| job.finish_task(out));
     }
 
     fn follow_upstream(&mut self) {
