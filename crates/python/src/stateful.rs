@@ -65,7 +65,8 @@ pub struct KafkaOptions {
     commit_interval_ms: Option<u64>,
 }
 
-/// One input record: its key (the grouping fields' values as a JSON array), its event
+/// One input record: its key (the grouping field's text, or the grouping fields' values
+/// as a JSON array when there are several), its event
 /// time and its fields (those of the schema, when there is one) as compact JSON text —
 /// a micro-batch of them waits in memory until its calls, and Python reads each with
 /// `json.loads`.
@@ -124,7 +125,12 @@ impl<'de> Deserialize<'de> for Row {
                     })?,
                 },
             };
-            let key = serde_json::to_string(&key).map_err(D::Error::custom)?;
+            let key = match key.as_slice() {
+                // One field: its text, which is also how producers key a Kafka record.
+                [Value::String(s)] => s.clone(),
+                [v] => v.to_string(),
+                values => serde_json::to_string(values).map_err(D::Error::custom)?,
+            };
             if let Some(keep) = &shape.fields {
                 fields.retain(|name, _| keep.contains(name));
             }
@@ -337,7 +343,7 @@ fn call_python(
         Ok(outputs) => outputs,
         Err(e) => {
             let why = Python::attach(|py| {
-                let note = format!("in the call for key {key}");
+                let note = format!("in the call for key {key:?}");
                 let _ = e.value(py).call_method1("add_note", (note,));
                 traceback_text(py, &e)
             });

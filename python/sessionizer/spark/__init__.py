@@ -38,7 +38,7 @@ from typing import Any
 from sessionizer import _native
 from sessionizer.spark.row import Row
 from sessionizer.spark.state import GroupState, GroupStateTimeout
-from sessionizer.spark.types import TimestampType, _of
+from sessionizer.spark.types import StringType, TimestampType, _of
 
 __all__ = [
     "read_json",
@@ -393,10 +393,23 @@ class StatefulQuery:
                 return (output._values(out),)
 
         loads = json.loads
+        # The engine's key: one field's text, or several fields' values as a JSON array.
+        if len(self._keys) == 1:
+            key_type = schema.fields[schema.names.index(self._keys[0])].dataType \
+                if schema is not None and self._keys[0] in schema.names else None
+            if key_type is None or isinstance(key_type, (StringType, TimestampType)):
+                def key_of(text):
+                    return (text,)
+            else:
+                def key_of(text):
+                    return (key_type.to_python(loads(text)),)
+        else:
+            def key_of(text):
+                return tuple(loads(text))
 
         def call(key_json, rows, event_times, before, timed_out, watermark_ms, processing_ms):
             rows = [loads(r) for r in rows]
-            key = tuple(loads(key_json))
+            key = key_of(key_json)
             value = pickle.loads(before) if before is not None else None
             state = GroupState(
                 value, processing_ms, watermark_ms, timeout_conf, timed_out, watermark_present
