@@ -5,6 +5,7 @@ micro-batches; GroupState's rules by hand-written cases; the state's types acros
 
 import json
 import os
+from datetime import datetime
 import pickle
 import subprocess
 import sys
@@ -83,6 +84,16 @@ def test_the_books_function_gives_what_pyspark_gives_on_the_same_micro_batches(t
     assert len(theirs) > 100, "the comparison has sessions to compare"
     assert ours == theirs
     assert stats["late"] > 0, "late visits were dropped by both"
+    # Rows behind their batch's watermark but not behind the previous batch's: Spark's
+    # late rule keeps them, a rule by the batch's own watermark would not.
+    between, previous, current, largest = 0, 0, 0, None
+    for i in range(0, len(lines), batch):
+        times = [int(datetime.fromisoformat(json.loads(x)["event_time"].replace("Z", "+00:00"))
+                     .timestamp() * 1000) for x in lines[i:i + batch]]
+        between += sum(previous < t <= current for t in times)
+        largest = max([*times, largest or 0])
+        previous, current = current, max(current, largest - 60_000)
+    assert between > 0, "the data tells the two late rules apart"
     assert stats["batches"] == len(lines) // batch + 1, "the micro-batches, then the no-data batch"
 
 
@@ -170,7 +181,7 @@ def test_a_timeout_at_the_watermark_waits_until_the_watermark_passes_it(tmp_path
     spark.read_json(source, records_per_batch=1).withWatermark("t", "10 seconds") \
         .groupBy("k").applyWithState(f, OUT, STATE, "update", "EventTimeTimeout") \
         .run(tmp_path / "out.jsonl")
-    # Batch 3's watermark is 11000 = the timeout: not yet (Spark: timeout < watermark).
+    # Batch 4's watermark is 11000 = the timeout: not yet (Spark: timeout < watermark).
     assert fired == [("a", 12_000)]
 
 
@@ -253,7 +264,10 @@ spark_sessions.sessions(sys.argv[1], 100).run(sys.argv[2], state_dir=sys.argv[3]
 
 
 def test_a_job_with_a_state_dir_killed_at_random_instants_ends_with_the_uninterrupted_output(tmp_path):
-    lines = generate(tmp_path / "visits.jsonl", 15000, 5, "--out-of-order", "20s")
+    # Late visits, some of them behind a batch's watermark but not the previous batch's:
+    # a restart must judge them as the uninterrupted run does.
+    lines = generate(tmp_path / "visits.jsonl", 15000, 5, "--out-of-order", "20s",
+                     "--late-fraction", "0.05", "--late-by", "100s")
     script = tmp_path / "job.py"
     script.write_text(KILL_SCRIPT)
 
@@ -335,3 +349,29 @@ def test_an_exception_on_a_topic_ends_the_run_with_it_and_commits_nothing_of_its
     # the failing batch before k250.
     assert len(committed) in (0, 100, 200)
     assert committed == [f"k{i:03d}" for i in range(len(committed))]
+
+
+def test_the_calls_at_the_end_of_the_input_see_the_last_watermark_and_may_set_a_timeout(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(lines_of({"k": "a", "t": 100_000}, {"k": "b", "t": 200_000}))
+    seen = []
+
+    def f(key, rows, state):
+        if state.hasTimedOut:
+            seen.append((key[0], state.getCurrentWatermarkMs()))
+            # Re-armed, as a function that waits for more may do: nothing fires it.
+            state.setTimeoutTimestamp(state.getCurrentWatermarkMs() + 1)
+            yield {"key": key[0], "count": 1, "watermark": state.getCurrentWatermarkMs(),
+                   "timed_out": "yes"}
+            return
+        state.update((1, key[0]))
+        state.setTimeoutTimestamp(10**12)
+
+    query = spark.read_json(source, records_per_batch=1).withWatermark("t", "10 seconds") \
+        .groupBy("k").applyWithState(f, OUT, STATE, "update", "EventTimeTimeout")
+    for _ in range(2):  # again from the finished checkpoint: nothing more
+        stats = query.run(tmp_path / "out.jsonl", state_dir=tmp_path / "state")
+    # The no-data batch ran at 190000 (b's time less 10 s): what the last calls see.
+    assert seen == [("a", 190_000), ("b", 190_000)]
+    assert stats["outputs"] == 2
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == 2

@@ -1,7 +1,7 @@
 //! The engine side of `sessionizer.spark`: a stateful job over JSON lines whose function
 //! is Python code, called per key per micro-batch. The rules are the library's
 //! `flat_map_groups_with_state` with Spark's batch rules
-//! ([`BatchRules::Spark`]); the Python side (`python/sessionizer/spark.py`)
+//! ([`BatchRules::Spark`]); the Python side (`python/sessionizer/spark/`)
 //! gives the function PySpark's `GroupState`, frames and schemas, and hands back what the
 //! call did to the state (kept here as the pickled bytes Python made of it, so that a
 //! checkpoint, a restore and a kill -9 keep its types).
@@ -110,14 +110,14 @@ impl<'de> Deserialize<'de> for Row {
             for name in &shape.key {
                 match fields.get(name) {
                     Some(v) => key.push(v),
-                    None => return Err(D::Error::missing_field(leak(name))),
+                    None => return Err(D::Error::custom(format!("missing field `{name}`"))),
                 }
             }
             let time = match &shape.time {
                 // Without a watermark, time plays no part.
                 None => EventTime(0),
                 Some(name) => match fields.get(name) {
-                    None => return Err(D::Error::missing_field(leak(name))),
+                    None => return Err(D::Error::custom(format!("missing field `{name}`"))),
                     Some(v) => time_of(v).ok_or_else(|| {
                         D::Error::custom(format!(
                             "field {name} is not a time (an RFC 3339 text or epoch milliseconds): {v}"
@@ -140,12 +140,6 @@ impl<'de> Deserialize<'de> for Row {
             Ok(Row { key, time, json })
         }
     }
-}
-
-/// serde's `missing_field` takes a `&'static str`; a job has a handful of field names,
-/// leaked once per message (only for records that are refused).
-fn leak(name: &str) -> &'static str {
-    Box::leak(name.to_string().into_boxed_str())
 }
 
 /// An event time: epoch milliseconds (an integer) or an RFC 3339 text.
@@ -344,7 +338,11 @@ fn call_python(
         Err(e) => {
             let why = Python::attach(|py| {
                 let note = format!("in the call for key {key:?}");
-                let _ = e.value(py).call_method1("add_note", (note,));
+                let value = e.value(py);
+                if value.call_method1("add_note", (&note,)).is_err() {
+                    // Python 3.10 has no add_note: the notes the tracebacks of 3.11 print.
+                    let _ = value.setattr("__notes__", vec![note]);
+                }
                 traceback_text(py, &e)
             });
             *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -380,39 +378,21 @@ impl<E: std::fmt::Display> From<E> for Stop {
     }
 }
 
-/// Dead letters: counted by the source, written to a file when one is given.
-struct DeadLetters<'a>(Option<&'a mut JsonLinesSink>);
+/// Dead letters or late rows: counted where they are found, written to a file when one
+/// is given.
+struct OptionalFile<'a>(Option<&'a mut JsonLinesSink>);
 
-impl Sink<DeadLetter> for DeadLetters<'_> {
-    fn send(&mut self, letter: DeadLetter) -> Result<(), SinkError> {
+impl<T: Serialize> Sink<T> for OptionalFile<'_> {
+    fn send(&mut self, item: T) -> Result<(), SinkError> {
         match &mut self.0 {
-            Some(file) => file.send(letter),
+            Some(file) => file.send(item),
             None => Ok(()),
         }
     }
 
     fn flush(&mut self) -> Result<(), SinkError> {
         match &mut self.0 {
-            Some(file) => Sink::<DeadLetter>::flush(&mut **file),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Rows behind the watermark: counted, written to a file when one is given.
-struct LateRows<'a>(Option<&'a mut JsonLinesSink>);
-
-impl Sink<Late<Row>> for LateRows<'_> {
-    fn send(&mut self, late: Late<Row>) -> Result<(), SinkError> {
-        match &mut self.0 {
-            Some(file) => file.send(late),
-            None => Ok(()),
-        }
-    }
-
-    fn flush(&mut self) -> Result<(), SinkError> {
-        match &mut self.0 {
-            Some(file) => Sink::<Late<Row>>::flush(&mut **file),
+            Some(file) => Sink::<T>::flush(&mut **file),
             None => Ok(()),
         }
     }
@@ -422,9 +402,16 @@ impl Sink<Late<Row>> for LateRows<'_> {
 /// Kafka topic. `stop` ends the run cleanly (after the micro-batch under way,
 /// checkpointed or committed). Returns the run's statistics as JSON.
 pub fn run(call: Py<PyAny>, options: Options, stop: Arc<AtomicBool>) -> Result<String, Stop> {
-    let _running = RUNNING.try_lock().map_err(|_| {
-        Stop::Engine("another stateful job is running in this process; run one at a time".into())
-    })?;
+    let _running = match RUNNING.try_lock() {
+        Ok(guard) => guard,
+        // A run that panicked held it: nothing of it runs any more.
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => {
+            return Err(Stop::Engine(
+                "another stateful job is running in this process; run one at a time".into(),
+            ));
+        }
+    };
     *SHAPE.write().unwrap_or_else(|e| e.into_inner()) = Some(Shape {
         key: options.key.clone(),
         fields: options.fields.clone(),
@@ -538,12 +525,12 @@ fn run_files(call: &PythonCall, options: &Options, stop: Arc<AtomicBool>) -> Res
     if let Some(c) = checkpoints.as_mut() {
         report.resumed_from_checkpoint = job.restore_checkpoint(c)?.map(|r| r.epoch);
     }
-    let dead_letters = DeadLetters(dead.as_mut());
+    let dead_letters = OptionalFile(dead.as_mut());
     let mut source = match checkpoints.as_mut() {
         Some(c) => JsonLines::<Row, _>::resume(&options.inputs, c, dead_letters)?,
         None => JsonLines::<Row, _>::files(options.inputs.clone(), dead_letters)?,
     };
-    let mut late_rows = LateRows(late.as_mut());
+    let mut late_rows = OptionalFile(late.as_mut());
     // One micro-batch's outputs: written only once its every call has returned.
     let mut outs: Vec<Out> = Vec::new();
     let write = |outs: &mut Vec<Out>, output: &mut JsonLinesSink| -> Result<(), Stop> {
@@ -609,8 +596,8 @@ fn run_files(call: &PythonCall, options: &Options, stop: Arc<AtomicBool>) -> Res
 }
 
 /// A member of a consumer group: a job per partition of the topic, its state in
-/// changelog topics, its rows to the output topic keyed by the key of their call (a
-/// JSON array of the key's values), exactly once; micro-batches of `batch_size`
+/// changelog topics, its rows to the output topic keyed by the key of their call (the
+/// grouping field's text), exactly once; micro-batches of `batch_size`
 /// records of a partition (the library's `KafkaGroup::run_stateful`).
 #[cfg(feature = "kafka")]
 fn run_kafka(

@@ -115,7 +115,7 @@ class GroupState:
             )
         if durationMs <= 0:
             raise ValueError("Timeout duration must be positive")
-        self._timeout_timestamp = durationMs + self._batch_processing_time_ms
+        self._timeout_timestamp = int(durationMs) + self._batch_processing_time_ms
 
     def setTimeoutTimestamp(self, timestampMs: int | datetime.datetime) -> None:
         """Calls the key again once the watermark passes `timestampMs` (epoch

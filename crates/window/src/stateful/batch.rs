@@ -226,6 +226,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
                 watermark: self.watermark,
                 now: batch.now,
                 keep: false,
+                past_end: false,
             };
             self.call(id, group, call, CallSeed::Data(rank), f, emit, &mut report);
             report.data_calls += 1;
@@ -452,6 +453,15 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         for &(_, _, id) in &due {
             *left.entry(id).or_default() += 1;
         }
+        // Spark's watermark never reaches +∞: the calls at the end of a bounded input
+        // see the no-data batch's watermark, the one the last events led to, and what
+        // they set to fire later never does (a finished job restored and finished again
+        // calls nothing again).
+        let past_end = self.rules == BatchRules::Spark && w == Watermark::MAX;
+        let shown = match past_end {
+            true if self.late_watermark != Watermark::MAX => self.late_watermark,
+            _ => w,
+        };
         for &(what, deadline, id) in &due {
             let n = left.get_mut(&id).expect("counted");
             *n -= 1;
@@ -459,9 +469,10 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
             let call = |timed_out, fired| Call {
                 timed_out: Some(timed_out),
                 fired,
-                watermark: w,
+                watermark: shown,
                 now,
                 keep,
+                past_end,
             };
             match what {
                 Due::Timeout(kind) => {
@@ -558,7 +569,7 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         let (event_timeout, proc_timeout, written) =
             (handle.event_timeout, handle.proc_timeout, handle.written);
         ks.timers = handle.timers;
-        ks.event_timeout = event_timeout;
+        ks.event_timeout = event_timeout.filter(|_| !call.past_end);
         ks.proc_timeout = proc_timeout;
         ks.expires = match (ttl, &ks.state) {
             (Some(ttl), Some(_)) if written || ks.expires.is_none() => Some(call.now.plus(ttl)),
@@ -588,4 +599,6 @@ struct Call {
     now: ProcessingTime,
     /// More is due for the key in this round: keep it even if it has nothing left.
     keep: bool,
+    /// A call at +∞ on Spark's rules: an event-time timeout it sets is never due.
+    past_end: bool,
 }

@@ -132,7 +132,11 @@ pub enum BatchRules {
     /// watermark step — a timeout the batch's events make due fires in the next batch,
     /// or not at all if the key has events in it (its data call comes instead). A batch
     /// with no events is Spark's no-data micro-batch;
-    /// [`finish`](StatefulOperator::finish) runs one before moving the watermark to +∞.
+    /// [`finish`](StatefulOperator::finish) runs one before moving the watermark to +∞,
+    /// and the calls at +∞ see the no-data batch's watermark (Spark's never reaches
+    /// +∞; a timeout they set is never due). [`snapshot`](StatefulOperator::snapshot)
+    /// keeps the watermark only: an operator restored from one judges late events by
+    /// its own watermark until its next batch ends; the library's checkpoints keep both.
     Spark,
 }
 
