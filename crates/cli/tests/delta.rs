@@ -907,11 +907,31 @@ fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("visits.jsonl");
     generate(&data, 80_000, 43);
+    // The second process must join before the first has read everything: when the
+    // first was quicker (the join is a matter of timing), the table is checked all the
+    // same and the scenario runs again on new topics, up to three times.
+    for attempt in 1..=3 {
+        let run = tmp.path().join(format!("attempt-{attempt}"));
+        std::fs::create_dir(&run).expect("mkdir");
+        let (by_a, by_b) = joining_run(&data, &run);
+        if by_a > 0 && by_b > 0 {
+            return;
+        }
+        eprintln!("attempt {attempt}: the processes read {by_a} and {by_b}; again");
+    }
+    panic!("in three attempts the second process never took a partition over");
+}
+
+/// One run of [`a_process_joining_a_kafka_job_takes_its_partitions_writers_over`] in
+/// `dir`: two processes, the second started 1.5 s after the first; the table must hold
+/// every session once. Returns the records each read.
+#[cfg(feature = "kafka")]
+fn joining_run(data: &Path, dir: &Path) -> (u64, u64) {
     let topic = kafka::unique("delta-visits");
     kafka::create_topics(&[&topic], 4);
-    kafka::produce_lines(&topic, &data, "visit_id");
+    kafka::produce_lines(&topic, data, "visit_id");
     let group = kafka::unique("delta-group");
-    let table = tmp.path().join("table");
+    let table = dir.join("table");
     let spawn = |stats: &Path| {
         let (dead, late) = (
             stats.with_extension("dead.jsonl"),
@@ -933,7 +953,7 @@ fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
             .spawn()
             .expect("spawn")
     };
-    let (stats_a, stats_b) = (tmp.path().join("a.json"), tmp.path().join("b.json"));
+    let (stats_a, stats_b) = (dir.join("a.json"), dir.join("b.json"));
     let a = spawn(&stats_a);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let b = spawn(&stats_b);
@@ -948,14 +968,10 @@ fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
             serde_json::from_str(&std::fs::read_to_string(path).expect("stats")).expect("JSON");
         stats["records_read"].as_u64().expect("records_read")
     };
-    let (by_a, by_b) = (read(&stats_a), read(&stats_b));
-    assert!(
-        by_a > 0 && by_b > 0,
-        "both processes read: {by_a} and {by_b}"
-    );
-    let want = json_final_per_partition(tmp.path(), &topic);
+    let want = json_final_per_partition(dir, &topic);
     assert_eq!(table_rows(&table), want);
     assert_files_consistent(&table);
+    (read(&stats_a), read(&stats_b))
 }
 
 /// Generated visits without invalid lines: every line is a row of a table.
