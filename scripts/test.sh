@@ -85,7 +85,8 @@ venv=${SESSIONIZER_TEST_VENV:-$HOME/.cache/sessionizer-python-venv}
   "pyspark==4.3.0" deltalake
 # Every feature, as the cargo tests built the crates (their builds are reused): the
 # Python tests use Kafka, RocksDB and Delta too.
-MATURIN_PEP517_ARGS="--profile dev --features kafka,parquet,delta,rocksdb" "$venv/bin/python" -m pip install -q \
-  --no-build-isolation --force-reinstall --no-deps .
+# (maturin's build hook runs `maturin` by name: the environment's bin on PATH.)
+PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --features kafka,parquet,delta,rocksdb" \
+  "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps .
 SESSIONIZER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/sessionizer" \
   "$venv/bin/python" -m pytest -q tests/python
