@@ -59,7 +59,6 @@ pub struct KafkaOptions {
     dead_letter_topic: Option<String>,
     late_topic: Option<String>,
     instance_id: Option<String>,
-    state_dir: Option<PathBuf>,
     stop_at_end: bool,
     idle_timeout_ms: Option<i64>,
     commit_interval_ms: Option<u64>,
@@ -264,89 +263,80 @@ struct PythonCall {
 }
 
 impl PythonCall {
+    /// One call of the Python side.
     fn call(&self, key: &str, rows: Vec<Row>, state: &mut GroupState<'_, Pickled>) -> Vec<Out> {
-        call_python(&self.call, key, rows, state, &self.failure)
-    }
-}
-
-/// One call of the Python side.
-fn call_python(
-    call: &Py<PyAny>,
-    key: &str,
-    rows: Vec<Row>,
-    state: &mut GroupState<'_, Pickled>,
-    failure: &Failure,
-) -> Vec<Out> {
-    if failed(failure) {
-        return Vec::new();
-    }
-    let watermark = watermark_ms(state.current_watermark());
-    let now = state.current_processing_time().0;
-    let result = Python::attach(|py| -> PyResult<Vec<Out>> {
-        let times = PyList::new(py, rows.iter().map(|r| r.time.0))?;
-        let rows = PyList::new(py, rows.iter().map(|r| PyString::new(py, r.json.get())))?;
-        let before = state.get().map(|p| PyBytes::new(py, &p.0));
-        let args = (
-            PyString::new(py, key),
-            rows,
-            times,
-            before,
-            state.has_timed_out(),
-            watermark,
-            now,
-        );
-        let back = call.call1(py, args)?;
-        let back = back.bind(py).cast::<PyTuple>()?;
-        let outputs: Vec<String> = back.get_item(0)?.extract()?;
-        let action: u8 = back.get_item(1)?.extract()?;
-        let timeout: Option<(String, i64)> = back.get_item(3)?.extract()?;
-        match action {
-            0 => {}
-            1 => {
-                let after = back.get_item(2)?;
-                let after = after.cast::<PyBytes>()?;
-                state.update(Pickled(after.as_bytes().to_vec()));
-            }
-            _ => {
-                state.remove();
-            }
+        let (call, failure) = (&self.call, &self.failure);
+        if failed(failure) {
+            return Vec::new();
         }
-        match timeout {
-            // Spark fires a timeout once the watermark (or the clock) has passed it; the
-            // engine once it reaches it: one millisecond later is the same instant.
-            Some((kind, at)) if kind == "event" => {
-                state.set_timeout_timestamp(EventTime(at.saturating_add(1)))
-            }
-            Some((_, duration)) => {
-                state.set_timeout_duration(DurationMs(duration.saturating_add(1)))
-            }
-            None => {}
-        }
-        outputs
-            .into_iter()
-            .map(|line| {
-                RawValue::from_string(line).map(Out::Row).map_err(|e| {
-                    pyo3::exceptions::PyValueError::new_err(format!(
-                        "an output row is not JSON: {e}"
-                    ))
-                })
-            })
-            .collect()
-    });
-    match result {
-        Ok(outputs) => outputs,
-        Err(e) => {
-            let why = Python::attach(|py| {
-                let note = format!("in the call for key {key:?}");
-                let value = e.value(py);
-                if value.call_method1("add_note", (&note,)).is_err() {
-                    // Python 3.10 has no add_note: the notes the tracebacks of 3.11 print.
-                    let _ = value.setattr("__notes__", vec![note]);
+        let watermark = watermark_ms(state.current_watermark());
+        let now = state.current_processing_time().0;
+        let result = Python::attach(|py| -> PyResult<Vec<Out>> {
+            let times = PyList::new(py, rows.iter().map(|r| r.time.0))?;
+            let rows = PyList::new(py, rows.iter().map(|r| PyString::new(py, r.json.get())))?;
+            let before = state.get().map(|p| PyBytes::new(py, &p.0));
+            let args = (
+                PyString::new(py, key),
+                rows,
+                times,
+                before,
+                state.has_timed_out(),
+                watermark,
+                now,
+            );
+            let back = call.call1(py, args)?;
+            let back = back.bind(py).cast::<PyTuple>()?;
+            let outputs: Vec<String> = back.get_item(0)?.extract()?;
+            let action: u8 = back.get_item(1)?.extract()?;
+            let timeout: Option<(String, i64)> = back.get_item(3)?.extract()?;
+            match action {
+                0 => {}
+                1 => {
+                    let after = back.get_item(2)?;
+                    let after = after.cast::<PyBytes>()?;
+                    state.update(Pickled(after.as_bytes().to_vec()));
                 }
-                traceback_text(py, &e)
-            });
-            *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-            vec![Out::Failed(why)]
+                _ => {
+                    state.remove();
+                }
+            }
+            match timeout {
+                // Spark fires a timeout once the watermark (or the clock) has passed it; the
+                // engine once it reaches it: one millisecond later is the same instant.
+                Some((kind, at)) if kind == "event" => {
+                    state.set_timeout_timestamp(EventTime(at.saturating_add(1)))
+                }
+                Some((_, duration)) => {
+                    state.set_timeout_duration(DurationMs(duration.saturating_add(1)))
+                }
+                None => {}
+            }
+            outputs
+                .into_iter()
+                .map(|line| {
+                    RawValue::from_string(line).map(Out::Row).map_err(|e| {
+                        pyo3::exceptions::PyValueError::new_err(format!(
+                            "an output row is not JSON: {e}"
+                        ))
+                    })
+                })
+                .collect()
+        });
+        match result {
+            Ok(outputs) => outputs,
+            Err(e) => {
+                let why = Python::attach(|py| {
+                    let note = format!("in the call for key {key:?}");
+                    let value = e.value(py);
+                    if value.call_method1("add_note", (&note,)).is_err() {
+                        // Python 3.10 has no add_note: the notes the tracebacks of 3.11 print.
+                        let _ = value.setattr("__notes__", vec![note]);
+                    }
+                    traceback_text(py, &e)
+                });
+                *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                vec![Out::Failed(why)]
+            }
         }
     }
 }
@@ -632,9 +622,6 @@ fn run_kafka(
     }
     if let Some(id) = &kafka.instance_id {
         group = group.instance_id(id);
-    }
-    if let Some(dir) = &kafka.state_dir {
-        group = group.state_dir(dir);
     }
     if let Some(ms) = kafka.idle_timeout_ms {
         group = group.idle_timeout(DurationMs(ms));

@@ -305,7 +305,6 @@ class StatefulQuery:
                 "dead_letter_topic": dead_letter_topic,
                 "late_topic": late_topic,
                 "instance_id": instance_id,
-                "state_dir": None,
                 "stop_at_end": bool(stop_at_end),
                 "idle_timeout_ms": _interval_ms(idle_timeout) if idle_timeout else None,
                 "commit_interval_ms": _interval_ms(commit_interval) if commit_interval else None,
@@ -333,7 +332,6 @@ class StatefulQuery:
         times = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)] if schema else []
         time_field = self._stream._watermark[0] if self._stream._watermark else None
         out_names = output.names
-        out_types = [f.dataType for f in output.fields]
         dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
         if self._pandas:
@@ -418,9 +416,8 @@ class StatefulQuery:
             result = func(key, frames(rows, event_times), state)
             if result is not None:
                 for out in result:
-                    for values in records(out):
-                        lines.append(dumps({n: t.to_json(v) for n, t, v in
-                                            zip(out_names, out_types, values)}))
+                    for record in records(out):
+                        lines.append(dumps(output.to_json(record)))
             if state._removed:
                 action, after = 2, None
             elif state._updated:

@@ -458,9 +458,10 @@ impl<E, S, W: WatermarkStrategy, C: Clock> StatefulOperator<E, S, W, C> {
         // they set to fire later never does (a finished job restored and finished again
         // calls nothing again).
         let past_end = self.rules == BatchRules::Spark && w == Watermark::MAX;
-        let shown = match past_end {
-            true if self.late_watermark != Watermark::MAX => self.late_watermark,
-            _ => w,
+        let shown = if past_end && self.late_watermark != Watermark::MAX {
+            self.late_watermark
+        } else {
+            w
         };
         for &(what, deadline, id) in &due {
             let n = left.get_mut(&id).expect("counted");

@@ -191,8 +191,7 @@ where
                 watermark_ms: self.op.watermark().millis(),
                 largest_gap_ms: 0,
                 new_key_floor_ms: None,
-                late_watermark_ms: (self.rules == BatchRules::Spark)
-                    .then(|| self.op.late_watermark().millis()),
+                late_watermark_ms: self.late_watermark_record(),
             },
             counters: Counters {
                 records_read: c.events,
@@ -240,8 +239,7 @@ where
             let watermark = Watermark(manifest.watermark.watermark_ms);
             let none = std::iter::empty::<(&[u8], &[u8])>;
             self.op.restore_state(watermark, 0, none())?;
-            let late = manifest.watermark.late_watermark_ms.map(Watermark);
-            self.op.restore_late_watermark(late.unwrap_or(watermark));
+            self.restore_late_watermark(&manifest.watermark);
             for w in &mut self.workers {
                 w.op.restore_state(watermark, 0, none())?;
             }
@@ -294,6 +292,19 @@ where
             keys: manifest.keys,
             keys_linked: 0,
         }))
+    }
+
+    /// The watermark late events are judged by, as a checkpoint or a task's progress
+    /// record keeps it: only on Spark's rules, where it is the previous batch's.
+    pub(super) fn late_watermark_record(&self) -> Option<i64> {
+        (self.rules == BatchRules::Spark).then(|| self.op.late_watermark().millis())
+    }
+
+    /// Puts back the late watermark of a checkpoint or progress record (its watermark
+    /// when it kept none), after the watermark.
+    pub(super) fn restore_late_watermark(&mut self, w: &WatermarkState) {
+        let late = w.late_watermark_ms.unwrap_or(w.watermark_ms);
+        self.op.restore_late_watermark(Watermark(late));
     }
 
     /// The options a checkpoint of this job records (a restore with others is refused).

@@ -140,8 +140,7 @@ where
             watermark_ms: self.op.watermark().millis(),
             largest_gap_ms: 0,
             new_key_floor_ms: None,
-            late_watermark_ms: (self.rules == BatchRules::Spark)
-                .then(|| self.op.late_watermark().millis()),
+            late_watermark_ms: self.late_watermark_record(),
         }
     }
 
@@ -152,8 +151,7 @@ where
     ) -> Result<(), SnapshotError> {
         let none = std::iter::empty::<(&[u8], &[u8])>();
         self.op.restore_state(Watermark(w.watermark_ms), 0, none)?;
-        let late = w.late_watermark_ms.unwrap_or(w.watermark_ms);
-        self.op.restore_late_watermark(Watermark(late));
+        self.restore_late_watermark(w);
         self.checkpointed = true;
         Ok(())
     }
