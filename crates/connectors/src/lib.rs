@@ -6,8 +6,10 @@
 //! * [`encode`] — the output records (sessions, retractions, dead letters, late events;
 //!   docs/semantics.md S-16, S-9, S-14, S-6) written as JSON lines into batch buffers.
 //! * [`output`] — where those bytes go: a file or stdout.
-//! * [`sink`] — what an exactly-once output offers the runtime's committer: two
-//!   phases per checkpoint (prepare, commit), and the mark a checkpoint records.
+//! * [`sink`] — the outputs: the [`RecordWriter`] that buffers encoded records, the
+//!   [`Storage`](sink::Storage) trait every kind of output implements (JSON lines here,
+//!   Parquet and Delta below: recover, write, prepare an epoch, commit it), and what an
+//!   exactly-once output offers the runtime's committer (the mark a checkpoint records).
 //! * `parquet` (cargo feature `parquet`) — session records as typed Parquet files in a
 //!   directory, rolled per checkpoint and committed in two phases.
 //! * `delta` (cargo feature `delta`) — session records appended to a Delta Lake table
@@ -27,6 +29,7 @@ pub mod parquet;
 pub mod secrets;
 pub mod sink;
 
-pub use encode::{RecordWriter, SessionEncoder};
+pub use encode::SessionEncoder;
 pub use input::{Batch, InputSource, Inputs, LineSpan};
 pub use output::OutputTarget;
+pub use sink::RecordWriter;

@@ -6,8 +6,8 @@
 use crate::stats::RunStats;
 use sessionizer_checkpoint::CheckpointError;
 use sessionizer_checkpoint::state::LiveError;
-use sessionizer_connectors::encode::OutputError;
 use sessionizer_connectors::input::InputError;
+use sessionizer_connectors::sink::OutputError;
 use sessionizer_window::spill::{EncodeError, SpillError, StateDecodeError};
 use sessionizer_window::stateful::SnapshotError;
 use std::path::PathBuf;

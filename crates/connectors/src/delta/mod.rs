@@ -50,12 +50,14 @@
 
 mod source;
 mod stats;
+mod storage;
 mod store;
 mod table;
 #[cfg(test)]
 mod tests;
 
 pub use source::{DataFile, DeltaRows, TableHistory, table_history};
+pub use storage::DeltaStorage;
 pub use table::{DeltaOutput, Recovered, app_id, committed_version, recorded_location};
 
 pub use sessionizer_checkpoint::{DeltaEpoch, DeltaFileRef};

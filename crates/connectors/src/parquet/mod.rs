@@ -76,6 +76,7 @@
 
 mod files;
 mod schema;
+mod storage;
 #[cfg(test)]
 mod tests;
 
@@ -83,6 +84,7 @@ mod tests;
 pub use arrow_schema;
 pub use files::{ParquetFiles, ParquetOptions, Recovered, Staged, StagedFile};
 pub use schema::{AGGREGATE_METADATA, EMIT_METADATA, RecordError, SessionSchema};
+pub use storage::ParquetStorage;
 
 use std::path::PathBuf;
 

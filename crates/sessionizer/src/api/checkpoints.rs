@@ -51,7 +51,7 @@ use sessionizer_checkpoint::{
     StateEntries,
 };
 use sessionizer_connectors::OutputTarget;
-use sessionizer_connectors::encode::RecordWriter;
+use sessionizer_connectors::RecordWriter;
 use sessionizer_connectors::sink::{EpochSink, FileSink};
 use sessionizer_window::spill::BaseImage;
 use std::path::{Path, PathBuf};
@@ -418,28 +418,28 @@ impl Checkpoints {
                 "the file {name} is already an exactly-once output of these checkpoints"
             )));
         }
-        let committed = match &self.found {
-            None => 0,
-            Some((m, _)) => match m.outputs.iter().find(|o| o.path == name) {
-                Some(o) => o.committed_bytes,
-                None => {
-                    let listed: Vec<&str> = m.outputs.iter().map(|o| o.path.as_str()).collect();
-                    return Err(StateError::Output(format!(
-                        "checkpoint {} in {} did not commit the file {name}, so it cannot be continued exactly once (the checkpoint's files: {}); open the files of the job's first run, or use another state directory",
-                        m.epoch,
-                        self.path.display(),
-                        if listed.is_empty() {
-                            "none".to_string()
-                        } else {
-                            listed.join(", ")
-                        }
-                    )));
-                }
-            },
-        };
         let mut writer = RecordWriter::new(OutputTarget::File(path));
+        let marks = self.found_marks();
+        let mark = writer.find(FILE_ROLE, &marks).cloned();
+        if let Some((m, _)) = &self.found
+            && mark.is_none()
+        {
+            let listed: Vec<&str> = m.outputs.iter().map(|o| o.path.as_str()).collect();
+            return Err(StateError::Output(format!(
+                "checkpoint {} in {} did not commit the file {name}, so it cannot be continued exactly once (the checkpoint's files: {}); open the files of the job's first run, or use another state directory",
+                m.epoch,
+                self.path.display(),
+                if listed.is_empty() {
+                    "none".to_string()
+                } else {
+                    listed.join(", ")
+                }
+            )));
+        }
         writer
-            .open_at(committed)
+            .recover(self.next_epoch(), mark.as_ref(), &mut || {
+                unreachable!("a file names no job")
+            })
             .map_err(|e| StateError::Output(e.to_string()))?;
         let shared = SharedWriter::new(writer);
         self.files.push((name, shared.clone()));
@@ -472,12 +472,11 @@ impl Checkpoints {
                 "the Delta table {location} is already an exactly-once output of these checkpoints"
             )));
         }
-        let committed = self
-            .found
-            .as_ref()
-            .and_then(|(m, _)| m.delta.iter().find(|d| d.table == recorded));
+        let mut writer = RecordWriter::delta(OutputTarget::File(location.into()), schema, None);
+        let marks = self.found_marks();
+        let mark = writer.find(TABLE_ROLE, &marks).cloned();
         if let Some((m, _)) = &self.found
-            && committed.is_none()
+            && mark.is_none()
         {
             return Err(StateError::Output(format!(
                 "checkpoint {} in {} did not write into the Delta table {location}, so it cannot be continued exactly once; open the tables of the job's first run, or use another state directory",
@@ -485,19 +484,30 @@ impl Checkpoints {
                 self.path.display(),
             )));
         }
-        let job =
-            crate::runtime::instance::persisted_instance(&self.path).map_err(StateError::output)?;
-        let epoch = self
-            .committer
-            .next_epoch()
-            .unwrap_or_else(|| self.found_epoch.map_or(1, |e| e + 1));
-        let mut writer = RecordWriter::delta(OutputTarget::File(location.into()), schema, None);
+        let dir = self.path.clone();
+        let mut job =
+            || crate::runtime::instance::persisted_instance(&dir).map_err(std::io::Error::other);
         writer
-            .open_delta(epoch, &job, committed)
+            .recover(self.next_epoch(), mark.as_ref(), &mut job)
             .map_err(|e| StateError::Output(e.to_string()))?;
         let shared = SharedWriter::new(writer);
         self.tables.push((recorded, shared.clone()));
         Ok(shared)
+    }
+
+    /// The output marks of the checkpoint found (none without one).
+    fn found_marks(&self) -> Vec<sessionizer_connectors::sink::SinkMark> {
+        self.found
+            .as_ref()
+            .map(|(m, _)| sessionizer_connectors::sink::marks_of(m))
+            .unwrap_or_default()
+    }
+
+    /// The epoch of the next checkpoint: the one an output joining now writes.
+    fn next_epoch(&self) -> u64 {
+        self.committer
+            .next_epoch()
+            .unwrap_or_else(|| self.found_epoch.map_or(1, |e| e + 1))
     }
 
     /// Puts back a checkpoint whose restore failed (nothing of it was applied) and

@@ -4,7 +4,7 @@
 //! handles sit below both sides, so that neither imports the other.
 
 use sessionizer_checkpoint::{InputPosition, KafkaPosition, KafkaSource, LoadedState, Manifest};
-use sessionizer_connectors::encode::RecordWriter;
+use sessionizer_connectors::RecordWriter;
 use sessionizer_connectors::input::{Batch, ReadPosition};
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -8,7 +8,7 @@ use crate::api::checkpoints::{Checkpoints, StateError};
 use crate::api::joined::SharedWriter;
 pub use crate::error::SinkError;
 use serde::Serialize;
-use sessionizer_connectors::encode::RecordWriter;
+use sessionizer_connectors::RecordWriter;
 use std::path::PathBuf;
 use std::sync::mpsc;
 

@@ -28,8 +28,8 @@ use crate::runtime::kafka_sink::{Outcome, TopicSink};
 use crate::stats::{CheckpointStats, RunStats};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::{
-    CheckpointWriter, Counters, InputPosition, LoadedState, Manifest, OutputCommit, Recovered,
-    StateDir, StateEntries, WatermarkState,
+    CheckpointWriter, Counters, InputPosition, LoadedState, Manifest, Recovered, StateDir,
+    StateEntries, WatermarkState,
 };
 use sessionizer_connectors::input::ReadPosition;
 use sessionizer_connectors::sink::EpochSink;
@@ -70,9 +70,6 @@ pub(crate) struct Start {
     pub position: ReadPosition,
     /// The input sequence number of the first line read.
     pub next_seq: u64,
-    /// The committed length of each output to continue (by role and path); outputs not
-    /// listed are created afresh.
-    pub outputs: Vec<OutputCommit>,
     /// The checkpoint to restore, if any, with its verified state.
     pub restore: Option<(Manifest, LoadedState)>,
 }
@@ -151,7 +148,6 @@ impl Durable {
             None => Start {
                 position: ReadPosition::default(),
                 next_seq: 0,
-                outputs: Vec::new(),
                 restore: None,
             },
             Some(found) => plan_resume(
@@ -542,9 +538,9 @@ fn plan_resume(
             });
         }
     };
-    let (position, outputs) = if new_segment {
+    let position = if new_segment {
         // New inputs, same outputs continued: an output named as before is appended to.
-        (ReadPosition::default(), manifest.outputs.clone())
+        ReadPosition::default()
     } else {
         let targets = output_paths(pipeline);
         for commit in &manifest.outputs {
@@ -565,12 +561,11 @@ fn plan_resume(
             now.offset = then.offset;
             now.line = then.line;
         }
-        (resume_position(&manifest.inputs), manifest.outputs.clone())
+        resume_position(&manifest.inputs)
     };
     Ok(Start {
         position,
         next_seq: manifest.next_seq,
-        outputs,
         restore: Some((manifest, state)),
     })
 }

@@ -17,7 +17,6 @@ pub(crate) mod backend;
 pub(crate) mod commit;
 pub(crate) mod durable;
 mod idle;
-#[cfg(any(feature = "kafka", feature = "delta"))]
 pub(crate) mod instance;
 #[cfg(feature = "kafka")]
 pub(crate) mod kafka;

@@ -8,7 +8,7 @@ use crate::runtime::{backend, durable, state};
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
 use sessionizer_checkpoint::CheckpointError;
 use sessionizer_checkpoint::state::LiveError;
-use sessionizer_connectors::sink::{EpochSink, FileSink};
+use sessionizer_connectors::sink::{EndOfRun, EpochSink, FileSink};
 use std::time::Instant;
 
 impl<'c> Job<'c> {
@@ -125,20 +125,13 @@ impl<'c> Job<'c> {
         telemetry: &Telemetry,
         stopped: bool,
     ) -> Result<(), RunError> {
-        #[cfg(feature = "parquet")]
-        self.sessions.end_staged()?;
-        #[cfg(feature = "delta")]
-        if self.sessions.is_delta() && stopped {
-            self.sessions.abort_delta()?;
-            telemetry.warn(&format!(
-                "stopped before the end of the input: without --state-dir none of the run's sessions are committed to the Delta table {} (run the whole input again)",
-                self.sessions.target().display_name()
-            ));
-        } else {
-            self.sessions.end_delta()?;
+        for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
+            if let EndOfRun::Dropped { output } = w.end(!stopped)? {
+                telemetry.warn(&format!(
+                    "stopped before the end of the input: without --state-dir none of the run's sessions are committed to {output} (run the whole input again)"
+                ));
+            }
         }
-        #[cfg(not(feature = "delta"))]
-        let _ = stopped;
         if self.topics.is_some() {
             self.commit_topics(telemetry)?;
         }
@@ -178,10 +171,11 @@ impl<'c> Job<'c> {
         let Some(durable) = &mut self.durable else {
             return Ok(());
         };
-        #[cfg(feature = "delta")]
         if finished {
-            // The run's last checkpoint commits to a Delta table whatever its interval.
-            self.sessions.finish_delta();
+            // The run's last checkpoint commits whatever an output's commit interval.
+            for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
+                w.closing();
+            }
         }
         let mut files: Vec<FileSink<'_>> = [&mut self.sessions, &mut self.dead, &mut self.late]
             .into_iter()

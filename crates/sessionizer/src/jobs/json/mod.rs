@@ -43,9 +43,7 @@ use parse::Parsed;
 use read_ahead::{Next, ReadAhead, finished_inputs};
 use sessionizer_connectors::encode::SourceName;
 use sessionizer_connectors::input::ReadPosition;
-#[cfg(feature = "parquet")]
-use sessionizer_connectors::sink::staged_of;
-use sessionizer_connectors::{InputSource, Inputs, OutputTarget, RecordWriter, SessionEncoder};
+use sessionizer_connectors::{InputSource, Inputs, RecordWriter, SessionEncoder};
 use sessionizer_core::Watermark;
 use sessionizer_core::decode::Decoder;
 use shard::Shard;
@@ -183,7 +181,7 @@ pub(super) fn session_schema(
         .collect();
     // Two aggregates with one name, or one named like a fixed column.
     sessionizer_connectors::parquet::SessionSchema::new(&aggregates, cfg.emit).map_err(|e| {
-        RunError::Output(sessionizer_connectors::encode::OutputError {
+        RunError::Output(sessionizer_connectors::sink::OutputError {
             name: cfg.output.display_name(),
             source: std::io::Error::other(e),
         })
@@ -400,74 +398,46 @@ impl<'c> Job<'c> {
                 Start {
                     position: ReadPosition::default(),
                     next_seq: 0,
-                    outputs: Vec::new(),
                     restore: None,
                 }
             }
         };
-        // Files are created up front so that every output reflects this run, even if
-        // empty; those a checkpoint committed are cut back to their committed length.
+        // Every output is opened up front (so that each reflects this run, even if
+        // empty) and brought back to the checkpoint resumed from: a file is cut back to
+        // its committed length, a prepared epoch is rolled forward or dropped.
+        let marks = start
+            .restore
+            .as_ref()
+            .map(|(m, _)| sessionizer_connectors::sink::marks_of(m))
+            .unwrap_or_default();
+        let epoch = self.durable.as_ref().map_or(1, Durable::next_epoch);
+        // The job's instance names its transactions in an output that keeps them (a
+        // Delta table); a run without checkpoints is a job of its own, which commits
+        // once, at its end (a killed run adds nothing).
+        let state_dir = checkpoint.map(|c| c.state_dir.clone());
+        let mut job = || match &state_dir {
+            Some(dir) => {
+                crate::runtime::instance::persisted_instance(dir).map_err(std::io::Error::other)
+            }
+            None => Ok(crate::runtime::instance::random_instance()),
+        };
         for (w, role) in [&mut self.sessions, &mut self.dead, &mut self.late]
             .into_iter()
             .zip(durable::ROLES)
         {
-            if w.is_delta() {
-                // A Delta table: its log is brought back to the checkpoint.
-                #[cfg(feature = "delta")]
-                {
-                    // Without checkpoints the run is a job of its own, which commits
-                    // once, at its end (a killed run adds nothing).
-                    let job = match checkpoint {
-                        Some(c) => crate::runtime::instance::persisted_instance(&c.state_dir)?,
-                        None => crate::runtime::instance::random_instance(),
-                    };
-                    let committed = start
-                        .restore
-                        .as_ref()
-                        .and_then(|(m, _)| m.delta.iter().find(|d| d.role == role));
-                    let epoch = self.durable.as_ref().map_or(1, Durable::next_epoch);
-                    let found = w.open_delta(epoch, &job, committed)?;
-                    if found.created {
-                        tracing::info!(table = %w.target().display_name(), "Delta table created");
-                    }
-                    if let Some(e) = found.rolled_forward {
-                        telemetry.warn(&format!(
-                            "the Delta table {} had not committed checkpoint {e} (the run before stopped in between): committed now",
-                            w.target().display_name()
-                        ));
-                    }
-                    if !found.deleted.is_empty() {
-                        tracing::info!(output = %w.target().display_name(), removed = found.deleted.len(), "Delta data files of no checkpoint removed");
-                    }
-                }
-                continue;
+            let mark = w.find(role, &marks).cloned();
+            let found = w.recover(epoch, mark.as_ref(), &mut job)?;
+            let name = w.target().display_name();
+            if found.created {
+                tracing::info!(output = %name, "created");
             }
-            if w.is_staged() {
-                // Parquet files: the directory is brought back to the checkpoint.
-                #[cfg(feature = "parquet")]
-                {
-                    let committed = start
-                        .restore
-                        .as_ref()
-                        .and_then(|(m, _)| m.staged.iter().find(|s| s.role == role).map(staged_of));
-                    let epoch = self.durable.as_ref().map_or(1, Durable::next_epoch);
-                    let gone = w.open_staged(epoch, committed.as_ref())?;
-                    if !gone.is_empty() {
-                        tracing::info!(output = %w.target().display_name(), removed = gone.len(), "Parquet files of no checkpoint removed");
-                    }
-                }
-                continue;
+            if let Some(e) = found.rolled_forward {
+                telemetry.warn(&format!(
+                    "{name} had not committed checkpoint {e} (the run before stopped in between): committed now"
+                ));
             }
-            if let OutputTarget::File(p) = w.target() {
-                let path = p.display().to_string();
-                match start
-                    .outputs
-                    .iter()
-                    .find(|c| c.role == role && c.path == path)
-                {
-                    Some(c) => w.open_at(c.committed_bytes)?,
-                    None => w.open()?,
-                }
+            if !found.removed.is_empty() {
+                tracing::info!(output = %name, removed = found.removed.len(), "files of no checkpoint removed");
             }
         }
         let mut first_step = start.next_seq;

@@ -32,7 +32,7 @@ pub(crate) mod txn;
 
 use crate::error::CommitError;
 use sessionizer_checkpoint::{CheckpointWriter, Committed, EncodedState, Manifest, StateEntries};
-use sessionizer_connectors::encode::PendingSync;
+use sessionizer_connectors::sink::PendingSync;
 use sessionizer_connectors::sink::{EpochSink, SinkError, SinkMark};
 use sessionizer_window::spill::BaseImage;
 use std::thread::JoinHandle;

@@ -24,6 +24,7 @@ use super::op::TaskFactory;
 use super::task::Task;
 use crate::error::RunError;
 use sessionizer_connectors::RecordWriter;
+use sessionizer_connectors::sink::{Prepared, SinkMark};
 
 /// How the job's tasks make their writers of the table.
 #[derive(Clone)]
@@ -59,7 +60,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         let topic = &self.topics[task.tp.topic as usize];
         let name = writer_name(group, topic, task.tp.partition);
         let mut writer = (settings.make)();
-        let found = writer.open_delta(next_epoch(&task.delta), &name, task.delta.as_ref())?;
+        let last = task.delta.clone().map(SinkMark::Delta);
+        let found = writer.recover(next_epoch(&task.delta), last.as_ref(), &mut || {
+            Ok(name.clone())
+        })?;
         if let Some(epoch) = found.rolled_forward {
             tracing::info!(
                 task = %task.names[0].name,
@@ -67,10 +71,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                 "the table had not committed the task's last epoch; committed it now"
             );
         }
-        if !found.deleted.is_empty() {
+        if !found.removed.is_empty() {
             tracing::info!(
                 task = %task.names[0].name,
-                files = found.deleted.len(),
+                files = found.removed.len(),
                 "deleted the task's data files that no table commit names"
             );
         }
@@ -88,10 +92,18 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             };
             if task.flushed {
                 // The task's last epoch: committed to the table whatever the interval.
-                writer.finish_delta();
+                writer.closing();
             }
-            let mut mark = writer.prepare_delta(next_epoch(&task.delta))?;
-            mark.role = "sessions".to_string();
+            let prepared = writer.prepare(next_epoch(&task.delta), "sessions")?;
+            let Some(Prepared {
+                mark: SinkMark::Delta(mark),
+                ..
+            }) = prepared
+            else {
+                return Err(RunError::Internal(
+                    "a task's table writer prepared no table epoch",
+                ));
+            };
             task.delta = Some(mark);
             task.table_prepared = true;
         }
@@ -103,7 +115,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     pub(super) fn commit_tables(&mut self) -> Result<(), RunError> {
         for task in self.tasks.values_mut().filter(|t| t.table_prepared) {
             if let Some(writer) = task.table.as_mut() {
-                writer.commit_delta()?;
+                writer.commit()?;
             }
             task.table_prepared = false;
         }
