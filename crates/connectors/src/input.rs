@@ -48,7 +48,14 @@ pub struct InputError {
     pub source: io::Error,
 }
 
-/// Where one line of a [`Batch`] sits.
+/// Where one record of a [`Batch`] sits in the batch, and where it was read.
+///
+/// `input` and `at` are the record's position, as data: the input it came from (an
+/// index into the reader's names: the files in the order given, or the Kafka
+/// partitions a task reads) and its place there — a file's 1-based line number, or a
+/// partition's offset. How a position is shown is the input's own
+/// ([`SourceName::pos`](crate::encode::SourceName::pos): `file:line`,
+/// `topic/partition@offset`); nothing else reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LineSpan {
     /// Start of the line's byte range in [`Batch::data`], without the line terminator (`\n` or `\r\n`).
@@ -57,8 +64,8 @@ pub struct LineSpan {
     pub end: u32,
     /// Index of the input in the order given.
     pub input: u32,
-    /// 1-based line number within that input.
-    pub line_no: u64,
+    /// The record's place in its input: a line number (from 1), or an offset.
+    pub at: u64,
 }
 
 /// How far the inputs have been consumed: everything before `offset` in input `input`
@@ -156,9 +163,9 @@ impl Batch {
             .map(|k| self.oversized[k].len)
     }
 
-    /// Appends one record (a Kafka message's value) as a line: whole, or only its first
-    /// bytes when it is longer than `max_record`.
-    pub fn push_record(&mut self, value: &[u8], input: u32, line_no: u64, max_record: usize) {
+    /// Appends one record (a Kafka message's value) read at position (`input`, `at`)
+    /// as a line: whole, or only its first bytes when it is longer than `max_record`.
+    pub fn push_record(&mut self, value: &[u8], input: u32, at: u64, max_record: usize) {
         let start = self.data.len();
         if value.len() > max_record {
             self.oversized.push(Oversized {
@@ -173,7 +180,7 @@ impl Batch {
             start: u32::try_from(start).expect("batch under 4 GiB"),
             end: u32::try_from(self.data.len()).expect("batch under 4 GiB"),
             input,
-            line_no,
+            at,
         });
     }
 
@@ -601,7 +608,7 @@ fn push_oversized(
         start: u32::try_from(start).expect("batch under 4 GiB"),
         end: u32::try_from(start + head).expect("batch under 4 GiB"),
         input,
-        line_no,
+        at: line_no,
     });
 }
 
@@ -616,7 +623,7 @@ fn push_line(batch: &mut Batch, start: usize, stop: usize, input: u32, line_no: 
         start: u32::try_from(start).expect("batch under 4 GiB"),
         end: u32::try_from(end).expect("batch under 4 GiB"),
         input,
-        line_no,
+        at: line_no,
     });
 }
 
@@ -667,11 +674,11 @@ mod tests {
         assert_eq!(b.data.len(), b.lines[1].end as usize);
         assert_eq!(rest.lines.len(), 3);
         assert_eq!(rest.line(0), b"ccc");
-        assert_eq!(rest.lines[0].line_no, 12);
+        assert_eq!(rest.lines[0].at, 12);
         assert_eq!(rest.oversized_len(0), None);
         assert_eq!(rest.oversized_len(1), Some(long.len() as u64));
         assert_eq!(rest.line(2), b"e");
-        assert_eq!(rest.lines[2].line_no, 14);
+        assert_eq!(rest.lines[2].at, 14);
         // Split at the end: nothing moves.
         let mut whole = rest;
         assert!(whole.split_off(3).lines.is_empty());
@@ -685,7 +692,7 @@ mod tests {
             for (i, l) in batch.lines.iter().enumerate() {
                 out.push((
                     l.input,
-                    l.line_no,
+                    l.at,
                     String::from_utf8_lossy(batch.line(i)).into_owned(),
                 ));
             }
@@ -866,7 +873,7 @@ mod tests {
                 largest_buffer = largest_buffer.max(batch.data.len());
                 for i in 0..batch.lines.len() {
                     let head = String::from_utf8(batch.line(i).to_vec()).expect("cut at a char");
-                    lines.push((batch.lines[i].line_no, head, batch.oversized_len(i)));
+                    lines.push((batch.lines[i].at, head, batch.oversized_len(i)));
                 }
             }
             assert!(

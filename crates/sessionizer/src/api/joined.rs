@@ -96,7 +96,7 @@ impl Tracked {
         } else {
             0
         };
-        self.lines[line.input as usize] = line.line_no;
+        self.lines[line.input as usize] = line.at;
         self.at = match batch.lines.get(i + 1) {
             // The next line follows this one and its terminator.
             Some(next) if next.input == line.input => ReadPosition {
@@ -107,7 +107,7 @@ impl Tracked {
                     + batch
                         .oversized_len(i)
                         .map_or(u64::from(next.start - line.start), |len| len + 1),
-                line_no: line.line_no,
+                line_no: line.at,
             },
             // The batch's last line of the input it ends in.
             _ if line.input == batch.end.input => batch.end,

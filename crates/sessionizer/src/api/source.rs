@@ -310,8 +310,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
                 Err(reason) => {
                     self.counts.invalid += 1;
                     let span = self.batch.lines[i];
-                    let source =
-                        format!("{}:{}", self.inputs.name(span.input as usize), span.line_no);
+                    let source = format!("{}:{}", self.inputs.name(span.input as usize), span.at);
                     let letter = DeadLetter::of(reason.to_string(), source, line);
                     if let Err(e) = self.dead.send(letter) {
                         self.error = Some(e.into());

@@ -393,7 +393,7 @@ impl Outputs {
     /// A record that does not decode as an event.
     fn undecodable(&mut self, batch: &Batch, names: &[SourceName], i: usize, reason: &str) {
         let span = batch.lines[i];
-        let pos = names[span.input as usize].pos(span.line_no);
+        let pos = names[span.input as usize].pos(span.at);
         encode_dead_letter(&mut self.dead, reason, pos, batch.line(i));
         self.dead_lines.push(i);
     }
@@ -413,7 +413,7 @@ impl Outputs {
             self.undecodable(batch, names, i, &reason);
         } else {
             let span = batch.lines[i];
-            let pos = names[span.input as usize].pos(span.line_no);
+            let pos = names[span.input as usize].pos(span.at);
             let from = self.late.len();
             encode_late(
                 &mut self.late,

@@ -146,7 +146,7 @@ pub(crate) fn parse_range(
                     }
                     OnInvalid::DeadLetter => {
                         let span = batch.lines[i];
-                        let pos = names[span.input as usize].pos(span.line_no);
+                        let pos = names[span.input as usize].pos(span.at);
                         encode_dead_letter(&mut out.dead, &text(), pos, bytes);
                     }
                 }

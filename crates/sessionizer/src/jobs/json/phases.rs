@@ -100,9 +100,7 @@ impl<'c> Job<'c> {
             if let Some((line, reason)) = &part.first_invalid {
                 let span = batch.lines[*line as usize];
                 return Err(RunError::InvalidRecord {
-                    position: self.names[span.input as usize]
-                        .pos(span.line_no)
-                        .to_string(),
+                    position: self.names[span.input as usize].pos(span.at).to_string(),
                     reason: reason.clone(),
                 });
             }

@@ -122,7 +122,7 @@ pub(super) fn finished_inputs(batch: &Batch, out: &mut Vec<(u32, u64)>) {
     }
     for l in batch.lines.iter().rev() {
         if l.input != last.input && out.last().is_none_or(|&(i, _)| i != l.input) {
-            out.push((l.input, l.line_no));
+            out.push((l.input, l.at));
         }
     }
 }

@@ -117,7 +117,7 @@ impl Walker for Range<'_> {
             Verdict::Late(reason) => {
                 shard.late_count += 1;
                 let span = batch.lines[rec.line as usize];
-                let pos = self.names[span.input as usize].pos(span.line_no);
+                let pos = self.names[span.input as usize].pos(span.at);
                 let from = shard.late.len();
                 let line = batch.line(rec.line as usize);
                 encode_late(

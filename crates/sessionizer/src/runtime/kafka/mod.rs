@@ -693,7 +693,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             if let Some((line, reason)) = &task.first_invalid {
                 let span = task.batch.lines[*line as usize];
                 return Err(RunError::InvalidRecord {
-                    position: task.names[0].pos(span.line_no).to_string(),
+                    position: task.names[0].pos(span.at).to_string(),
                     reason: reason.clone(),
                 });
             }
@@ -707,7 +707,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 let (murmur2, crc32) = placement.expected(key.as_bytes());
                 return Err(RunError::NotKeyed {
                     topic: self.topics[id.topic as usize].clone(),
-                    position: task.names[0].pos(span.line_no).to_string(),
+                    position: task.names[0].pos(span.at).to_string(),
                     key: key.clone(),
                     partition,
                     partitions,

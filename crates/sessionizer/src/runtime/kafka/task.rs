@@ -352,7 +352,7 @@ pub(super) fn stage<O>(
 ) -> usize {
     let value = value.unwrap_or_default();
     // A re-keyed record is named by where it was read first.
-    let (input, line_no) = origin
+    let (input, at) = origin
         .and_then(|o| std::str::from_utf8(o).ok())
         .and_then(|o| o.rsplit_once('@'))
         .and_then(|(name, at)| Some((name, at.parse::<u64>().ok()?)))
@@ -369,7 +369,7 @@ pub(super) fn stage<O>(
             Some((i as u32, at))
         })
         .unwrap_or((0, offset as u64));
-    task.batch.push_record(value, input, line_no, max_record);
+    task.batch.push_record(value, input, at, max_record);
     task.offsets.push(offset);
     task.last_offset = offset;
     task.staged_at = Instant::now();
