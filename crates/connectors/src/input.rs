@@ -652,6 +652,33 @@ fn open(p: &Path) -> io::Result<File> {
     Ok(f)
 }
 
+/// Files in order, or stdin: blocks of whole lines of about `limit.bytes`; a read
+/// waits for its lines (stdin: as they arrive) or the end.
+impl crate::source::Source for Inputs {
+    fn read(
+        &mut self,
+        batch: &mut Batch,
+        limit: crate::source::Limit,
+    ) -> Result<crate::source::Read, crate::source::ReadError> {
+        Ok(match self.next_batch(batch, limit.bytes)? {
+            true => crate::source::Read::Records,
+            false => crate::source::Read::End,
+        })
+    }
+
+    fn pos(&self, input: u32, at: u64) -> crate::encode::SourcePos<'_> {
+        crate::encode::SourcePos {
+            name: &self.names[input as usize],
+            at,
+            style: crate::encode::PositionStyle::Line,
+        }
+    }
+
+    fn set_max_record(&mut self, bytes: usize) {
+        Inputs::set_max_record(self, bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

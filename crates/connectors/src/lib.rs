@@ -5,6 +5,8 @@
 //!   into lines with their file and line number, in large buffered reads.
 //! * [`encode`] — the output records (sessions, retractions, dead letters, late events;
 //!   docs/semantics.md S-16, S-9, S-14, S-6) written as JSON lines into batch buffers.
+//! * [`source`] — what every input offers a reader: batches of whole records with
+//!   their positions (the [`Source`](source::Source) trait: files and stdin, Kafka).
 //! * [`output`] — where those bytes go: a file or stdout.
 //! * [`sink`] — the outputs: the [`RecordWriter`] that buffers encoded records, the
 //!   [`Storage`](sink::Storage) trait every kind of output implements (JSON lines here,
@@ -28,6 +30,7 @@ pub mod output;
 pub mod parquet;
 pub mod secrets;
 pub mod sink;
+pub mod source;
 
 pub use encode::SessionEncoder;
 pub use input::{Batch, InputSource, Inputs, LineSpan};

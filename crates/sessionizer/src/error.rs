@@ -621,6 +621,17 @@ impl StateError {
     }
 }
 
+impl From<sessionizer_connectors::source::ReadError> for SourceError {
+    fn from(e: sessionizer_connectors::source::ReadError) -> SourceError {
+        use sessionizer_connectors::source::ReadError;
+        match e {
+            ReadError::Input(e) => SourceError::Input(e),
+            #[cfg(feature = "kafka")]
+            ReadError::Kafka(e) => SourceError::Kafka(e),
+        }
+    }
+}
+
 /// Why a source stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {

@@ -22,6 +22,7 @@ pub mod consumer;
 pub mod partitioner;
 pub mod producer;
 pub mod progress;
+pub mod records;
 pub mod security;
 
 use rdkafka::ClientConfig;

@@ -10,13 +10,30 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 /// The one source of a job's checkpoints: it moves its position as it hands out
 /// records, and every checkpoint records where it stands.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum JoinedSource {
     /// A [`JsonLines::resume`](crate::api::source::JsonLines::resume) source.
     Files(SharedPosition),
     /// A [`KafkaJson`](crate::api::kafka::KafkaJson) source.
     #[cfg(feature = "kafka")]
     Kafka(SharedOffsets),
+}
+
+impl JoinedSource {
+    /// Record `i` of `batch` was handed out (as an event, a dead letter or a blank
+    /// line): the position the next checkpoint records moves just past it.
+    pub(crate) fn consumed(&self, batch: &Batch, i: usize) {
+        match self {
+            JoinedSource::Files(files) => files.lock().consumed(batch, i),
+            #[cfg(feature = "kafka")]
+            JoinedSource::Kafka(offsets) => {
+                let span = batch.lines[i];
+                if let Some(slot) = offsets.lock().next.get_mut(span.input as usize) {
+                    *slot = i64::try_from(span.at).ok().map(|o| o + 1);
+                }
+            }
+        }
+    }
 }
 
 /// What a library job's Kafka source reads and how far it has read each partition, as a

@@ -14,10 +14,12 @@ use sessionizer_checkpoint::InputPosition;
 use sessionizer_connectors::input::{
     Batch, DEFAULT_MAX_RECORD, Inputs, MAX_RECORD_LIMIT, ReadPosition,
 };
+use sessionizer_connectors::source::{Limit, Read, Source};
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Where [`JsonLines`] reads: a file or stdin (also in the prelude).
 pub use sessionizer_connectors::InputSource;
@@ -90,26 +92,18 @@ pub struct SourceCounts {
 /// assert!(dead[0].source.ends_with("visits.jsonl:3"));
 /// ```
 pub struct JsonLines<E, D> {
-    inputs: Inputs,
-    batch: Batch,
-    next_line: usize,
-    dead: D,
+    reader: Reader<Inputs, D>,
     error: Option<SourceError>,
-    counts: SourceCounts,
-    /// Where reading stands, shared with the checkpoints that record it (a source
-    /// opened with [`resume`](JsonLines::resume)).
-    tracked: Option<SharedPosition>,
     /// How much input one read brings in ([`BATCH_BYTES`]; less in tests).
     batch_bytes: usize,
-    max_record: usize,
     _events: PhantomData<fn() -> E>,
 }
 
 impl<E, D> fmt::Debug for JsonLines<E, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JsonLines")
-            .field("inputs", &self.inputs)
-            .field("counts", &self.counts)
+            .field("inputs", &self.reader.source)
+            .field("counts", &self.reader.counts)
             .finish()
     }
 }
@@ -141,15 +135,9 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         let inputs = Inputs::new(sources);
         inputs.check_readable()?;
         Ok(JsonLines {
-            inputs,
-            batch: Batch::default(),
-            next_line: 0,
-            dead: dead_letters,
+            reader: Reader::new(inputs, dead_letters, None),
             error: None,
-            counts: SourceCounts::default(),
-            tracked: None,
             batch_bytes: BATCH_BYTES,
-            max_record: DEFAULT_MAX_RECORD,
             _events: PhantomData,
         })
     }
@@ -234,17 +222,12 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
             (crate::runtime::durable::resume_position(saved), lines)
         };
         let position = SharedPosition(Arc::new(Mutex::new(Tracked { files, lines, at })));
-        checkpoints.join_source(JoinedSource::Files(position.clone()));
+        let joined = JoinedSource::Files(position);
+        checkpoints.join_source(joined.clone());
         Ok(JsonLines {
-            inputs: Inputs::starting_at(sources, at),
-            batch: Batch::default(),
-            next_line: 0,
-            dead: dead_letters,
+            reader: Reader::new(Inputs::starting_at(sources, at), dead_letters, Some(joined)),
             error: None,
-            counts: SourceCounts::default(),
-            tracked: Some(position),
             batch_bytes: BATCH_BYTES,
-            max_record: DEFAULT_MAX_RECORD,
             _events: PhantomData,
         })
     }
@@ -253,14 +236,13 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
     /// line is a dead letter with its length and first bytes, skipped as it is read
     /// and never held whole.
     pub fn max_record_size(mut self, bytes: usize) -> Self {
-        self.max_record = bytes.clamp(1, MAX_RECORD_LIMIT);
-        self.inputs.set_max_record(self.max_record);
+        self.reader.set_max_record(bytes);
         self
     }
 
     /// What was read so far.
     pub fn counts(&self) -> SourceCounts {
-        self.counts
+        self.reader.counts
     }
 
     /// Flushes the dead-letter sink; returns the counts, or the error that ended the
@@ -269,8 +251,8 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> JsonLines<E, D> {
         if let Some(e) = self.error.take() {
             return Err(e);
         }
-        self.dead.flush()?;
-        Ok(self.counts)
+        self.reader.dead.flush()?;
+        Ok(self.reader.counts)
     }
 }
 
@@ -281,44 +263,120 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> Iterator for JsonLines<E, D> {
         if self.error.is_some() {
             return None;
         }
+        let limit = Limit {
+            bytes: self.batch_bytes,
+            records: usize::MAX,
+            wait: Duration::MAX,
+        };
         loop {
-            if self.next_line >= self.batch.lines.len() {
-                match self.inputs.next_batch(&mut self.batch, self.batch_bytes) {
-                    Ok(true) => self.next_line = 0,
-                    Ok(false) => return None,
-                    Err(e) => {
-                        self.error = Some(e.into());
-                        return None;
-                    }
+            match self.reader.next_event() {
+                Ok(Some(event)) => return Some(event),
+                Ok(None) => {}
+                Err(e) => {
+                    self.error = Some(e);
+                    return None;
                 }
-                continue;
             }
-            let i = self.next_line;
-            self.next_line += 1;
-            if let Some(t) = &self.tracked {
-                t.lock().consumed(&self.batch, i);
+            match self.reader.read(limit) {
+                Ok(Read::End) => return None,
+                Ok(_) => {}
+                Err(e) => {
+                    self.error = Some(e);
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Records of a [`Source`] into events of the user's serde type, for every library
+/// source: blank records skipped and counted, records that do not decode sent to the
+/// dead-letter sink `D` with their reason and position, and the position of the
+/// records handed out moved for the checkpoints the source joined.
+pub(crate) struct Reader<S, D> {
+    pub(crate) source: S,
+    batch: Batch,
+    /// The next record of `batch` to hand out.
+    next: usize,
+    pub(crate) dead: D,
+    pub(crate) counts: SourceCounts,
+    /// Where reading stands, shared with the checkpoints that record it.
+    joined: Option<JoinedSource>,
+    max_record: usize,
+}
+
+impl<S: Source, D: Sink<DeadLetter>> Reader<S, D> {
+    pub(crate) fn new(source: S, dead: D, joined: Option<JoinedSource>) -> Self {
+        Reader {
+            source,
+            batch: Batch::default(),
+            next: 0,
+            dead,
+            counts: SourceCounts::default(),
+            joined,
+            max_record: DEFAULT_MAX_RECORD,
+        }
+    }
+
+    /// The largest record (clamped to what a batch takes): a longer one is a dead letter
+    /// with its length and first bytes.
+    pub(crate) fn set_max_record(&mut self, bytes: usize) {
+        self.max_record = bytes.clamp(1, MAX_RECORD_LIMIT);
+        self.source.set_max_record(self.max_record);
+    }
+
+    /// Reads the next records, once every record read before was handed out.
+    pub(crate) fn read(&mut self, limit: Limit) -> Result<Read, SourceError> {
+        debug_assert!(
+            self.next >= self.batch.lines.len(),
+            "records not handed out"
+        );
+        self.next = 0;
+        match self.source.read(&mut self.batch, limit) {
+            Ok(read) => Ok(read),
+            Err(e) => {
+                // Nothing of a failed read is handed out.
+                self.batch.clear();
+                Err(e.into())
+            }
+        }
+    }
+
+    /// How many records the last read brought.
+    #[cfg(feature = "kafka")]
+    pub(crate) fn records_read(&self) -> usize {
+        self.batch.lines.len()
+    }
+
+    /// The next event of the records read (`None`: every one was handed out).
+    pub(crate) fn next_event<E: DeserializeOwned>(&mut self) -> Result<Option<E>, SourceError> {
+        while self.next < self.batch.lines.len() {
+            let i = self.next;
+            self.next += 1;
+            if let Some(joined) = &self.joined {
+                joined.consumed(&self.batch, i);
             }
             let line = self.batch.line(i);
             let oversized = self.batch.oversized_len(i);
             if oversized.is_none() && line.trim_ascii().is_empty() {
+                // A blank line, or a Kafka record without a value (a tombstone) or
+                // with only whitespace: skipped and counted, not a record.
                 self.counts.blank_lines += 1;
                 continue;
             }
             self.counts.records += 1;
             match crate::api::records::decode::<E>(line, oversized, self.max_record) {
-                Ok(event) => return Some(event),
+                Ok(event) => return Ok(Some(event)),
                 Err(reason) => {
                     self.counts.invalid += 1;
                     let span = self.batch.lines[i];
-                    let source = format!("{}:{}", self.inputs.name(span.input as usize), span.at);
-                    let letter = DeadLetter::of(reason.to_string(), source, line);
-                    if let Err(e) = self.dead.send(letter) {
-                        self.error = Some(e.into());
-                        return None;
-                    }
+                    let source = self.source.pos(span.input, span.at).to_string();
+                    self.dead
+                        .send(DeadLetter::of(reason.to_string(), source, line))?;
                 }
             }
         }
+        Ok(None)
     }
 }
 
@@ -361,11 +419,24 @@ mod tests {
             })
     }
 
+    /// Where a resumed source stands, as the next checkpoint records it.
+    fn positions(source: &JsonLines<Id, Vec<DeadLetter>>) -> Vec<InputPosition> {
+        match &source.reader.joined {
+            Some(JoinedSource::Files(files)) => files.positions(),
+            other => panic!("not a resumed file source: {other:?}"),
+        }
+    }
+
     /// Everything a source hands out from here on: events and dead letters' positions.
     fn drain(mut source: JsonLines<Id, Vec<DeadLetter>>) -> (Vec<Id>, Vec<String>) {
         let events: Vec<Id> = source.by_ref().collect();
         assert!(source.error.is_none(), "{:?}", source.error);
-        let dead = source.dead.iter().map(|d| d.source.clone()).collect();
+        let dead = source
+            .reader
+            .dead
+            .iter()
+            .map(|d| d.source.clone())
+            .collect();
         (events, dead)
     }
 
@@ -397,8 +468,8 @@ mod tests {
             let mut source =
                 JsonLines::<Id, _>::resume(&paths, &mut checkpoints, Vec::new()).expect("open");
             let got: Vec<Id> = source.by_ref().take(997).collect();
-            assert!(source.error.is_none() && source.dead.is_empty());
-            checkpoints.inputs = source.tracked.as_ref().expect("tracked").positions();
+            assert!(source.error.is_none() && source.reader.dead.is_empty());
+            checkpoints.inputs = positions(&source);
             let done = got.len() < 997;
             seen.extend(got);
             if done {
@@ -457,8 +528,8 @@ mod tests {
             loop {
                 let got: Vec<Id> = source.by_ref().take(stop_every).collect();
                 prop_assert!(source.error.is_none());
-                checkpoints.inputs = source.tracked.as_ref().expect("tracked").positions();
-                seen_dead.extend(source.dead.drain(..).map(|d| d.source));
+                checkpoints.inputs = positions(&source);
+                seen_dead.extend(source.reader.dead.drain(..).map(|d| d.source));
                 let done = got.len() < stop_every;
                 seen.extend(got);
                 if done {

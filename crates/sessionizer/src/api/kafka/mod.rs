@@ -56,14 +56,16 @@
 use crate::api::checkpoints::{Checkpoints, SharedTopicSink, StateError};
 use crate::api::joined::{JoinedSource, Offsets, SharedOffsets};
 use crate::api::sink::{Sink, SinkError};
-use crate::api::source::{DeadLetter, SourceCounts, SourceError};
+use crate::api::source::{DeadLetter, Reader, SourceCounts, SourceError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sessionizer_checkpoint::KafkaSource;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::admin::Admin;
-use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled, StartAt};
+use sessionizer_connectors::kafka::consumer::{GroupConsumer, StartAt};
 use sessionizer_connectors::kafka::producer::{KeyField, LineProducer};
+use sessionizer_connectors::kafka::records::TopicRecords;
+use sessionizer_connectors::source::{Limit, Read};
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
@@ -103,7 +105,8 @@ pub use sessionizer_connectors::kafka::KafkaSettings;
 /// document); a record that is not a valid `E` goes to the dead-letter sink `D` with
 /// the reason and its `topic/partition@offset`, and is counted.
 pub struct KafkaJson<E, D> {
-    consumer: GroupConsumer,
+    /// The topic's records, decoded; positions shared with the checkpoints.
+    reader: Reader<TopicRecords, D>,
     topic: String,
     /// The next offset to hand out, per partition, shared with the checkpoints that
     /// record it.
@@ -117,9 +120,6 @@ pub struct KafkaJson<E, D> {
     outage: Option<(Instant, Instant, String)>,
     /// How long polls wait for a cluster that does not answer before they fail.
     outage_limit: Duration,
-    dead: D,
-    counts: SourceCounts,
-    max_record: usize,
     _events: PhantomData<fn() -> E>,
 }
 
@@ -128,7 +128,7 @@ impl<E, D> fmt::Debug for KafkaJson<E, D> {
         f.debug_struct("KafkaJson")
             .field("topic", &self.topic)
             .field("next", &self.next.lock().next)
-            .field("counts", &self.counts)
+            .field("counts", &self.reader.counts)
             .finish()
     }
 }
@@ -265,17 +265,16 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
             },
             next,
         })));
-        checkpoints.join_source(JoinedSource::Kafka(next.clone()));
+        let joined = JoinedSource::Kafka(next.clone());
+        checkpoints.join_source(joined.clone());
+        let records = TopicRecords::new(consumer, topic, partitions);
         Ok(KafkaJson {
-            consumer,
+            reader: Reader::new(records, dead_letters, Some(joined)),
             topic: topic.to_string(),
             next,
             failed: None,
             outage: None,
             outage_limit: Duration::from_secs(300),
-            dead: dead_letters,
-            counts: SourceCounts::default(),
-            max_record: sessionizer_connectors::input::DEFAULT_MAX_RECORD,
             _events: PhantomData,
         })
     }
@@ -283,7 +282,7 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
     /// The largest record in bytes (default 16 MiB, as `--max-record-size`): a longer
     /// message is a dead letter with its length and first bytes.
     pub fn max_record_size(mut self, bytes: usize) -> Self {
-        self.max_record = bytes.clamp(1, sessionizer_connectors::input::MAX_RECORD_LIMIT);
+        self.reader.set_max_record(bytes);
         self
     }
 
@@ -336,7 +335,12 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         };
         if probed.elapsed() >= Duration::from_secs(1) {
             *probed = Instant::now();
-            if self.consumer.answers(Duration::from_secs(2)) {
+            if self
+                .reader
+                .source
+                .consumer()
+                .answers(Duration::from_secs(2))
+            {
                 tracing::info!(
                     target: crate::telemetry::OUTAGE_TARGET,
                     topic = %self.topic,
@@ -364,67 +368,35 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
         max: usize,
         events: &mut Vec<E>,
     ) -> Result<usize, SourceError> {
-        let mut read = 0;
-        let mut wait = timeout;
-        // Moved with every record handed out (an event, or a dead letter sent), so
-        // that a checkpoint after this call records just where it stopped.
-        let next = self.next.clone();
-        let mut next = next.lock();
-        while read < max {
-            let record = match self.consumer.poll(wait) {
-                Ok(Polled::Record(r)) => r,
-                Ok(Polled::End) => continue,
-                Ok(Polled::Nothing) => break,
-                // The cluster does not answer: nothing was handed out past what was
-                // read, and the consumer reconnects by itself (see `outage_limit`).
-                Err(e) if e.is_transient() => {
-                    if self.outage.is_none() {
-                        tracing::warn!(
-                            target: crate::telemetry::OUTAGE_TARGET,
-                            topic = %self.topic,
-                            cause = %e,
-                            "the Kafka cluster does not answer; waiting for it"
-                        );
-                        let now = Instant::now();
-                        self.outage = Some((now, now, e.to_string()));
-                    } else if let Some((_, _, cause)) = &mut self.outage {
-                        *cause = e.to_string();
-                    }
-                    break;
+        let limit = Limit {
+            bytes: usize::MAX,
+            records: max,
+            wait: timeout,
+        };
+        let read = match self.reader.read(limit) {
+            Ok(Read::Records) => self.reader.records_read(),
+            Ok(Read::Quiet | Read::End) => 0,
+            // The cluster does not answer: nothing was handed out past what was
+            // read, and the consumer reconnects by itself (see `outage_limit`).
+            Err(SourceError::Kafka(e)) if e.is_transient() => {
+                if self.outage.is_none() {
+                    tracing::warn!(
+                        target: crate::telemetry::OUTAGE_TARGET,
+                        topic = %self.topic,
+                        cause = %e,
+                        "the Kafka cluster does not answer; waiting for it"
+                    );
+                    let now = Instant::now();
+                    self.outage = Some((now, now, e.to_string()));
+                } else if let Some((_, _, cause)) = &mut self.outage {
+                    *cause = e.to_string();
                 }
-                Err(e) => return Err(e.into()),
-            };
-            wait = Duration::ZERO;
-            read += 1;
-            let (partition, offset) = (record.from.partition, record.offset());
-            let bytes = record.value().unwrap_or_default();
-            let oversized = (bytes.len() > self.max_record).then_some(bytes.len() as u64);
-            if oversized.is_none() && bytes.iter().all(u8::is_ascii_whitespace) {
-                // A tombstone or an empty value: a blank line to the command line's
-                // Kafka input too — skipped and counted, not a record.
-                self.counts.blank_lines += 1;
-            } else {
-                self.counts.records += 1;
-                match crate::api::records::decode::<E>(bytes, oversized, self.max_record) {
-                    Ok(event) => events.push(event),
-                    Err(reason) => {
-                        self.counts.invalid += 1;
-                        let source = format!("{}/{partition}@{offset}", self.topic);
-                        let raw = match oversized {
-                            Some(_) => sessionizer_connectors::input::record_head(bytes),
-                            None => bytes,
-                        };
-                        self.dead
-                            .send(DeadLetter::of(reason.to_string(), source, raw))?;
-                    }
-                }
+                0
             }
-            if let Some(slot) = usize::try_from(partition)
-                .ok()
-                .and_then(|p| next.next.get_mut(p))
-            {
-                *slot = Some(offset + 1);
-            }
+            Err(e) => return Err(e),
+        };
+        while let Some(event) = self.reader.next_event()? {
+            events.push(event);
         }
         Ok(read)
     }
@@ -438,13 +410,13 @@ impl<E: DeserializeOwned, D: Sink<DeadLetter>> KafkaJson<E, D> {
 
     /// Records read so far, and how many of them were dead letters.
     pub fn counts(&self) -> SourceCounts {
-        self.counts
+        self.reader.counts
     }
 
     /// Flushes the dead-letter sink and returns the counts.
     pub fn finish(mut self) -> Result<SourceCounts, SourceError> {
-        self.dead.flush()?;
-        Ok(self.counts)
+        self.reader.dead.flush()?;
+        Ok(self.reader.counts)
     }
 }
 
