@@ -13,7 +13,7 @@
 //! A run reads the versions committed when it opened the table ([`DeltaRows::open`]);
 //! the next run reads those committed since.
 
-use super::DeltaError;
+use super::error::DeltaError;
 use super::store::Location;
 use deltalake::arrow::json::writer::{LineDelimited, Writer, WriterBuilder};
 use deltalake::logstore::object_store::ObjectStoreExt as _;

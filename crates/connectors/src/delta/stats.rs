@@ -9,7 +9,7 @@
 //! greatest to a prefix with its last character raised): still bounds of every value,
 //! as Delta statistics may be. Float bounds leave NaN out, as Parquet's do.
 
-use super::DeltaError;
+use super::error::DeltaError;
 use parquet::basic::{LogicalType, TimeUnit};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::statistics::Statistics;

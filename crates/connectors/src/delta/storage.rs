@@ -1,12 +1,12 @@
 //! A Delta table as an output's [`Storage`]: an epoch's data files are prepared with
 //! the checkpoint and committed to the table's log after it, in one commit carrying
 //! the job's transaction `(app id, epoch)`; recovery commits a recorded epoch the
-//! table lacks and deletes the job's files no commit names (see [`super::DeltaOutput`]).
+//! table lacks and deletes the job's files no commit names (see [`DeltaOutput`]).
 
-use super::DeltaOutput;
+use super::table::{DeltaOutput, recorded_location};
 use crate::output::OutputTarget;
 use crate::parquet::SessionSchema;
-use crate::sink::{EndOfRun, OutputError, Prepared, Recovered, SinkMark, Storage};
+use crate::sink::{EndOfRun, OutputError, Prepared, RecordWriter, Recovered, SinkMark, Storage};
 use std::io;
 use std::time::Duration;
 
@@ -35,6 +35,19 @@ impl DeltaStorage {
         }
     }
 
+    /// A writer of session records into the Delta table at `target` (a directory or
+    /// an `s3://` URL) with the columns `schema`, committing to the table at most
+    /// every `commit_every` (`None`: at every checkpoint). It takes records only once
+    /// [`recover`](RecordWriter::recover)ed.
+    pub fn writer(
+        target: OutputTarget,
+        schema: SessionSchema,
+        commit_every: Option<Duration>,
+    ) -> RecordWriter {
+        let store = DeltaStorage::new(target.clone(), schema, commit_every);
+        RecordWriter::with_storage(target, Box::new(store))
+    }
+
     fn error(&self, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OutputError {
         OutputError {
             name: self.target.display_name(),
@@ -59,7 +72,7 @@ impl Storage for DeltaStorage {
             .iter()
             .filter(|m| matches!(m, SinkMark::Delta(d) if d.role == role));
         let recorded = match &self.target {
-            OutputTarget::File(p) => super::recorded_location(&p.to_string_lossy()).ok(),
+            OutputTarget::File(p) => recorded_location(&p.to_string_lossy()).ok(),
             _ => None,
         };
         let named = in_role

@@ -17,7 +17,7 @@
 //! The data files of a table on S3 are written in a local staging directory first and
 //! uploaded when their epoch is prepared; a local table's are written in its directory.
 
-use super::DeltaError;
+use super::error::DeltaError;
 use deltalake::logstore::object_store::aws::AmazonS3Builder;
 use deltalake::logstore::object_store::path::Path as StorePath;
 use deltalake::logstore::{

@@ -1,9 +1,9 @@
 //! The table side of the Delta output: opening or creating the table, its recovery, and
 //! the commit of a prepared epoch.
 
+use super::error::DeltaError;
 use super::stats::file_stats;
 use super::store::Location;
-use super::{DeltaEpoch, DeltaError, DeltaFileRef};
 use crate::parquet::{ParquetFiles, ParquetOptions, SessionSchema};
 use deltalake::DeltaTable;
 use deltalake::kernel::engine::arrow_conversion::TryIntoKernel as _;
@@ -13,6 +13,7 @@ use deltalake::logstore::ObjectStoreRef;
 use deltalake::logstore::object_store::path::Path as StorePath;
 use deltalake::logstore::object_store::{ObjectStore, ObjectStoreExt as _};
 use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
+use sessionizer_checkpoint::{DeltaEpoch, DeltaFileRef};
 use std::collections::HashMap;
 use std::fmt;
 use std::fs;

@@ -1,6 +1,6 @@
 //! The rolling files of a Parquet output and their two-phase commit per epoch.
 
-use super::ParquetError;
+use super::error::ParquetError;
 use super::schema::{Builders, Row, SessionSchema};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};

@@ -1,7 +1,7 @@
 //! The columns of a session table, decided from the run's options, and the reading of
 //! one encoded session record into a row of them.
 
-use super::ParquetError;
+use super::error::ParquetError;
 use arrow_array::builder::{
     BooleanBuilder, Float64Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder,
 };

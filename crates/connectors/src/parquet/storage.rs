@@ -2,9 +2,12 @@
 //! temporary names, closed and synced when it is prepared, renamed when it commits;
 //! recovery renames those of the checkpoint it resumes from and deletes the rest.
 
-use super::{ParquetFiles, ParquetOptions, SessionSchema, Staged};
+use super::files::{ParquetFiles, ParquetOptions, Staged};
+use super::schema::SessionSchema;
 use crate::output::OutputTarget;
-use crate::sink::{EndOfRun, OutputError, Prepared, Recovered, SinkMark, StagedOutput, Storage};
+use crate::sink::{
+    EndOfRun, OutputError, Prepared, RecordWriter, Recovered, SinkMark, StagedOutput, Storage,
+};
 use std::io;
 use std::path::PathBuf;
 
@@ -29,6 +32,17 @@ impl ParquetStorage {
             files: None,
             staged: None,
         }
+    }
+
+    /// A writer of session records as Parquet files of `schema` into the directory
+    /// `target` (created if needed).
+    pub fn writer(
+        target: OutputTarget,
+        schema: SessionSchema,
+        options: ParquetOptions,
+    ) -> RecordWriter {
+        let store = ParquetStorage::new(target.clone(), schema, options);
+        RecordWriter::with_storage(target, Box::new(store))
     }
 
     fn error(&self, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OutputError {

@@ -52,31 +52,6 @@ impl RecordWriter {
         }
     }
 
-    /// A writer of session records as Parquet files into the directory `target`
-    /// (created if needed).
-    #[cfg(feature = "parquet")]
-    pub fn parquet(
-        target: OutputTarget,
-        schema: crate::parquet::SessionSchema,
-        options: crate::parquet::ParquetOptions,
-    ) -> RecordWriter {
-        let store = crate::parquet::ParquetStorage::new(target.clone(), schema, options);
-        RecordWriter::with_storage(target, Box::new(store))
-    }
-
-    /// A writer of session records into the Delta table at `target` (a directory or an
-    /// `s3://` URL), committing to the table at most every `commit_every` (`None`: at
-    /// every checkpoint). It takes records only once [`recover`](Self::recover)ed.
-    #[cfg(feature = "delta")]
-    pub fn delta(
-        target: OutputTarget,
-        schema: crate::parquet::SessionSchema,
-        commit_every: Option<std::time::Duration>,
-    ) -> RecordWriter {
-        let store = crate::delta::DeltaStorage::new(target.clone(), schema, commit_every);
-        RecordWriter::with_storage(target, Box::new(store))
-    }
-
     /// Where the records go.
     pub fn target(&self) -> &OutputTarget {
         &self.target

@@ -472,7 +472,8 @@ impl Checkpoints {
                 "the Delta table {location} is already an exactly-once output of these checkpoints"
             )));
         }
-        let mut writer = RecordWriter::delta(OutputTarget::File(location.into()), schema, None);
+        let target = OutputTarget::File(location.into());
+        let mut writer = sessionizer_connectors::delta::DeltaStorage::writer(target, schema, None);
         let marks = self.found_marks();
         let mark = writer.find(TABLE_ROLE, &marks).cloned();
         if let Some((m, _)) = &self.found

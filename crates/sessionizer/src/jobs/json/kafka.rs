@@ -36,7 +36,7 @@ pub(crate) fn run(
             let (target, schema) = (cfg.output.clone(), super::session_schema(cfg)?);
             settings.table = Some(crate::runtime::kafka::TableSettings {
                 make: std::sync::Arc::new(move || {
-                    sessionizer_connectors::RecordWriter::delta(
+                    sessionizer_connectors::delta::DeltaStorage::writer(
                         target.clone(),
                         schema.clone(),
                         commit_every,

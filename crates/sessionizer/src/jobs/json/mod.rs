@@ -146,7 +146,7 @@ fn sessions_writer(cfg: &PipelineConfig) -> Result<RecordWriter, RunError> {
                 partition_by_date,
                 ..ParquetOptions::default()
             };
-            Ok(RecordWriter::parquet(
+            Ok(sessionizer_connectors::parquet::ParquetStorage::writer(
                 cfg.output.clone(),
                 session_schema(cfg)?,
                 options,
@@ -157,11 +157,13 @@ fn sessions_writer(cfg: &PipelineConfig) -> Result<RecordWriter, RunError> {
             Err(RunError::Unsupported(crate::error::Unsupported::NoParquet))
         }
         #[cfg(feature = "delta")]
-        OutputFormat::Delta { commit_every } => Ok(RecordWriter::delta(
-            cfg.output.clone(),
-            session_schema(cfg)?,
-            commit_every,
-        )),
+        OutputFormat::Delta { commit_every } => {
+            Ok(sessionizer_connectors::delta::DeltaStorage::writer(
+                cfg.output.clone(),
+                session_schema(cfg)?,
+                commit_every,
+            ))
+        }
         #[cfg(not(feature = "delta"))]
         OutputFormat::Delta { .. } => {
             Err(RunError::Unsupported(crate::error::Unsupported::NoDelta))

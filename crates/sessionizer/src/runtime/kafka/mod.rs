@@ -17,14 +17,14 @@
 //!   run starts from `--kafka-start` every time, as a file run starts at the top.
 //! * **Files in, Kafka out** is the file driver with a Kafka sink (see [`super`]).
 //!
-//! Here: the loop, the commit and the run's summary. Beside it: the tasks a process
-//! holds as the group assigns them (assignment), one task (task), the seam to its
-//! operator (op), where its records go (output), the end of a `--stop-at-end` run
-//! (end), restoring a task from its changelog (restore), local snapshots (snapshot),
-//! standby copies (standby) and `--repartition` (repartition).
+//! Here: the job, its loop, the commit and the run's summary. Beside it the parts the
+//! job holds, which know nothing of it: one task (task), the seam to its operator
+//! (op), where its records go (output), a task being restored from its changelog
+//! (restore), local snapshots (snapshot), standby copies (standby), `--repartition`
+//! (repartition), an outage (outage) and a Delta table output (table); in `steps`,
+//! the job's steps over them (`impl KafkaJob` blocks: assignment, end, outage, output,
+//! restore, snapshot, table, time), so that the driver's files import one way.
 
-mod assignment;
-mod end;
 mod op;
 mod outage;
 mod output;
@@ -32,10 +32,10 @@ mod repartition;
 mod restore;
 mod snapshot;
 mod standby;
+mod steps;
 #[cfg(feature = "delta")]
 mod table;
 mod task;
-mod time;
 
 use crate::config::{KafkaConfig, PipelineConfig};
 use crate::error::RunError;

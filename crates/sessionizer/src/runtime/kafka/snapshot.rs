@@ -5,45 +5,42 @@
 //! is a cache: damaged, too old or not fitting the changelog, it is ignored.
 
 use crate::error::RunError;
-use crate::runtime::kafka::KafkaJob;
-use crate::runtime::kafka::op::{TaskFactory, TaskOp};
-use crate::runtime::kafka::restore::Restoring;
+use crate::runtime::kafka::op::TaskOp;
 use crate::runtime::kafka::task::{Task, TaskMeta};
 use serde::{Deserialize, Serialize};
 use sessionizer_checkpoint::{StateDir, StateEntries, task};
-use sessionizer_connectors::kafka::TopicPartition;
 use std::time::{Duration, Instant};
 
 /// A snapshot older than this is not used: the changelog's compaction may have dropped
 /// the tombstone of a key removed since (Kafka keeps tombstones `delete.retention.ms`,
 /// 24 h by default, before compacting them away).
-const MAX_AGE: Duration = Duration::from_secs(12 * 3600);
+pub(super) const MAX_AGE: Duration = Duration::from_secs(12 * 3600);
 
 /// The header of a task snapshot.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Header {
+pub(super) struct Header {
     /// `topic/partition` of the input.
-    task: String,
+    pub(super) task: String,
     /// The changelog topic and partition it copies.
-    changelog: String,
-    partition: i32,
+    pub(super) changelog: String,
+    pub(super) partition: i32,
     /// The changelog offset after the last record the snapshot covers.
-    changelog_offset: i64,
-    created_unix_ms: u64,
+    pub(super) changelog_offset: i64,
+    pub(super) created_unix_ms: u64,
     /// The task's progress record as of that offset.
-    meta: TaskMeta,
+    pub(super) meta: TaskMeta,
 }
 
 /// The snapshot side of a Kafka job.
 #[derive(Debug)]
 pub(super) struct Snapshots {
-    dir: StateDir,
-    interval: Duration,
-    last: Instant,
+    pub(super) dir: StateDir,
+    pub(super) interval: Duration,
+    pub(super) last: Instant,
     pub(super) written: u64,
     pub(super) bytes: u64,
-    entries: StateEntries,
+    pub(super) entries: StateEntries,
 }
 
 impl Snapshots {
@@ -70,105 +67,13 @@ impl Snapshots {
     }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-impl<F: TaskFactory> KafkaJob<'_, F> {
-    /// The local snapshot of a task, if there is one that can be used.
-    pub(super) fn load_snapshot(&mut self, changelog: &str, partition: i32) -> Option<Restoring> {
-        let snaps = self.snapshots.as_ref()?;
-        let name = task::file_name(changelog, partition);
-        let snap = match snaps.dir.read_task_snapshot(&name) {
-            Ok(s) => s?,
-            Err(damage) => {
-                tracing::warn!(file = %damage.file, reason = %damage.reason, "damaged task snapshot ignored");
-                return None;
-            }
-        };
-        let header: Header = match serde_json::from_slice(&snap.header) {
-            Ok(h) => h,
-            Err(e) => {
-                tracing::warn!(file = %name, error = %e, "task snapshot header unreadable; ignored");
-                return None;
-            }
-        };
-        if header.changelog != changelog || header.partition != partition {
-            return None;
-        }
-        let age = now_ms().saturating_sub(header.created_unix_ms);
-        if age > MAX_AGE.as_millis() as u64 {
-            tracing::info!(file = %name, age_s = age / 1000, "task snapshot too old to trust; restoring from the changelog");
-            return None;
-        }
-        let mut restoring = Restoring {
-            offset: Some(header.changelog_offset),
-            meta: Some(header.meta),
-            source: "snapshot",
-            ..Restoring::default()
-        };
-        for entry in snap.entries() {
-            match entry {
-                Ok((key, Some(value))) => {
-                    restoring.states.insert(key.to_vec(), value.to_vec());
-                }
-                Ok((_, None)) => {}
-                Err(e) => {
-                    tracing::warn!(file = %name, error = %e, "task snapshot damaged; ignored");
-                    return None;
-                }
-            }
-        }
-        Some(restoring)
-    }
-
-    /// Writes the snapshots of `which` tasks (those with a committed changelog
-    /// position). Called right after a commit, so each holds exactly the committed state.
-    /// A failure is reported and skipped: the changelog still holds everything.
-    pub(super) fn write_snapshots(&mut self, which: &[TopicPartition]) {
-        let KafkaJob {
-            snapshots,
-            tasks,
-            changelogs,
-            options,
-            factory,
-            ..
-        } = self;
-        let format = factory.state_format();
-        let Some(snaps) = snapshots.as_mut() else {
-            return;
-        };
-        snaps.last = Instant::now();
-        for tp in which {
-            let Some(task) = tasks.get(tp) else { continue };
-            let Some(offset) = task.changelog_end else {
-                continue;
-            };
-            let changelog = &changelogs[tp.topic as usize];
-            let began = Instant::now();
-            match write_one(snaps, task, changelog, offset, options, format) {
-                Ok(bytes) => {
-                    snaps.written += 1;
-                    snaps.bytes += bytes;
-                    tracing::debug!(
-                        task = %task.names[0].name,
-                        changelog_offset = offset,
-                        bytes,
-                        ms = began.elapsed().as_millis() as u64,
-                        "task snapshot written"
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(task = %task.names[0].name, error = %e, "task snapshot not written")
-                }
-            }
-        }
-    }
-}
-
-fn write_one<O: TaskOp>(
+pub(super) fn write_one<O: TaskOp>(
     snaps: &mut Snapshots,
     task: &Task<O>,
     changelog: &str,

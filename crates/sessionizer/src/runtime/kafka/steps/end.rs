@@ -2,17 +2,17 @@
 //! session, positions move past transaction markers, and a process leaves only once
 //! the whole group is done.
 
-use super::{FLUSHED, KafkaJob};
 use crate::error::RunError;
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
 use crate::runtime::kafka::task::Task;
+use crate::runtime::kafka::{FLUSHED, KafkaJob};
 use sessionizer_connectors::kafka::TopicPartition;
 use std::time::{Duration, Instant};
 
 impl<F: TaskFactory> KafkaJob<'_, F> {
     /// `--stop-at-end` without `--keep-open`: the tasks that reached their end emit
     /// every session (the watermark becomes +infinity) and are committed as finished.
-    pub(super) fn flush_done_tasks(&mut self) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn flush_done_tasks(&mut self) -> Result<(), RunError> {
         if self.keep_open() {
             return Ok(());
         }
@@ -43,7 +43,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     /// partition was re-keyed to its end and committed, the internal topic's end is
     /// read, and the tasks run up to it. Asked of the group coordinator at most once a
     /// second.
-    pub(super) fn ready_to_stop(&mut self) -> Result<bool, RunError> {
+    pub(in crate::runtime::kafka) fn ready_to_stop(&mut self) -> Result<bool, RunError> {
         if !self.durable {
             return Ok(!self.tasks.is_empty() && self.tasks.values().all(Task::done));
         }
@@ -131,7 +131,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     /// Whether the group's committed offset of each of `parts` reached its end — and,
     /// for a task partition of a run that emits every session at the end, whether the
     /// task that owned it did so (the metadata it committed says [`FLUSHED`]).
-    pub(super) fn committed_reached_end(&self, parts: &[TopicPartition]) -> Result<bool, RunError> {
+    pub(in crate::runtime::kafka) fn committed_reached_end(
+        &self,
+        parts: &[TopicPartition],
+    ) -> Result<bool, RunError> {
         if parts.is_empty() {
             return Ok(true);
         }
@@ -151,7 +154,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     /// position: past transaction markers and aborted records, which are never handed
     /// out, so that a partition written with transactions can reach its end offset.
     /// Called after the staged records were processed.
-    pub(super) fn catch_up_positions(&mut self) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn catch_up_positions(&mut self) -> Result<(), RunError> {
         let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
         if let Some(r) = &self.rekey {
             parts.extend(r.positions.keys());

@@ -3,9 +3,9 @@
 //! and let go when they are revoked, dropped when they are lost, and rebuilt from
 //! their last commit when a transaction aborts.
 
-use super::KafkaJob;
 use crate::config::{KafkaStart, Partitioner};
 use crate::error::RunError;
+use crate::runtime::kafka::KafkaJob;
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
 use crate::runtime::kafka::task::Task;
 use crate::stats::RunStats;
@@ -40,7 +40,10 @@ fn abort_on_rebalance() -> bool {
 impl<F: TaskFactory> KafkaJob<'_, F> {
     /// Takes on partitions: restores each one's task (from its changelog in durable
     /// mode), then starts reading them where their tasks stand.
-    pub(super) fn gain(&mut self, parts: &[TopicPartition]) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn gain(
+        &mut self,
+        parts: &[TopicPartition],
+    ) -> Result<(), RunError> {
         let starts = self.build_tasks(parts)?;
         self.consumer.assign(&starts)?;
         Ok(())
@@ -48,7 +51,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
 
     /// Creates the tasks of `parts` — restored from their changelogs in durable mode —
     /// and returns where each starts reading.
-    pub(super) fn build_tasks(
+    pub(in crate::runtime::kafka) fn build_tasks(
         &mut self,
         parts: &[TopicPartition],
     ) -> Result<Vec<(TopicPartition, StartAt)>, RunError> {
@@ -146,7 +149,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         Ok(starts)
     }
 
-    pub(super) fn new_task(&self, tp: TopicPartition) -> Result<Task<F::Op>, RunError> {
+    pub(in crate::runtime::kafka) fn new_task(
+        &self,
+        tp: TopicPartition,
+    ) -> Result<Task<F::Op>, RunError> {
         let topic = &self.topics[tp.topic as usize];
         let name = format!("{topic}-{}", tp.partition);
         let mut op = self.factory.new_op(&name, self.stores.as_ref())?;
@@ -197,7 +203,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     }
 
     /// Drops a task, keeping this process's committed share of its accounting.
-    pub(super) fn release(&mut self, tp: &TopicPartition) {
+    pub(in crate::runtime::kafka) fn release(&mut self, tp: &TopicPartition) {
         if let Some(r) = &mut self.rekey {
             r.release(tp);
         }
@@ -212,7 +218,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         }
     }
 
-    pub(super) fn rebalance(&mut self, event: Rebalance) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn rebalance(
+        &mut self,
+        event: Rebalance,
+    ) -> Result<(), RunError> {
         let (kind, parts) = match &event {
             Rebalance::Assign(p) => ("assign", p),
             Rebalance::Revoke(p) => ("revoke", p),
@@ -267,7 +276,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     }
 
     /// Aborts the open transaction and puts every task back to its last commit.
-    pub(super) fn abort_and_rewind(&mut self, why: &dyn std::fmt::Display) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn abort_and_rewind(
+        &mut self,
+        why: &dyn std::fmt::Display,
+    ) -> Result<(), RunError> {
         self.txns
             .abort(self.producer.as_mut(), &self.telemetry, why)?;
         self.rewind()
@@ -275,7 +287,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
 
     /// Puts every task back to its last commit (after an aborted transaction): drops
     /// them and restores them again from their changelogs.
-    pub(super) fn rewind(&mut self) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn rewind(&mut self) -> Result<(), RunError> {
         let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();
         if let Some(r) = &self.rekey {
             parts.extend(r.positions.keys());

@@ -2,10 +2,10 @@
 //! following the input partitions' times (docs/semantics.md K-6), and a quiet partition
 //! moving on with the clock under `--idle-timeout` (S-32).
 
-use super::KafkaJob;
-use super::task::UpstreamMark;
 use crate::error::RunError;
+use crate::runtime::kafka::KafkaJob;
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
+use crate::runtime::kafka::task::UpstreamMark;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_core::{EventTime, Watermark};
 use std::time::Duration;
@@ -15,7 +15,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
     /// record to the smallest time of the input partitions (docs/semantics.md K-6) and
     /// sends what completes. The poll loop ends a round at a watermark record, so the
     /// records staged before it are processed first and none after it is staged yet.
-    pub(super) fn follow_upstreams(&mut self) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn follow_upstreams(&mut self) -> Result<(), RunError> {
         let due: Vec<(TopicPartition, i64)> = self
             .tasks
             .values_mut()
@@ -42,7 +42,10 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
 
     /// Moves the watermark of every task whose partition has been quiet for `limit`
     /// on with the wall clock (docs/semantics.md S-32).
-    pub(super) fn advance_idle(&mut self, limit: Duration) -> Result<(), RunError> {
+    pub(in crate::runtime::kafka) fn advance_idle(
+        &mut self,
+        limit: Duration,
+    ) -> Result<(), RunError> {
         // Records held back for a micro-batch they do not fill run now, as a shorter
         // one, when nothing came after them for `limit`.
         let mut cut = false;
