@@ -32,6 +32,8 @@ dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s libcurl4-openssl-dev >/dev/null 2>&1 || need+=(libcurl4-openssl-dev)
 # The rocksdb feature: bindgen reads RocksDB's C header with libclang.
 dpkg -s libclang-dev >/dev/null 2>&1 || need+=(libclang-dev)
+# A Kafka test whose group stalls prints the members' thread stacks (gdb).
+command -v gdb >/dev/null || need+=(gdb)
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${need[*]}" >&2

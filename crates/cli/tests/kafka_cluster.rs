@@ -49,6 +49,23 @@ fn assert_running(child: &mut Child, dir: &Path, id: &str, when: &str) {
 
 /// Asks a process to stop (SIGTERM: it commits what it processed and leaves the
 /// group); returns whether it ended with exit 0 within a minute.
+/// The thread stacks of a running member (gdb), to tell a blocked call from a loop
+/// that reads nothing when the group stalls.
+fn stacks(child: &Child) -> String {
+    let done = std::process::Command::new("gdb")
+        .args(["-batch", "-ex", "thread apply all bt 25", "-p"])
+        .arg(child.id().to_string())
+        .output();
+    match done {
+        Ok(out) => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with('#') || l.starts_with("Thread "))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(e) => format!("(no stacks: gdb: {e})"),
+    }
+}
+
 fn stop(mut child: Child) -> bool {
     let term = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -149,9 +166,11 @@ fn two_processes_with_standbys_ride_out_a_rolling_restart_of_three_brokers() {
                 lines[lines.len().saturating_sub(60)..].join("\n")
             };
             panic!(
-                "the group did not reach the end of the input within 3 minutes: {committed:?} of {ends:?}\n--- a:\n{}\n--- b:\n{}",
+                "the group did not reach the end of the input within 3 minutes: {committed:?} of {ends:?}\n--- a:\n{}\n--- b:\n{}\n--- a's threads:\n{}\n--- b's threads:\n{}",
                 tail("a"),
-                tail("b")
+                tail("b"),
+                stacks(&a),
+                stacks(&b)
             );
         }
         assert_running(&mut a, dir.path(), "a", "after the restarts");
