@@ -96,9 +96,15 @@ pub enum CommitError {
     Unavailable(String),
 }
 
+/// How much longer than the client's timeout a transaction's offsets may take before
+/// the producer is taken for stuck (see `TxnProducer::add_offsets`).
+const OFFSETS_GRACE: Duration = Duration::from_secs(5);
+
 /// The transactional producer of one process.
 pub struct TxnProducer {
-    producer: BaseProducer<DeliveryContext>,
+    /// Shared with the thread that adds a transaction's offsets (see
+    /// [`add_offsets`](Self::add_offsets)), which may outlive a call that waited too long.
+    producer: std::sync::Arc<BaseProducer<DeliveryContext>>,
     timeout: Duration,
     /// How long the coordinator lets a transaction stay open.
     transaction_timeout: Duration,
@@ -167,7 +173,7 @@ impl TxnProducer {
                 },
             })?;
         Ok(TxnProducer {
-            producer,
+            producer: std::sync::Arc::new(producer),
             timeout: settings.timeout,
             transaction_timeout,
             id: transactional_id.to_string(),
@@ -371,7 +377,7 @@ impl TxnProducer {
     /// either way nothing of it is visible.
     pub fn commit(
         &mut self,
-        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+        offsets: Option<(&TopicPartitionList, ConsumerGroupMetadata)>,
     ) -> Result<(), CommitError> {
         self.begin()?;
         let result = self.try_commit(offsets).map_err(|e| self.expired(e));
@@ -391,14 +397,12 @@ impl TxnProducer {
 
     fn try_commit(
         &mut self,
-        offsets: Option<(&TopicPartitionList, &ConsumerGroupMetadata)>,
+        offsets: Option<(&TopicPartitionList, ConsumerGroupMetadata)>,
     ) -> Result<(), CommitError> {
         if let Some((tpl, group)) = offsets
             && tpl.count() > 0
         {
-            self.producer
-                .send_offsets_to_transaction(tpl, group, self.timeout)
-                .map_err(classify)?;
+            self.add_offsets(tpl.clone(), group)?;
         }
         // A retriable error (a timeout) may be retried; anything else aborts.
         let mut attempts = 0;
@@ -421,6 +425,39 @@ impl TxnProducer {
             )));
         }
         Ok(())
+    }
+
+    /// Adds the consumed offsets `tpl` of `group` to the open transaction, waiting at
+    /// most the client's timeout and a little more. librdkafka's call can wait past its
+    /// own timeout for a group coordinator that went away (a broker restarted while the
+    /// client cached it as the coordinator: librdkafka issues 5456 and 5511), which
+    /// stalled a job for minutes in a rolling restart; so the call runs on a thread of
+    /// its own, and one that has not answered in time is an unavailable cluster: the
+    /// job replaces this producer (a new one with the same transactional id fences it
+    /// and aborts its transaction) and goes back to its last commit. The thread keeps
+    /// its share of the old producer until librdkafka answers it.
+    fn add_offsets(
+        &mut self,
+        tpl: TopicPartitionList,
+        group: ConsumerGroupMetadata,
+    ) -> Result<(), CommitError> {
+        let (answer, answered) = std::sync::mpsc::channel();
+        let producer = std::sync::Arc::clone(&self.producer);
+        let timeout = self.timeout;
+        std::thread::Builder::new()
+            .name("sessionizer-txn-offsets".into())
+            .spawn(move || {
+                let added = producer.send_offsets_to_transaction(&tpl, &group, timeout);
+                let _ = answer.send(added);
+            })
+            .map_err(|e| CommitError::Fatal(format!("cannot start a thread: {e}")))?;
+        match answered.recv_timeout(self.timeout + OFFSETS_GRACE) {
+            Ok(added) => added.map_err(classify),
+            Err(_) => Err(CommitError::Unavailable(format!(
+                "the group coordinator did not take the transaction's offsets within {:?}",
+                self.timeout + OFFSETS_GRACE
+            ))),
+        }
     }
 
     /// Aborts the open transaction, if any.

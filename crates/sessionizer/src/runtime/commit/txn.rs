@@ -136,7 +136,7 @@ impl Transactions {
         }
         let offsets = consumer.offsets(next)?;
         let group = consumer.group_metadata();
-        match producer.commit(group.as_ref().map(|g| (&offsets, g))) {
+        match producer.commit(group.map(|g| (&offsets, g))) {
             Ok(()) => {
                 self.commits += 1;
                 self.aborts_in_row = 0;
