@@ -48,16 +48,9 @@ impl DeltaStorage {
         RecordWriter::with_storage(target, Box::new(store))
     }
 
-    fn error(&self, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OutputError {
-        OutputError {
-            name: self.target.display_name(),
-            source: io::Error::other(e),
-        }
-    }
-
     fn table(&mut self) -> Result<&mut DeltaOutput, OutputError> {
         if self.table.is_none() {
-            return Err(self.error("the Delta table is not open"));
+            return Err(OutputError::of(&self.target, "the Delta table is not open"));
         }
         Ok(self.table.as_mut().expect("open"))
     }
@@ -91,23 +84,27 @@ impl Storage for DeltaStorage {
         job: &mut dyn FnMut() -> io::Result<String>,
     ) -> Result<Recovered, OutputError> {
         let OutputTarget::File(location) = &self.target else {
-            return Err(self.error("a Delta table is a directory, not stdout or stderr"));
+            return Err(OutputError::of(
+                &self.target,
+                "a Delta table is a directory, not stdout or stderr",
+            ));
         };
         let committed = match mark {
             None => None,
             Some(SinkMark::Delta(d)) => Some(d),
             Some(other) => {
-                return Err(self.error(format!(
-                    "the checkpoint recorded it as another kind of output ({other:?})"
-                )));
+                return Err(OutputError::of(
+                    &self.target,
+                    format!("the checkpoint recorded it as another kind of output ({other:?})"),
+                ));
             }
         };
-        let job = job().map_err(|e| self.error(e))?;
+        let job = job().map_err(|e| OutputError::of(&self.target, e))?;
         // The table's location (a directory or an s3:// URL) as the user gave it.
         let location = location.to_string_lossy().into_owned();
         let (mut table, found) =
             DeltaOutput::open(&location, self.schema.clone(), &job, epoch, committed)
-                .map_err(|e| self.error(e))?;
+                .map_err(|e| OutputError::of(&self.target, e))?;
         table.set_commit_interval(self.commit_every);
         self.table = Some(Box::new(table));
         Ok(Recovered {
@@ -120,12 +117,15 @@ impl Storage for DeltaStorage {
 
     fn write(&mut self, records: &[u8]) -> Result<(), OutputError> {
         if self.table.is_none() {
-            return Err(self.error(
+            return Err(OutputError::of(
+                &self.target,
                 "a Delta table is written with checkpoints only (exactly once): give a state directory",
             ));
         }
         let written = self.table()?.write(records);
-        written.map(drop).map_err(|e| self.error(e))
+        written
+            .map(drop)
+            .map_err(|e| OutputError::of(&self.target, e))
     }
 
     /// Rows become a row group when there are enough of them, a file at the checkpoint.
@@ -137,7 +137,7 @@ impl Storage for DeltaStorage {
     /// listed in the mark; the files were synced as they were closed.
     fn prepare(&mut self, epoch: u64, role: &str) -> Result<Option<Prepared>, OutputError> {
         let prepared = self.table()?.prepare(epoch);
-        let mut mark = prepared.map_err(|e| self.error(e))?;
+        let mut mark = prepared.map_err(|e| OutputError::of(&self.target, e))?;
         mark.role = role.to_string();
         Ok(Some(Prepared {
             mark: SinkMark::Delta(mark),
@@ -154,7 +154,9 @@ impl Storage for DeltaStorage {
             return Ok(());
         };
         let committed = table.commit();
-        committed.map(drop).map_err(|e| self.error(e))
+        committed
+            .map(drop)
+            .map_err(|e| OutputError::of(&self.target, e))
     }
 
     fn closing(&mut self) {
@@ -172,7 +174,7 @@ impl Storage for DeltaStorage {
         };
         if !completed {
             let aborted = table.abort();
-            aborted.map_err(|e| self.error(e))?;
+            aborted.map_err(|e| OutputError::of(&self.target, e))?;
             let output = format!("the Delta table {}", self.target.display_name());
             return Ok(EndOfRun::Dropped { output });
         }

@@ -45,17 +45,13 @@ impl ParquetStorage {
         RecordWriter::with_storage(target, Box::new(store))
     }
 
-    fn error(&self, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> OutputError {
-        OutputError {
-            name: self.target.display_name(),
-            source: io::Error::other(e),
-        }
-    }
-
     fn dir(&self) -> Result<PathBuf, OutputError> {
         match &self.target {
             OutputTarget::File(dir) => Ok(dir.clone()),
-            _ => Err(self.error("Parquet files go to a directory, not to stdout or stderr")),
+            _ => Err(OutputError::of(
+                &self.target,
+                "Parquet files go to a directory, not to stdout or stderr",
+            )),
         }
     }
 }
@@ -85,18 +81,20 @@ impl Storage for ParquetStorage {
                 files: s.files.clone(),
             }),
             Some(other) => {
-                return Err(self.error(format!(
-                    "the checkpoint recorded it as another kind of output ({other:?})"
-                )));
+                return Err(OutputError::of(
+                    &self.target,
+                    format!("the checkpoint recorded it as another kind of output ({other:?})"),
+                ));
             }
         };
-        std::fs::create_dir_all(&dir).map_err(|e| self.error(e))?;
-        let found = ParquetFiles::recover(&dir, committed.as_ref()).map_err(|e| self.error(e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| OutputError::of(&self.target, e))?;
+        let found = ParquetFiles::recover(&dir, committed.as_ref())
+            .map_err(|e| OutputError::of(&self.target, e))?;
         for later in &found.later {
-            std::fs::remove_file(dir.join(later)).map_err(|e| self.error(e))?;
+            std::fs::remove_file(dir.join(later)).map_err(|e| OutputError::of(&self.target, e))?;
         }
         let files = ParquetFiles::new(&dir, self.schema.clone(), self.options.clone(), epoch)
-            .map_err(|e| self.error(e))?;
+            .map_err(|e| OutputError::of(&self.target, e))?;
         self.files = Some(files);
         self.staged = None;
         let mut removed = found.deleted;
@@ -114,13 +112,11 @@ impl Storage for ParquetStorage {
             self.recover(1, None, &mut || unreachable!("no job asked"))?;
         }
         let files = self.files.as_mut().expect("opened");
-        files.write(records).map(drop).map_err(|e| {
-            let name = self.target.display_name();
-            OutputError {
-                name,
-                source: io::Error::other(e),
-            }
-        })
+        let target = &self.target;
+        files
+            .write(records)
+            .map(drop)
+            .map_err(|e| OutputError::of(target, e))
     }
 
     /// Rows become a row group when there are enough of them, a file at the checkpoint.
@@ -131,12 +127,14 @@ impl Storage for ParquetStorage {
     fn prepare(&mut self, epoch: u64, role: &str) -> Result<Option<Prepared>, OutputError> {
         let dir = self.dir()?;
         let Some(files) = self.files.as_mut() else {
-            return Err(self.error("the Parquet output is not open"));
+            return Err(OutputError::of(
+                &self.target,
+                "the Parquet output is not open",
+            ));
         };
-        let staged = files.prepare(epoch).map_err(|e| OutputError {
-            name: self.target.display_name(),
-            source: io::Error::other(e),
-        })?;
+        let staged = files
+            .prepare(epoch)
+            .map_err(|e| OutputError::of(&self.target, e))?;
         let mark = SinkMark::Staged(StagedOutput {
             role: role.to_string(),
             dir: dir.display().to_string(),
@@ -154,7 +152,9 @@ impl Storage for ParquetStorage {
 
     fn commit(&mut self) -> Result<(), OutputError> {
         match (&self.files, self.staged.take()) {
-            (Some(files), Some(staged)) => files.commit(&staged).map_err(|e| self.error(e)),
+            (Some(files), Some(staged)) => files
+                .commit(&staged)
+                .map_err(|e| OutputError::of(&self.target, e)),
             _ => Ok(()),
         }
     }

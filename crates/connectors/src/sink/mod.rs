@@ -126,6 +126,19 @@ pub struct OutputError {
     pub source: io::Error,
 }
 
+impl OutputError {
+    /// The output `target` failed for `reason` (an error of its format or store).
+    pub fn of(
+        target: &crate::OutputTarget,
+        reason: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> OutputError {
+        OutputError {
+            name: target.display_name(),
+            source: io::Error::other(reason),
+        }
+    }
+}
+
 /// Where the records of one output are kept: one implementation per kind of output
 /// (JSON lines in a file or stream, Parquet files, a Delta table). A [`RecordWriter`]
 /// buffers encoded records (JSON lines) and hands them over in blocks; the runtime's

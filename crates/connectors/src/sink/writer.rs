@@ -154,12 +154,10 @@ impl RecordWriter {
         if self.failed {
             // Part of a block may have been written: writing it again would put it in
             // twice, and the length kept here would not be the file's.
-            return Err(OutputError {
-                name: self.target.display_name(),
-                source: io::Error::other(
-                    "an earlier write to it failed, so what it holds is not known; nothing more is written",
-                ),
-            });
+            return Err(OutputError::of(
+                &self.target,
+                "an earlier write to it failed, so what it holds is not known; nothing more is written",
+            ));
         }
         if self.buf.is_empty() {
             return Ok(());
