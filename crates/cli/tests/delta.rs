@@ -907,23 +907,23 @@ fn a_process_joining_a_kafka_job_takes_its_partitions_writers_over() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("visits.jsonl");
     generate(&data, 80_000, 43);
-    // The second process must join before the first has read everything: when the
-    // first was quicker (the join is a matter of timing), the table is checked all the
-    // same and the scenario runs again on new topics, up to three times.
+    // The second process must join before the first has read everything: should the
+    // first have finished before it was held still, the table is checked all the same
+    // and the scenario runs again on new topics, up to three times.
     for attempt in 1..=3 {
         let run = tmp.path().join(format!("attempt-{attempt}"));
         std::fs::create_dir(&run).expect("mkdir");
         let (by_a, by_b) = joining_run(&data, &run);
+        eprintln!("attempt {attempt}: the processes read {by_a} and {by_b}");
         if by_a > 0 && by_b > 0 {
             return;
         }
-        eprintln!("attempt {attempt}: the processes read {by_a} and {by_b}; again");
     }
     panic!("in three attempts the second process never took a partition over");
 }
 
 /// One run of [`a_process_joining_a_kafka_job_takes_its_partitions_writers_over`] in
-/// `dir`: two processes, the second started 1.5 s after the first; the table must hold
+/// `dir`: two processes, the second started once the first has committed rows; the table must hold
 /// every session once. Returns the records each read.
 #[cfg(feature = "kafka")]
 fn joining_run(data: &Path, dir: &Path) -> (u64, u64) {
@@ -954,9 +954,28 @@ fn joining_run(data: &Path, dir: &Path) -> (u64, u64) {
             .expect("spawn")
     };
     let (stats_a, stats_b) = (dir.join("a.json"), dir.join("b.json"));
-    let a = spawn(&stats_a);
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // The first process is held still (SIGSTOP) once it has committed rows to the
+    // table, so that however fast it reads, the second joins while it still has
+    // records to read; the group's rebalance waits for it to go on (SIGCONT).
+    let mut a = spawn(&stats_a);
+    let started = std::time::Instant::now();
+    while !table.join("_delta_log").exists() || table_versions(&table) < 2 {
+        if a.try_wait().expect("wait").is_some() || started.elapsed().as_secs() > 60 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &a.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {name}");
+    };
+    signal("-STOP");
     let b = spawn(&stats_b);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    signal("-CONT");
     for (name, child) in [("a", a), ("b", b)] {
         let out = child.wait_with_output().expect("wait");
         let stderr = String::from_utf8_lossy(&out.stderr);
