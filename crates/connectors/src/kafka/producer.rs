@@ -367,8 +367,12 @@ impl TxnProducer {
     /// fails if one was not. Afterwards [`take_tracked`](Self::take_tracked) has the
     /// offsets of every tracked record sent. The first phase of a two-phase commit.
     pub fn flush(&mut self) -> Result<(), CommitError> {
-        drain(&self.producer, self.timeout);
-        self.producer.flush(self.timeout).map_err(classify)?;
+        let left = if drain(&self.producer, self.timeout) {
+            self.timeout
+        } else {
+            Duration::ZERO
+        };
+        self.producer.flush(left).map_err(classify)?;
         let failed = self.producer.context().failed.load(Ordering::Relaxed);
         if failed > 0 {
             return Err(self.with_delivery_error(CommitError::Aborted(format!(
@@ -410,11 +414,19 @@ impl TxnProducer {
         {
             self.add_offsets(tpl.clone(), group)?;
         }
-        drain(&self.producer, self.timeout);
+        // Records still in flight after the client's timeout fail the commit at once
+        // (rdkafka's flush, given no time): the cluster was waited for long enough.
+        let mut timeout = if drain(&self.producer, self.timeout) {
+            self.timeout
+        } else {
+            Duration::ZERO
+        };
         // A retriable error (a timeout) may be retried; anything else aborts.
         let mut attempts = 0;
         loop {
-            match self.producer.commit_transaction(self.timeout) {
+            let result = self.producer.commit_transaction(timeout);
+            timeout = self.timeout;
+            match result {
                 Ok(()) => break,
                 Err(ClientError::Transaction(t))
                     if t.is_retriable() && !t.txn_requires_abort() && attempts < 3 =>
@@ -641,9 +653,13 @@ impl LineProducer {
 
     /// Waits until every record is delivered; fails if any was not.
     pub fn flush(&mut self) -> Result<u64, KafkaError> {
-        drain(&self.producer, self.timeout);
+        let left = if drain(&self.producer, self.timeout) {
+            self.timeout
+        } else {
+            Duration::ZERO
+        };
         self.producer
-            .flush(self.timeout)
+            .flush(left)
             .map_err(KafkaError::client(format!("deliver to {}", self.topic)))?;
         let failed = self.producer.context().failed.load(Ordering::Relaxed);
         if failed > 0 {
