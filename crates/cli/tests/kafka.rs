@@ -205,12 +205,19 @@ fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
     let t = Topics::new(4);
     let produced = produce_lines(&t.input, &data, "visit_id");
     let mut args = t.args();
-    args.extend(["--stop-at-end", "--checkpoint-interval", "100ms"].map(String::from));
+    args.extend(["--checkpoint-interval", "100ms"].map(String::from));
     let stats: Vec<PathBuf> = (0..2)
         .map(|i| dir.path().join(format!("stats-{i}.json")))
         .collect();
+    // The first process never finishes a partition by itself (no --stop-at-end: its
+    // sessions stay open at the end of its input), however fast it reads; it leaves
+    // (SIGTERM) once the second is in, and the second, which stops at the end, takes
+    // every partition over with its state.
     let spawn = |i: usize| {
         let mut a = args.clone();
+        if i == 1 {
+            a.push("--stop-at-end".to_string());
+        }
         a.extend(["--stats-file".to_string(), s(&stats[i]).to_string()]);
         bin()
             .args(as_strs(&a))
@@ -222,6 +229,12 @@ fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
     let first = spawn(0);
     std::thread::sleep(Duration::from_millis(1500));
     let second = spawn(1);
+    std::thread::sleep(Duration::from_millis(1500));
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
     for child in [first, second] {
         let out = child.wait_with_output().expect("wait");
         assert!(
@@ -242,6 +255,11 @@ fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
     assert_eq!(
         sum, records,
         "the processes' accounting adds up to the input"
+    );
+    let second = stats_of(&stats[1]);
+    assert!(
+        second["kafka"]["restored_keys"].as_u64() > Some(0),
+        "{second}"
     );
 }
 
@@ -336,18 +354,22 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
     let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
-    // Enough input that the first process is still at work when the others join, one
-    // is killed and one stopped (the debug binary does about 100K events/s).
     generate(&data, 300_000, 17);
     let t = Topics::new(4);
     let produced = produce_lines(&t.input, &data, "visit_id");
     let base = {
         let mut a = t.args();
-        a.extend(["--stop-at-end", "--checkpoint-interval", "100ms"].map(String::from));
+        a.extend(["--checkpoint-interval", "100ms"].map(String::from));
         a
     };
+    // Only the restarted process stops at the end. The others never finish a
+    // partition by themselves (its sessions emitted at its end), so however fast they
+    // read, every hand-over below moves partitions whose sessions are still open.
     let spawn = |id: &str, stats: &Path| {
         let mut a = base.clone();
+        if stats.ends_with("stats-3.json") {
+            a.push("--stop-at-end".to_string());
+        }
         a.extend(["--kafka-instance-id", id, "--stats-file", s(stats)].map(String::from));
         bin()
             .args(as_strs(&a))
@@ -393,27 +415,38 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
         stopped["records_read"].as_u64().expect("records_read"),
     );
     let c2 = spawn("c", &stats[3]);
-    wait_ok(a, "process a");
+    // a leaves too (SIGTERM) once c is back: c then holds every partition and ends
+    // when each is finished.
+    std::thread::sleep(Duration::from_millis(1000));
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &a.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    wait_ok(a, "process a, stopped with SIGTERM");
     wait_ok(c2, "process c, restarted");
     // A group member that dies keeps its partitions until its session times out; the
     // survivors then take them over from the changelog.
     let records = assert_matches_file_runs(&t, dir.path(), 4);
     assert_eq!(records as usize, produced);
     // Every partition's accounting, carried in its changelog's progress record across
-    // every process that held it (killed ones too), adds up to its input; a process
-    // that ended reports the same counters for the partitions it held at its end (a
-    // partition finished by a process killed afterwards is held by nobody at the end).
+    // every process that held it (killed ones too), adds up to its input; the process
+    // that ended last held every partition and reports the same counters; each
+    // process's own share adds up.
     let by_partition = changelog_counters(&t);
     assert_eq!(by_partition.len(), 4, "{by_partition:?}");
-    for st in [stats_of(&stats[0]), stats_of(&stats[3])] {
-        assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
-        for (p, c) in st["kafka"]["job_by_partition"]
-            .as_object()
-            .expect("by partition")
-        {
-            assert_eq!(Some(c), by_partition.get(p), "partition {p}: two accounts");
-        }
+    let last = stats_of(&stats[3]);
+    let held = last["kafka"]["job_by_partition"]
+        .as_object()
+        .expect("by partition");
+    assert_eq!(held.len(), 4, "{last}");
+    for (p, c) in held {
+        assert_eq!(Some(c), by_partition.get(p), "partition {p}: two accounts");
     }
+    for st in [stats_of(&stats[0]), last] {
+        assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
+    }
+    assert_eq!(stats_of(&stats[0])["stopped"], true);
     let mut sum = serde_json::json!({});
     for k in [
         "records_read",

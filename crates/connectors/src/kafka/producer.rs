@@ -724,7 +724,6 @@ impl KeyField {
     }
 }
 
-
 /// Waits until no record `producer` was given is in flight (each delivered or failed),
 /// serving the delivery reports, for at most `timeout`; `false` if some still are.
 ///
