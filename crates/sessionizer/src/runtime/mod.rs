@@ -28,7 +28,7 @@ mod walks;
 mod workers;
 
 pub(crate) use idle::{idle_watermark, millis};
-pub(crate) use order::{END_PART, Place, end_part_lens, merge_order};
+pub(crate) use order::{END_PART, Place, end_part_lens, merge_by, merge_order};
 pub(crate) use walks::{Walked, Walker, Walks, walk};
 pub(crate) use workers::{Workers, shard_of};
 

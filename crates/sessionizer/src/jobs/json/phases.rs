@@ -8,7 +8,7 @@ use crate::config::OnInvalid;
 use crate::error::RunError;
 use crate::runtime::kafka_sink::Side;
 use crate::runtime::tagged::Tag;
-use crate::runtime::{END_PART, merge_order};
+use crate::runtime::{END_PART, merge_by, merge_order};
 use crate::telemetry::Telemetry;
 use sessionizer_connectors::Batch;
 use sessionizer_core::Watermark;
@@ -192,13 +192,10 @@ impl<'c> Job<'c> {
         ) else {
             return Ok(()); // A shard emits in the next round.
         };
-        self.order.clear();
-        for (si, &n) in written.iter().enumerate() {
-            self.order.extend((0..n).map(|ti| (si, ti)));
-        }
-        self.order.sort_unstable_by(|&(sa, ta), &(sb, tb)| {
+        // Each shard's records come by position; keys differ across shards, so no
+        // two records are equal.
+        merge_by(&mut self.order, &written, |(sa, ta), (sb, tb)| {
             let (a, b) = (&shards[sa], &shards[sb]);
-            // Keys differ across shards: no two records are equal.
             position(a, &a.out.tags[ta]).cmp(&position(b, &b.out.tags[tb]))
         });
         for &(si, ti) in &self.order {
