@@ -367,11 +367,7 @@ impl TxnProducer {
     /// fails if one was not. Afterwards [`take_tracked`](Self::take_tracked) has the
     /// offsets of every tracked record sent. The first phase of a two-phase commit.
     pub fn flush(&mut self) -> Result<(), CommitError> {
-        let left = if drain(&self.producer, self.timeout) {
-            self.timeout
-        } else {
-            Duration::ZERO
-        };
+        let left = drain(&self.producer, self.timeout);
         self.producer.flush(left).map_err(classify)?;
         let failed = self.producer.context().failed.load(Ordering::Relaxed);
         if failed > 0 {
@@ -414,13 +410,8 @@ impl TxnProducer {
         {
             self.add_offsets(tpl.clone(), group)?;
         }
-        // Records still in flight after the client's timeout fail the commit at once
-        // (rdkafka's flush, given no time): the cluster was waited for long enough.
-        let mut timeout = if drain(&self.producer, self.timeout) {
-            self.timeout
-        } else {
-            Duration::ZERO
-        };
+        // The first try gets the time the drain left; a retry the whole timeout.
+        let mut timeout = drain(&self.producer, self.timeout);
         // A retriable error (a timeout) may be retried; anything else aborts.
         let mut attempts = 0;
         loop {
@@ -653,11 +644,7 @@ impl LineProducer {
 
     /// Waits until every record is delivered; fails if any was not.
     pub fn flush(&mut self) -> Result<u64, KafkaError> {
-        let left = if drain(&self.producer, self.timeout) {
-            self.timeout
-        } else {
-            Duration::ZERO
-        };
+        let left = drain(&self.producer, self.timeout);
         self.producer
             .flush(left)
             .map_err(KafkaError::client(format!("deliver to {}", self.topic)))?;
@@ -725,7 +712,10 @@ impl KeyField {
 }
 
 /// Waits until no record `producer` was given is in flight (each delivered or failed),
-/// serving the delivery reports, for at most `timeout`; `false` if some still are.
+/// serving the delivery reports, for at most `timeout`. Returns the time rdkafka's own
+/// flush or commit that follows gets: `timeout` when nothing is in flight any more,
+/// none when records still are (the cluster was waited for long enough: that call then
+/// fails at once).
 ///
 /// rdkafka's `flush` (also the first step of its `commit_transaction`) serves the
 /// reports with `poll` calls of up to 100 ms that each wait out their whole time, so a
@@ -733,14 +723,14 @@ impl KeyField {
 /// 100 ms commits that halved a job's throughput. Here a flush without waiting (which
 /// also tells the brokers' threads to send what lingers) alternates with polls of 1 ms;
 /// rdkafka's own flush that follows finds nothing in flight and returns at once.
-fn drain<C: ProducerContext>(producer: &BaseProducer<C>, timeout: Duration) -> bool {
+fn drain<C: ProducerContext>(producer: &BaseProducer<C>, timeout: Duration) -> Duration {
     let deadline = std::time::Instant::now() + timeout;
     loop {
         if producer.flush(Duration::ZERO).is_ok() {
-            return true;
+            return timeout;
         }
         if std::time::Instant::now() >= deadline {
-            return false;
+            return Duration::ZERO;
         }
         producer.poll(Duration::from_millis(1));
     }
