@@ -23,7 +23,7 @@ mod process;
 mod s3;
 
 use outputs::kill_until_done;
-use process::{run, run_ok, s};
+use process::{run, run_ok, s, signal};
 use serde_json::Value;
 use sessionizer_checkpoint::StateDir;
 use std::path::{Path, PathBuf};
@@ -496,11 +496,7 @@ fn a_run_without_checkpoints_commits_its_rows_once_at_its_end() {
     stdin.write_all(&text).expect("the input");
     stdin.flush().expect("flushed");
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
+    signal(&child, "-TERM");
     let stopped = child.wait_with_output().expect("ended");
     drop(stdin);
     let said = String::from_utf8_lossy(&stopped.stderr);
@@ -965,17 +961,10 @@ fn joining_run(data: &Path, dir: &Path) -> (u64, u64) {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let signal = |name: &str| {
-        let status = std::process::Command::new("kill")
-            .args([name, &a.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill {name}");
-    };
-    signal("-STOP");
+    signal(&a, "-STOP");
     let b = spawn(&stats_b);
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    signal("-CONT");
+    signal(&a, "-CONT");
     for (name, child) in [("a", a), ("b", b)] {
         let out = child.wait_with_output().expect("wait");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -4,11 +4,11 @@
 #[path = "support/process.rs"]
 mod process;
 
-use process::{bin, run, run_ok, s};
+use process::{bin, run, run_ok, s, signal};
 use serde_json::Value;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 fn stderr(o: &std::process::Output) -> String {
@@ -122,11 +122,7 @@ fn reading_dev_zero_stays_in_flat_memory_and_stops_on_sigterm() {
     // Long enough to read gigabytes of zeros (it reads at several GB/s).
     std::thread::sleep(Duration::from_secs(3));
     let peak = peak_rss_bytes(&child);
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
+    signal(&child, "-TERM");
     let began = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -314,11 +310,7 @@ fn sigterm_stops_a_run_cleanly_and_writes_its_stats() {
     {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    signal(&child, "-TERM");
     let done = child.wait_with_output().expect("wait");
     drop(feed);
     assert_eq!(done.status.code(), Some(1), "{}", stderr(&done));

@@ -20,7 +20,7 @@ use kafka_runs::{
     OPTIONS, Topics, as_strs, assert_adds_up, assert_matches_file_runs, final_sessions, stats_of,
     stats_of_counters,
 };
-use process::{bin, generate, run, run_ok, s};
+use process::{bin, generate, run, run_ok, s, signal};
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -230,7 +230,7 @@ fn a_second_process_joining_the_group_takes_partitions_with_their_state() {
     std::thread::sleep(Duration::from_millis(1500));
     let second = spawn(1);
     std::thread::sleep(Duration::from_millis(1500));
-    terminate(&first);
+    signal(&first, "-TERM");
     for child in [first, second] {
         let out = child.wait_with_output().expect("wait");
         assert!(
@@ -318,15 +318,6 @@ fn a_missing_topic_an_unreachable_broker_and_a_lost_changelog_are_clear_errors()
     );
 }
 
-/// Asks a child to stop (SIGTERM: it commits what it did and leaves its group).
-fn terminate(child: &std::process::Child) {
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success(), "kill -TERM {}", child.id());
-}
-
 /// Waits for a child; its stderr on failure.
 fn wait_ok(child: std::process::Child, what: &str) {
     let out = child.wait_with_output().expect("wait");
@@ -407,7 +398,7 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    terminate(&c);
+    signal(&c, "-TERM");
     wait_ok(c, "process c, stopped with SIGTERM");
     let stopped = stats_of(&stats[2]);
     assert_eq!(stopped["stopped"], true, "{stopped}");
@@ -419,7 +410,7 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
     // a leaves too (SIGTERM) once c is back: c then holds every partition and ends
     // when each is finished.
     std::thread::sleep(Duration::from_millis(1000));
-    terminate(&a);
+    signal(&a, "-TERM");
     wait_ok(a, "process a, stopped with SIGTERM");
     wait_ok(c2, "process c, restarted");
     // A group member that dies keeps its partitions until its session times out; the

@@ -16,7 +16,7 @@ mod kafka_runs;
 mod process;
 
 use kafka_runs::{Topics, as_strs, assert_matches_file_runs, stats_of};
-use process::{bin, generate, run, s};
+use process::{bin, generate, run, s, signal};
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -47,8 +47,6 @@ fn assert_running(child: &mut Child, dir: &Path, id: &str, when: &str) {
     }
 }
 
-/// Asks a process to stop (SIGTERM: it commits what it processed and leaves the
-/// group); returns whether it ended with exit 0 within a minute.
 /// The thread stacks of a running member (gdb), to tell a blocked call from a loop
 /// that reads nothing when the group stalls.
 fn stacks(child: &Child) -> String {
@@ -66,12 +64,10 @@ fn stacks(child: &Child) -> String {
     }
 }
 
+/// Asks a process to stop (SIGTERM: it commits what it processed and leaves the
+/// group); returns whether it ended with exit 0 within a minute.
 fn stop(mut child: Child) -> bool {
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill -TERM");
-    assert!(term.success());
+    signal(&child, "-TERM");
     let began = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("wait") {

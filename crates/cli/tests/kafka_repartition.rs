@@ -16,7 +16,7 @@ mod process;
 
 use kafka::{produce_lines, produce_to_partition, read_committed, text};
 use kafka_runs::{OPTIONS, Topics, as_strs, assert_adds_up, final_sessions, stats_of};
-use process::{bin, run_ok, s};
+use process::{bin, run_ok, s, signal};
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -189,14 +189,7 @@ fn a_repartitioned_input_gives_the_sessions_and_late_events_of_a_keyed_one_howev
     }
     std::thread::sleep(Duration::from_secs(2));
     // The second stops as asked (SIGTERM) and a third runs to the end of the input.
-    let pid = second.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill")
-            .success()
-    );
+    signal(&second, "-TERM");
     let began = Instant::now();
     while second.try_wait().expect("wait").is_none() {
         assert!(

@@ -22,6 +22,15 @@ pub fn set_env(vars: Vec<(String, String)>) {
     assert_eq!(*set, vars, "one environment per test binary");
 }
 
+/// Sends `signal` (`-TERM`, `-STOP`, `-CONT`, ...) to a running child, with `kill`.
+pub fn signal(child: &std::process::Child, signal: &str) {
+    let sent = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill {signal} {}", child.id());
+}
+
 /// A path as an argument.
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
