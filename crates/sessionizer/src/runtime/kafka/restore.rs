@@ -11,6 +11,12 @@ use std::collections::HashMap;
 /// already stable (its markers are written within milliseconds).
 pub(super) const MARKER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long after its timeout a transaction left open by a process that died may still
+/// hold its partitions: the coordinator looks for expired transactions every ten
+/// seconds (the brokers' default `transaction.abort.timed.out.transaction.cleanup.interval.ms`),
+/// and a little more.
+pub(super) const EXPIRY_CHECK: std::time::Duration = std::time::Duration::from_secs(12);
+
 /// A task's state being put together, as its changelog records say it: each key's
 /// latest encoded state and the latest progress record, up to a changelog offset.
 #[derive(Debug, Default)]

@@ -2,7 +2,7 @@
 
 use crate::error::RunError;
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
-use crate::runtime::kafka::restore::{MARKER_WAIT, Restoring};
+use crate::runtime::kafka::restore::{EXPIRY_CHECK, MARKER_WAIT, Restoring};
 use crate::runtime::kafka::task::Task;
 use crate::runtime::kafka::{KafkaJob, option_differences};
 use crate::stats::RestoreStats;
@@ -85,7 +85,15 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         // there but not yet readable. Read on until the progress record agrees with the
         // committed offset, or no record is left beyond the read (a changelog that is
         // really behind is reported by finish_restore).
-        let deadline = Instant::now() + MARKER_WAIT.min(self.settings.timeout);
+        //
+        // A read still held below the written end after that is held by an open
+        // transaction: one of a process that died after writing to the changelog (a
+        // task taken over from it, then rewound by this process) stays open until the
+        // coordinator aborts it, and nothing written after it — this process's own
+        // commits included — is readable until then: wait for that too.
+        let markers = Instant::now() + MARKER_WAIT.min(self.settings.timeout);
+        let deadline = Instant::now() + self.kafka.transaction_timeout + EXPIRY_CHECK;
+        let mut told = false;
         loop {
             let mut behind = Vec::new();
             for (i, task) in tasks.iter().enumerate() {
@@ -104,11 +112,25 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             if behind.is_empty() || Instant::now() >= deadline {
                 break;
             }
+            if !told && Instant::now() >= markers {
+                told = true;
+                let names: Vec<&str> = behind
+                    .iter()
+                    .map(|&i| tasks[i].names[0].name.as_str())
+                    .collect();
+                tracing::info!(
+                    tasks = ?names,
+                    wait_s = (deadline - Instant::now()).as_secs(),
+                    "a changelog is held by an open transaction (of a process that stopped?); waiting for the coordinator to abort it"
+                );
+            }
             tracing::debug!(
                 tasks = behind.len(),
                 "changelog not yet readable up to the committed offset; reading on"
             );
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            // Markers come within milliseconds; an expiring transaction takes seconds.
+            let pause = if told { 500 } else { 20 };
+            std::thread::sleep(std::time::Duration::from_millis(pause));
             self.read_changelogs(tasks, &mut states, &behind, &mut reads)?;
         }
         for (i, n) in nothing_to_read.iter().enumerate() {
