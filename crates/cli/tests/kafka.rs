@@ -341,12 +341,29 @@ fn three_processes_with_a_commit_aborted_at_every_rebalance_give_the_single_proc
     three_processes_one_killed_one_restarted(&[(ABORT_ON_REBALANCE, "1")]);
 }
 
+/// The same with every fifth commit that runs while the process goes on with its next
+/// round aborted (a test hook, 200 ms into the commit): the round processed meanwhile
+/// is dropped with the transaction, and both are done again.
+#[cfg(feature = "fault-injection")]
+#[test]
+fn three_processes_with_commits_aborted_while_the_next_round_runs_give_the_single_process_output() {
+    let aborts = three_processes_one_killed_one_restarted(&[(REFUSE_COMMIT_EVERY, "5")]);
+    assert!(aborts > 0, "no commit was aborted");
+}
+
 /// The test hook that aborts the open transaction at each rebalance (cargo feature
 /// `fault-injection`).
 #[cfg(feature = "fault-injection")]
 const ABORT_ON_REBALANCE: &str = "SESSIONIZER_TEST_ABORT_ON_REBALANCE";
 
-fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
+/// The test hook that aborts every Nth commit running in the background (cargo feature
+/// `fault-injection`).
+#[cfg(feature = "fault-injection")]
+const REFUSE_COMMIT_EVERY: &str = "SESSIONIZER_TEST_REFUSE_COMMIT_EVERY";
+
+/// Runs the three processes (with `env`) and checks their outputs and accounts;
+/// returns how many transactions the processes that ended cleanly aborted.
+fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) -> u64 {
     let _one_at_a_time = kafka::exclusive();
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("visits.jsonl");
@@ -435,6 +452,10 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
         assert_adds_up(&st, st["records_read"].as_u64().expect("records_read"));
     }
     assert_eq!(stats_of(&stats[0])["stopped"], true);
+    let aborts = [&stats[0], &stats[2], &stats[3]]
+        .map(|p| stats_of(p)["kafka"]["aborts"].as_u64().expect("aborts"))
+        .iter()
+        .sum();
     let mut sum = serde_json::json!({});
     for k in [
         "records_read",
@@ -450,6 +471,7 @@ fn three_processes_one_killed_one_restarted(env: &[(&str, &str)]) {
             .into();
     }
     assert_adds_up(&sum, records);
+    aborts
 }
 
 /// Each task's counters from the last progress record of its changelog partition, by

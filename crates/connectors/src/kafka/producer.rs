@@ -97,13 +97,14 @@ pub enum CommitError {
 }
 
 /// How much longer than the client's timeout a transaction's offsets may take before
-/// the producer is taken for stuck (see `TxnProducer::add_offsets`).
+/// the producer is taken for stuck (see `add_offsets`).
 const OFFSETS_GRACE: Duration = Duration::from_secs(5);
 
 /// The transactional producer of one process.
 pub struct TxnProducer {
     /// Shared with the thread that adds a transaction's offsets (see
-    /// [`add_offsets`](Self::add_offsets)), which may outlive a call that waited too long.
+    /// [`add_offsets`]) and the one committing ([`start_commit`](Self::start_commit)),
+    /// which may outlive a call that waited too long.
     producer: std::sync::Arc<BaseProducer<DeliveryContext>>,
     timeout: Duration,
     /// How long the coordinator lets a transaction stay open.
@@ -112,7 +113,19 @@ pub struct TxnProducer {
     in_txn: bool,
     /// When the open transaction began.
     began: Option<std::time::Instant>,
+    /// The open transaction's commit, running on a thread of its own
+    /// ([`start_commit`](Self::start_commit)): nothing is sent until it is finished.
+    committing: Option<std::thread::JoinHandle<Committed>>,
+    /// Commits started on a thread so far (the test hook counts them).
+    #[cfg(feature = "fault-injection")]
+    started: u64,
 }
+
+/// How a commit on its own thread ended, and when.
+type Committed = (Result<(), CommitError>, std::time::Instant);
+
+/// The librdkafka producer under a [`TxnProducer`].
+type TxnClient = BaseProducer<DeliveryContext>;
 
 impl std::fmt::Debug for TxnProducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -184,6 +197,9 @@ impl TxnProducer {
             id: transactional_id.to_string(),
             in_txn: false,
             began: None,
+            committing: None,
+            #[cfg(feature = "fault-injection")]
+            started: 0,
         })
     }
 
@@ -194,6 +210,7 @@ impl TxnProducer {
 
     /// Opens a transaction if none is open.
     pub fn begin(&mut self) -> Result<(), CommitError> {
+        self.not_committing()?;
         if !self.in_txn {
             self.producer.begin_transaction().map_err(classify)?;
             self.in_txn = true;
@@ -367,6 +384,7 @@ impl TxnProducer {
     /// fails if one was not. Afterwards [`take_tracked`](Self::take_tracked) has the
     /// offsets of every tracked record sent. The first phase of a two-phase commit.
     pub fn flush(&mut self) -> Result<(), CommitError> {
+        self.not_committing()?;
         let left = drain(&self.producer, self.timeout);
         self.producer.flush(left).map_err(classify)?;
         let failed = self.producer.context().failed.load(Ordering::Relaxed);
@@ -386,7 +404,81 @@ impl TxnProducer {
         offsets: Option<(&TopicPartitionList, ConsumerGroupMetadata)>,
     ) -> Result<(), CommitError> {
         self.begin()?;
-        let result = self.try_commit(offsets).map_err(|e| self.expired(e));
+        let offsets = offsets.map(|(tpl, group)| (tpl.clone(), group));
+        let result = commit_on(&self.producer, self.timeout, offsets);
+        self.ended((result, std::time::Instant::now()))
+    }
+
+    /// [`commit`](Self::commit) on a thread of its own, so that the caller can go on
+    /// with its next batch meanwhile; [`finish_commit`](Self::finish_commit) waits for
+    /// it and says how it ended. Until then nothing can be sent (the producer has one
+    /// transaction at a time): the caller holds what it has to send.
+    pub fn start_commit(
+        &mut self,
+        offsets: Option<(TopicPartitionList, ConsumerGroupMetadata)>,
+    ) -> Result<(), CommitError> {
+        self.begin()?;
+        let producer = std::sync::Arc::clone(&self.producer);
+        let timeout = self.timeout;
+        #[cfg(feature = "fault-injection")]
+        let refuse = {
+            self.started += 1;
+            refuse_commit(self.started)
+        };
+        let thread = std::thread::Builder::new()
+            .name("sessionizer-txn-commit".into())
+            .spawn(move || {
+                #[cfg(feature = "fault-injection")]
+                if refuse {
+                    // The caller goes on with its next batch meanwhile.
+                    std::thread::sleep(Duration::from_millis(200));
+                    let refused = CommitError::Aborted(format!(
+                        "{REFUSE_COMMIT_ENV}: the test hook refused this commit"
+                    ));
+                    return (Err(refused), std::time::Instant::now());
+                }
+                let result = commit_on(&producer, timeout, offsets);
+                (result, std::time::Instant::now())
+            })
+            .map_err(|e| CommitError::Fatal(format!("cannot start a thread: {e}")))?;
+        self.committing = Some(thread);
+        Ok(())
+    }
+
+    /// Whether a commit started by [`start_commit`](Self::start_commit) is still to be
+    /// finished.
+    pub fn committing(&self) -> bool {
+        self.committing.is_some()
+    }
+
+    /// Whether that commit has ended ([`finish_commit`](Self::finish_commit) then does
+    /// not wait).
+    pub fn commit_ended(&self) -> bool {
+        self.committing
+            .as_ref()
+            .is_some_and(std::thread::JoinHandle::is_finished)
+    }
+
+    /// Waits for the commit started by [`start_commit`](Self::start_commit): its outcome,
+    /// as [`commit`](Self::commit)'s.
+    pub fn finish_commit(&mut self) -> Result<(), CommitError> {
+        let Some(thread) = self.committing.take() else {
+            return Err(CommitError::Fatal(
+                "no commit was started on a thread".to_string(),
+            ));
+        };
+        let ended = thread.join().unwrap_or_else(|_| {
+            let stopped = CommitError::Fatal(
+                "the thread committing the transaction stopped unexpectedly".to_string(),
+            );
+            (Err(stopped), std::time::Instant::now())
+        });
+        self.ended(ended)
+    }
+
+    /// The transaction after its commit ended with `result` at `at`.
+    fn ended(&mut self, (result, at): Committed) -> Result<(), CommitError> {
+        let result = result.map_err(|e| self.expired_at(e, at));
         self.in_txn = false;
         match result {
             Ok(()) => Ok(()),
@@ -401,77 +493,20 @@ impl TxnProducer {
         }
     }
 
-    fn try_commit(
-        &mut self,
-        offsets: Option<(&TopicPartitionList, ConsumerGroupMetadata)>,
-    ) -> Result<(), CommitError> {
-        if let Some((tpl, group)) = offsets
-            && tpl.count() > 0
-        {
-            self.add_offsets(tpl.clone(), group)?;
-        }
-        // The first try gets the time the drain left; a retry the whole timeout.
-        let mut timeout = drain(&self.producer, self.timeout);
-        // A retriable error (a timeout) may be retried; anything else aborts.
-        let mut attempts = 0;
-        loop {
-            let result = self.producer.commit_transaction(timeout);
-            timeout = self.timeout;
-            match result {
-                Ok(()) => break,
-                Err(ClientError::Transaction(t))
-                    if t.is_retriable() && !t.txn_requires_abort() && attempts < 3 =>
-                {
-                    attempts += 1;
-                }
-                Err(e) => return Err(classify(e)),
-            }
-        }
-        let failed = self.producer.context().failed.swap(0, Ordering::Relaxed);
-        if failed > 0 {
-            // librdkafka fails the commit when a delivery failed; this is a guard.
-            return Err(CommitError::Fatal(format!(
-                "{failed} records of a committed transaction were not delivered"
-            )));
-        }
-        Ok(())
-    }
-
-    /// Adds the consumed offsets `tpl` of `group` to the open transaction, waiting at
-    /// most the client's timeout and a little more. librdkafka's call can wait past its
-    /// own timeout for a group coordinator that went away (a broker restarted while the
-    /// client cached it as the coordinator: librdkafka issues 5456 and 5511), which
-    /// stalled a job for minutes in a rolling restart; so the call runs on a thread of
-    /// its own, and one that has not answered in time is an unavailable cluster: the
-    /// job replaces this producer (a new one with the same transactional id fences it
-    /// and aborts its transaction) and goes back to its last commit. The thread keeps
-    /// its share of the old producer until librdkafka answers it.
-    fn add_offsets(
-        &mut self,
-        tpl: TopicPartitionList,
-        group: ConsumerGroupMetadata,
-    ) -> Result<(), CommitError> {
-        let (answer, answered) = std::sync::mpsc::channel();
-        let producer = std::sync::Arc::clone(&self.producer);
-        let timeout = self.timeout;
-        std::thread::Builder::new()
-            .name("sessionizer-txn-offsets".into())
-            .spawn(move || {
-                let added = producer.send_offsets_to_transaction(&tpl, &group, timeout);
-                let _ = answer.send(added);
-            })
-            .map_err(|e| CommitError::Fatal(format!("cannot start a thread: {e}")))?;
-        match answered.recv_timeout(self.timeout + OFFSETS_GRACE) {
-            Ok(added) => added.map_err(classify),
-            Err(_) => Err(CommitError::Unavailable(format!(
-                "the group coordinator did not take the transaction's offsets within {:?}",
-                self.timeout + OFFSETS_GRACE
-            ))),
+    /// Refuses to go on while a commit runs on its thread: a record sent now would join
+    /// the transaction being committed, or none.
+    fn not_committing(&self) -> Result<(), CommitError> {
+        match self.committing {
+            Some(_) => Err(CommitError::Fatal(
+                "a record was sent while the previous transaction was being committed".to_string(),
+            )),
+            None => Ok(()),
         }
     }
 
     /// Aborts the open transaction, if any.
     pub fn abort(&mut self) -> Result<(), CommitError> {
+        self.not_committing()?;
         if self.in_txn {
             self.in_txn = false;
             self.abort_now()?;
@@ -514,11 +549,16 @@ impl TxnProducer {
     /// timeout: the coordinator aborted it and fenced this producer's epoch because
     /// the cluster or this process was away, not because another process took over.
     fn expired(&self, e: CommitError) -> CommitError {
+        self.expired_at(e, std::time::Instant::now())
+    }
+
+    /// [`expired`](Self::expired) for an error met at `at`.
+    fn expired_at(&self, e: CommitError, at: std::time::Instant) -> CommitError {
         match e {
             CommitError::Fatal(why)
                 if self
                     .began
-                    .is_some_and(|b| b.elapsed() >= self.transaction_timeout) =>
+                    .is_some_and(|b| at.duration_since(b) >= self.transaction_timeout) =>
             {
                 CommitError::Unavailable(format!(
                     "the transaction stayed open longer than its timeout ({:?}) and was aborted by the coordinator: {why}",
@@ -550,6 +590,93 @@ impl TxnProducer {
             (e, None) => e,
         }
     }
+}
+
+/// Commits the open transaction of `producer` with `offsets`: the offsets join it, its
+/// records are drained, then the coordinator commits it.
+fn commit_on(
+    producer: &std::sync::Arc<TxnClient>,
+    timeout: Duration,
+    offsets: Option<(TopicPartitionList, ConsumerGroupMetadata)>,
+) -> Result<(), CommitError> {
+    if let Some((tpl, group)) = offsets
+        && tpl.count() > 0
+    {
+        add_offsets(producer, timeout, tpl, group)?;
+    }
+    // The first try gets the time the drain left; a retry the whole timeout.
+    let mut wait = drain(producer, timeout);
+    // A retriable error (a timeout) may be retried; anything else aborts.
+    let mut attempts = 0;
+    loop {
+        let result = producer.commit_transaction(wait);
+        wait = timeout;
+        match result {
+            Ok(()) => break,
+            Err(ClientError::Transaction(t))
+                if t.is_retriable() && !t.txn_requires_abort() && attempts < 3 =>
+            {
+                attempts += 1;
+            }
+            Err(e) => return Err(classify(e)),
+        }
+    }
+    let failed = producer.context().failed.swap(0, Ordering::Relaxed);
+    if failed > 0 {
+        // librdkafka fails the commit when a delivery failed; this is a guard.
+        return Err(CommitError::Fatal(format!(
+            "{failed} records of a committed transaction were not delivered"
+        )));
+    }
+    Ok(())
+}
+
+/// Adds the consumed offsets `tpl` of `group` to the open transaction, waiting at most
+/// the client's timeout and a little more. librdkafka's call can wait past its own
+/// timeout for a group coordinator that went away (a broker restarted while the client
+/// cached it as the coordinator: librdkafka issues 5456 and 5511), which stalled a job
+/// for minutes in a rolling restart; so the call runs on a thread of its own, and one
+/// that has not answered in time is an unavailable cluster: the job replaces this
+/// producer (a new one with the same transactional id fences it and aborts its
+/// transaction) and goes back to its last commit. The thread keeps its share of the
+/// old producer until librdkafka answers it.
+fn add_offsets(
+    producer: &std::sync::Arc<TxnClient>,
+    timeout: Duration,
+    tpl: TopicPartitionList,
+    group: ConsumerGroupMetadata,
+) -> Result<(), CommitError> {
+    let (answer, answered) = std::sync::mpsc::channel();
+    let producer = std::sync::Arc::clone(producer);
+    std::thread::Builder::new()
+        .name("sessionizer-txn-offsets".into())
+        .spawn(move || {
+            let added = producer.send_offsets_to_transaction(&tpl, &group, timeout);
+            let _ = answer.send(added);
+        })
+        .map_err(|e| CommitError::Fatal(format!("cannot start a thread: {e}")))?;
+    match answered.recv_timeout(timeout + OFFSETS_GRACE) {
+        Ok(added) => added.map_err(classify),
+        Err(_) => Err(CommitError::Unavailable(format!(
+            "the group coordinator did not take the transaction's offsets within {:?}",
+            timeout + OFFSETS_GRACE
+        ))),
+    }
+}
+
+/// The test hook of asynchronous commits (cargo feature `fault-injection` only): with
+/// `SESSIONIZER_TEST_REFUSE_COMMIT_EVERY=N`, every Nth commit started on a thread is
+/// aborted instead, 200 ms after it started, while the job goes on with its next
+/// batch. A build without the feature has no such hook.
+#[cfg(feature = "fault-injection")]
+const REFUSE_COMMIT_ENV: &str = "SESSIONIZER_TEST_REFUSE_COMMIT_EVERY";
+
+#[cfg(feature = "fault-injection")]
+fn refuse_commit(nth: u64) -> bool {
+    let every = std::env::var(REFUSE_COMMIT_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok());
+    every.is_some_and(|n| n > 0 && nth.is_multiple_of(n))
 }
 
 fn classify(e: ClientError) -> CommitError {

@@ -14,6 +14,14 @@
 //!    transaction as the consumer group's offsets;
 //! 3. the transaction commits: outputs, state and positions become visible together.
 //!
+//! The commit of step 3 may run on a thread of the producer while the job goes on
+//! ([`Transactions::start`], then [`Transactions::finish`]): the job polls and
+//! processes its next round meanwhile, but sends nothing — a producer has one
+//! transaction at a time — so that round's outputs wait in its tasks until the commit
+//! ended. If it was aborted, the job rewinds as below, and the round goes with
+//! everything else since the commit before; so exactly once holds as with a commit
+//! that is waited for.
+//!
 //! A transaction the broker aborts (a rebalance moved the group on while it was
 //! committed, a fenced epoch) is not an error: none of it is visible, the job rewinds
 //! its tasks to the last commit (restoring them from their changelogs) and goes on. A
@@ -79,6 +87,16 @@ pub(crate) struct Transactions {
     aborts_in_row: u32,
 }
 
+/// A transaction whose records and offsets are all sent, its commit running on a
+/// thread of the producer ([`Transactions::start`]).
+#[derive(Debug)]
+#[must_use = "a started commit is finished with Transactions::finish"]
+pub(crate) struct Started {
+    began: Instant,
+    bytes: u64,
+    keys: u64,
+}
+
 impl Transactions {
     /// Commits one step of the job (see the module's protocol): the changes and
     /// progress records of `changed`, the positions `next` (`(partition, next offset,
@@ -91,61 +109,65 @@ impl Transactions {
         next: &[(TopicPartition, i64, &str)],
         telemetry: &Telemetry,
     ) -> Result<Outcome, RunError> {
-        let began = Instant::now();
-        // The changelog records of the transaction, for telemetry.
-        let (mut bytes, mut keys) = (0u64, 0u64);
-        let mut key_buf = Vec::new();
-        for Changed {
-            changelog: (topic, partition),
-            tag,
-            task,
-        } in changed
-        {
-            let mut failed = None;
-            task.drain_changes(&mut |key, value| {
-                if failed.is_some() {
-                    return;
-                }
-                changelog::state_key(key, &mut key_buf);
-                keys += 1;
-                bytes += (key_buf.len() + value.map_or(0, <[u8]>::len)) as u64;
-                if let Err(e) = producer.send(topic, Some(partition), Some(&key_buf), value, false)
-                {
-                    failed = Some(e);
-                }
-            });
-            if let Some(e) = failed {
-                return Err(commit_error(e));
-            }
-            if let Some(e) = task.take_error() {
-                return Err(e);
-            }
-            let progress = task.progress();
-            bytes += progress.len() as u64;
-            // Its offset tells a local snapshot how much of the changelog it covers.
-            producer
-                .send_tracked(
-                    topic,
-                    Some(partition),
-                    Some(changelog::META_KEY),
-                    Some(&progress),
-                    false,
-                    tag,
-                )
-                .map_err(commit_error)?;
-        }
+        let (began, bytes, keys) = send_changes(producer, changed)?;
         let offsets = consumer.offsets(next)?;
         let group = consumer.group_metadata();
-        match producer.commit(group.map(|g| (&offsets, g))) {
+        let committed = producer.commit(group.map(|g| (&offsets, g)));
+        self.ended(
+            producer,
+            Started { began, bytes, keys },
+            committed,
+            telemetry,
+        )
+    }
+
+    /// [`commit`](Self::commit) with the commit itself on a thread of the producer:
+    /// the job goes on with its next batch, holding what it would send until
+    /// [`finish`](Self::finish) says how the commit ended.
+    pub fn start(
+        &mut self,
+        producer: &mut TxnProducer,
+        consumer: &GroupConsumer,
+        changed: Vec<Changed<'_>>,
+        next: &[(TopicPartition, i64, &str)],
+    ) -> Result<Started, RunError> {
+        let (began, bytes, keys) = send_changes(producer, changed)?;
+        let offsets = consumer.offsets(next)?;
+        let group = consumer.group_metadata();
+        producer
+            .start_commit(group.map(|g| (offsets, g)))
+            .map_err(commit_error)?;
+        Ok(Started { began, bytes, keys })
+    }
+
+    /// Waits for the commit of [`start`](Self::start) and says how it ended.
+    pub fn finish(
+        &mut self,
+        producer: &mut TxnProducer,
+        started: Started,
+        telemetry: &Telemetry,
+    ) -> Result<Outcome, RunError> {
+        let committed = producer.finish_commit();
+        self.ended(producer, started, committed, telemetry)
+    }
+
+    fn ended(
+        &mut self,
+        producer: &mut TxnProducer,
+        started: Started,
+        committed: Result<(), CommitError>,
+        telemetry: &Telemetry,
+    ) -> Result<Outcome, RunError> {
+        match committed {
             Ok(()) => {
                 self.commits += 1;
                 self.aborts_in_row = 0;
                 telemetry.checkpoint(&CheckpointReport {
                     kind: CheckpointKind::Transaction,
                     epoch: None,
-                    bytes,
-                    keys,
-                    took: began.elapsed(),
+                    bytes: started.bytes,
+                    keys: started.keys,
+                    took: started.began.elapsed(),
                 });
                 Ok(Outcome::Committed {
                     progress_offsets: producer.take_tracked(),
@@ -187,6 +209,57 @@ impl Transactions {
         self.aborts += 1;
         self.aborts_in_row += 1;
     }
+}
+
+/// Sends the changelog records of `changed` (see the module's protocol): returns when
+/// the transaction began to be committed, and its changelog bytes and keys.
+fn send_changes(
+    producer: &mut TxnProducer,
+    changed: Vec<Changed<'_>>,
+) -> Result<(Instant, u64, u64), RunError> {
+    let began = Instant::now();
+    // The changelog records of the transaction, for telemetry.
+    let (mut bytes, mut keys) = (0u64, 0u64);
+    let mut key_buf = Vec::new();
+    for Changed {
+        changelog: (topic, partition),
+        tag,
+        task,
+    } in changed
+    {
+        let mut failed = None;
+        task.drain_changes(&mut |key, value| {
+            if failed.is_some() {
+                return;
+            }
+            changelog::state_key(key, &mut key_buf);
+            keys += 1;
+            bytes += (key_buf.len() + value.map_or(0, <[u8]>::len)) as u64;
+            if let Err(e) = producer.send(topic, Some(partition), Some(&key_buf), value, false) {
+                failed = Some(e);
+            }
+        });
+        if let Some(e) = failed {
+            return Err(commit_error(e));
+        }
+        if let Some(e) = task.take_error() {
+            return Err(e);
+        }
+        let progress = task.progress();
+        bytes += progress.len() as u64;
+        // Its offset tells a local snapshot how much of the changelog it covers.
+        producer
+            .send_tracked(
+                topic,
+                Some(partition),
+                Some(changelog::META_KEY),
+                Some(&progress),
+                false,
+                tag,
+            )
+            .map_err(commit_error)?;
+    }
+    Ok((began, bytes, keys))
 }
 
 /// A producer's failure as the run's error. A transaction aborted under the job — a

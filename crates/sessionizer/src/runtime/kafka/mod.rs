@@ -39,12 +39,13 @@ mod task;
 
 use crate::config::{KafkaConfig, PipelineConfig};
 use crate::error::RunError;
-use crate::runtime::commit::txn::{Changed, Outcome, Transactions, TxnTask, commit_error};
+use crate::runtime::commit::txn::{Changed, Outcome, Started, Transactions, TxnTask, commit_error};
 use crate::runtime::instance::{persisted_instance, random_instance};
 use crate::stats::{KafkaStats, RestoreStats, RunStats};
 use crate::telemetry::{TaskReport, Telemetry};
 use output::Out;
 use repartition::Rekey;
+use sessionizer_checkpoint::Counters;
 use sessionizer_connectors::OutputTarget;
 use sessionizer_connectors::kafka::admin::Admin;
 use sessionizer_connectors::kafka::consumer::{GroupConsumer, Polled};
@@ -180,6 +181,8 @@ struct KafkaJob<'c, F: TaskFactory> {
     released: RunStats,
     /// The job's transactions (durable mode) and their history.
     txns: Transactions,
+    /// A transaction committing while the job goes on (see [`Self::commit_due`]).
+    pending: Option<Pending>,
     /// The cluster does not answer: since when, and why.
     outage: Option<outage::Outage>,
     /// What the job waited for the cluster.
@@ -367,6 +370,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             restored: Restored::default(),
             released: RunStats::default(),
             txns: Transactions::default(),
+            pending: None,
             outage: None,
             outages: outage::Outages::default(),
             progress_at: BTreeMap::new(),
@@ -449,7 +453,12 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 // A cluster that does not answer for a while is waited for (up to
                 // --kafka-outage-limit); the job then goes on from its last commit.
                 Err(e) if outage::is_transient(&e) => self.ride_out(e)?,
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // A commit still running ends first: if it committed, its share is
+                    // this process's (the stats of the failed run say so).
+                    let _ = self.join_pending();
+                    return Err(e);
+                }
             }
         };
         let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
@@ -488,8 +497,11 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                     tracing::info!("stopping on request: committed, leaving the group");
                     break 'job;
                 }
-                for event in self.consumer.take_rebalances() {
+                let events = self.consumer.take_rebalances();
+                self.let_lost_go(&events)?;
+                for event in events {
                     self.process_staged()?;
+                    self.settle()?;
                     self.rebalance(event)?;
                     if let Some(s) = &mut self.standbys {
                         s.stale();
@@ -625,7 +637,13 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 self.report();
                 // While the cluster does not answer a commit could only time out.
                 if !self.waiting_for_cluster()? && self.last_commit.elapsed() >= interval {
-                    self.commit()?;
+                    self.commit_due()?;
+                } else if self
+                    .producer
+                    .as_ref()
+                    .is_some_and(TxnProducer::commit_ended)
+                {
+                    self.settle()?;
                 }
             }
             // Every partition reached its end offset: end as a file input does.
@@ -684,6 +702,11 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             }),
             _ => staged.iter_mut().filter_map(stepped).collect(),
         };
+        // A commit that ran meanwhile ends before anything is sent; if it was aborted,
+        // every task went back to the commit before and what was just processed goes.
+        if !ids.is_empty() && self.settle()? {
+            return Ok(());
+        }
         for id in ids {
             let task = self.tasks.get_mut(&id).expect("staged task exists");
             // A task's RocksDB store failed: stop before anything of the step is sent.
@@ -724,7 +747,7 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
             *stall = (*stall).max(now - last);
             task.clear_processed();
         }
-        if let Some(p) = &self.producer {
+        if let Some(p) = self.producer.as_ref().filter(|p| !p.committing()) {
             p.poll();
         }
         self.sample_state_stores();
@@ -754,18 +777,39 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
     /// Commits: in durable mode one transaction with every changed task's state
     /// changes and progress record and every task's offsets (the protocol of
     /// [`crate::runtime::commit::txn`]); otherwise the outputs are flushed (and a
-    /// transaction holding side outputs to topics committed).
+    /// transaction holding side outputs to topics committed). Returns once the commit
+    /// ended (a commit still running from [`commit_due`](Self::commit_due) ends first).
     fn commit(&mut self) -> Result<(), RunError> {
+        self.commit_with(false)
+    }
+
+    /// The commit the interval asks for: like [`commit`](Self::commit), but in durable
+    /// mode the transaction's commit runs on a thread of its own while the job polls
+    /// and processes its next round. The outputs of that round are held by their tasks
+    /// (the producer has one transaction at a time) until the commit ended
+    /// ([`settle`](Self::settle), before anything is sent); if it was aborted, the
+    /// round is dropped with everything since the commit before. A re-keying job
+    /// (it forwards records while it polls), a table output and a snapshot due commit
+    /// and wait as before.
+    fn commit_due(&mut self) -> Result<(), RunError> {
+        let wait = self.rekey.is_some()
+            || matches!(self.sessions, Out::Table)
+            || self.snapshots.as_ref().is_some_and(Snapshots::due);
+        self.commit_with(!wait)
+    }
+
+    fn commit_with(&mut self, in_background: bool) -> Result<(), RunError> {
+        self.settle()?;
         let began = Instant::now();
         let commits = self.txns.commits;
-        let result = self.commit_now();
+        let result = self.commit_now(in_background);
         if self.txns.commits > commits {
             tracing::debug!(ms = began.elapsed().as_millis() as u64, "committed");
         }
         result
     }
 
-    fn commit_now(&mut self) -> Result<(), RunError> {
+    fn commit_now(&mut self, in_background: bool) -> Result<(), RunError> {
         self.last_commit = Instant::now();
         if let (Some(r), Some(p), true) = (&mut self.rekey, &mut self.producer, self.durable) {
             // The input partitions' times, after the records they cover.
@@ -828,30 +872,47 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                         task,
                     })
                     .collect();
-                let outcome =
-                    self.txns
-                        .commit(p, &self.consumer, changed, &next, &self.telemetry)?;
-                match outcome {
-                    Outcome::Committed { progress_offsets } => {
-                        for task in self.tasks.values_mut() {
-                            task.dirty = false;
-                            task.committed = task.counters();
-                            if let Some(&o) = progress_offsets.get(&meta_tag(task.tp)) {
-                                task.changelog_end = Some(o + 1);
-                            }
+                let consumer = &self.consumer;
+                let committing = match in_background {
+                    true => Committing::Started(self.txns.start(p, consumer, changed, &next)?),
+                    false => Committing::Ended(self.txns.commit(
+                        p,
+                        consumer,
+                        changed,
+                        &next,
+                        &self.telemetry,
+                    )?),
+                };
+                // Every task's changes are in the transaction; what each had counted
+                // is what it commits.
+                let counters = self
+                    .tasks
+                    .values_mut()
+                    .map(|t| {
+                        t.dirty = false;
+                        (t.tp, t.counters())
+                    })
+                    .collect();
+                match committing {
+                    Committing::Started(started) => {
+                        self.pending = Some(Pending { started, counters });
+                        return Ok(());
+                    }
+                    Committing::Ended(outcome) => {
+                        if self.committed(outcome, counters)? {
+                            return self.rewind();
                         }
-                        #[cfg(feature = "delta")]
-                        self.commit_tables()?;
                         if self.snapshots.as_ref().is_some_and(Snapshots::due) {
+                            // Taken right after the commit: each holds exactly the
+                            // committed state.
                             let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
                             self.write_snapshots(&all);
                         }
+                        return Ok(());
                     }
-                    Outcome::Aborted => return self.rewind(),
                 }
-            } else {
-                p.commit(None).map_err(commit_error)?;
             }
+            p.commit(None).map_err(commit_error)?;
         }
         if !self.durable {
             // Nothing is committed to Kafka: what the outputs were given is this
@@ -860,6 +921,61 @@ impl<'c, F: TaskFactory> KafkaJob<'c, F> {
                 task.committed = task.counters();
             }
         }
+        self.outputs_committed()
+    }
+
+    /// Waits for the commit [`commit_due`](Self::commit_due) started, if any, and
+    /// takes its outcome. Returns whether it was aborted: every task then went back to
+    /// the commit before (what they processed since is dropped).
+    fn settle(&mut self) -> Result<bool, RunError> {
+        let aborted = self.join_pending()?;
+        if aborted {
+            self.rewind()?;
+        }
+        Ok(aborted)
+    }
+
+    /// [`settle`](Self::settle) without the rewind of an aborted commit, which the
+    /// caller then owes before anything else is sent or committed.
+    fn join_pending(&mut self) -> Result<bool, RunError> {
+        let Some(Pending { started, counters }) = self.pending.take() else {
+            return Ok(false);
+        };
+        let p = self
+            .producer
+            .as_mut()
+            .expect("a pending commit has a producer");
+        let outcome = self.txns.finish(p, started, &self.telemetry)?;
+        self.committed(outcome, counters)
+    }
+
+    /// After a durable commit ended with `outcome`, the tasks having counted
+    /// `counters` when their changes went into it. Returns whether it was aborted:
+    /// the tasks must then be rewound to the commit before.
+    fn committed(
+        &mut self,
+        outcome: Outcome,
+        counters: BTreeMap<TopicPartition, Counters>,
+    ) -> Result<bool, RunError> {
+        let Outcome::Committed { progress_offsets } = outcome else {
+            return Ok(true);
+        };
+        for task in self.tasks.values_mut() {
+            if let Some(c) = counters.get(&task.tp) {
+                task.committed = c.clone();
+            }
+            if let Some(&o) = progress_offsets.get(&meta_tag(task.tp)) {
+                task.changelog_end = Some(o + 1);
+            }
+        }
+        #[cfg(feature = "delta")]
+        self.commit_tables()?;
+        self.outputs_committed()?;
+        Ok(false)
+    }
+
+    /// The outputs that are not in a transaction are written out with each commit.
+    fn outputs_committed(&mut self) -> Result<(), RunError> {
         for w in [&mut self.sessions, &mut self.dead, &mut self.late] {
             if let Out::Writer(w) = w {
                 w.finish()?;
@@ -948,6 +1064,20 @@ impl<O: TaskOp> TxnTask for TaskInTxn<'_, O> {
         serde_json::to_vec(&self.task.meta(self.options, self.format))
             .expect("progress record encodes")
     }
+}
+
+/// A commit started by [`KafkaJob::commit_due`], running while the job goes on.
+#[derive(Debug)]
+struct Pending {
+    started: Started,
+    /// Every task's counters when its changes went into the transaction.
+    counters: BTreeMap<TopicPartition, Counters>,
+}
+
+/// A transaction's commit, started or ended.
+enum Committing {
+    Started(Started),
+    Ended(Outcome),
 }
 
 fn option_differences(then: &[(String, String)], now: &[(String, String)]) -> Vec<String> {

@@ -218,6 +218,37 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         }
     }
 
+    /// Partitions lost in a rebalance (another member may own them already) go before
+    /// anything else of the rebalance: a commit still running ends first, without the
+    /// rewind of an aborted one, which then covers only the partitions kept — a lost
+    /// partition is neither restored nor sought again. (`rebalance` then finishes the
+    /// loss: it counts them, lets the consumer go of them and aborts what is open.)
+    pub(in crate::runtime::kafka) fn let_lost_go(
+        &mut self,
+        events: &[Rebalance],
+    ) -> Result<(), RunError> {
+        let lost: Vec<TopicPartition> = events
+            .iter()
+            .filter_map(|e| match e {
+                Rebalance::Lost(parts) => Some(parts),
+                _ => None,
+            })
+            .flatten()
+            .copied()
+            .collect();
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let aborted = self.join_pending()?;
+        for tp in &lost {
+            self.release(tp);
+        }
+        if aborted {
+            self.rewind()?;
+        }
+        Ok(())
+    }
+
     pub(in crate::runtime::kafka) fn rebalance(
         &mut self,
         event: Rebalance,

@@ -25,6 +25,11 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
         if done.is_empty() {
             return Ok(());
         }
+        // A commit running meanwhile ends first; if it was aborted, every task went
+        // back to the commit before (the next round looks again).
+        if self.settle()? {
+            return Ok(());
+        }
         for id in &done {
             let task = self.tasks.get_mut(id).expect("task exists");
             task.op.clear_outputs();

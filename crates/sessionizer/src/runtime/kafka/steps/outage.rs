@@ -56,6 +56,13 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
             return Err(e);
         };
         self.outage_began(k);
+        // A commit running on its thread ends first: if it committed, its tasks'
+        // counters are this process's share; if not, the rewind below covers it.
+        if let Err(again) = self.settle()
+            && !is_transient(&again)
+        {
+            return Err(again);
+        }
         // Every partition the job held goes back to its last commit, whatever part of
         // that the failed step had done already.
         let mut parts: Vec<TopicPartition> = self.tasks.keys().copied().collect();

@@ -73,6 +73,11 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                     .map(|w| (id, w))
             })
             .collect();
+        // A commit running meanwhile ends first; if it was aborted, every task went
+        // back to the commit before (the next round looks again).
+        if !due.is_empty() && self.settle()? {
+            return Ok(());
+        }
         for (id, w) in due {
             let task = self.tasks.get_mut(&id).expect("task exists");
             task.op.clear_outputs();
