@@ -32,6 +32,7 @@
 use crate::error::RunError;
 use crate::runtime::state::PutChange;
 use crate::telemetry::{CheckpointKind, CheckpointReport, Telemetry};
+use sessionizer_checkpoint::Counters;
 use sessionizer_connectors::kafka::KafkaError;
 use sessionizer_connectors::kafka::TopicPartition;
 use sessionizer_connectors::kafka::changelog;
@@ -95,6 +96,14 @@ pub(crate) struct Started {
     began: Instant,
     bytes: u64,
     keys: u64,
+}
+
+/// A commit started by the Kafka driver, running while the job goes on.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub started: Started,
+    /// Every task's counters when its changes went into the transaction.
+    pub counters: std::collections::BTreeMap<TopicPartition, Counters>,
 }
 
 impl Transactions {
