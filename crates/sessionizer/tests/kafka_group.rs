@@ -980,8 +980,12 @@ fn kill_one_of_two(stateful: bool, visits: i64) {
     };
     'kills: while kills < 3 {
         let (began, before) = (std::time::Instant::now(), committed_state());
+        let (mut last, mut changed_at) = (before.clone(), began);
         loop {
             let now = committed_state();
+            if now != last {
+                (last, changed_at) = (now.clone(), std::time::Instant::now());
+            }
             let grown = now.iter().zip(&before).map(|(n, b)| n - b);
             let (least, total) = grown.fold((i64::MAX, 0), |(l, t), g| (l.min(g), t + g));
             // A partition whose input ended grows no more: after a while, enough
@@ -991,8 +995,9 @@ fn kill_one_of_two(stateful: bool, visits: i64) {
                 break;
             }
             // Nothing committed for 10 s: the whole input is read (a b started
-            // afterwards restores its partitions and has nothing more to commit).
-            let read = total == 0 && began.elapsed() > Duration::from_secs(10);
+            // afterwards restores its partitions and has little or nothing more to
+            // commit).
+            let read = changed_at.elapsed() > Duration::from_secs(10);
             if a_ended(kills) || (read && kills > 0) {
                 break 'kills;
             }
