@@ -10,6 +10,7 @@ use crate::api::checkpoints::StateError;
 use crate::api::late::Late;
 use crate::api::sink::{Sink, SinkError};
 use crate::api::stream::{KeyFn, Stream, TimeFn, ValidTimes};
+use crate::runtime::Padded;
 use crate::runtime::backend::SpillRoot;
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom};
@@ -268,7 +269,7 @@ pub struct SessionWindowJob<E, K, T, W, A: Aggregator<E>, G, C = SystemClock> {
     op: SessionOperator<Custom<A, E>>,
     /// The operators of workers 2.. ([`set_workers`](Self::set_workers)); each owns the
     /// keys of one hash shard.
-    workers: Vec<SessionOperator<Custom<A, E>>>,
+    workers: Vec<Padded<SessionOperator<Custom<A, E>>>>,
     /// With several workers: their threads.
     parallel: Option<batches::Workers<E, A, C>>,
     /// Each worker's outputs of a batch.
@@ -464,7 +465,7 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
     /// The first failure of the state backend's store: the step that met it may have
     /// treated a key it could not read back as new, so the job stops.
     fn store_error(&mut self) -> Result<(), SpillError> {
-        for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut()) {
+        for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut().map(|op| &mut op.0)) {
             if let Some(e) = op.take_spill_error() {
                 return Err(e);
             }
@@ -474,11 +475,11 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
 
     /// Every worker's operator, the first first: each holds the keys of one shard.
     pub fn operators(&self) -> impl Iterator<Item = &SessionOperator<Custom<A, E>>> {
-        std::iter::once(&self.op).chain(self.workers.iter())
+        std::iter::once(&self.op).chain(self.workers.iter().map(|op| &op.0))
     }
 
     fn operators_mut(&mut self) -> impl Iterator<Item = &mut SessionOperator<Custom<A, E>>> {
-        std::iter::once(&mut self.op).chain(self.workers.iter_mut())
+        std::iter::once(&mut self.op).chain(self.workers.iter_mut().map(|op| &mut op.0))
     }
 
     fn open_sessions_all(&self) -> usize {
@@ -522,7 +523,12 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
         let cfg = self.op.config().clone();
         let aggregate = &self.op.aggregate().aggregator;
         self.workers = (1..workers)
-            .map(|_| SessionOperator::with_aggregate(cfg.clone(), Custom::new(aggregate.clone())))
+            .map(|_| {
+                Padded(SessionOperator::with_aggregate(
+                    cfg.clone(),
+                    Custom::new(aggregate.clone()),
+                ))
+            })
             .collect();
         self.outputs = (0..workers).map(|_| batches::Outputs::default()).collect();
         Ok(())

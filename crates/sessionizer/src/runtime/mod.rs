@@ -29,8 +29,8 @@ mod workers;
 
 pub(crate) use idle::{idle_watermark, millis};
 pub(crate) use order::{END_PART, Place, end_part_lens, merge_by, merge_order};
-pub(crate) use walks::{Walked, Walker, Walks, walk};
-pub(crate) use workers::{Workers, shard_of};
+pub(crate) use walks::{Step, Walked, Walker, Walks, walk};
+pub(crate) use workers::{Padded, Workers, shard_of};
 
 /// The threads of `--workers N` (none for one worker: the pipeline thread does it all).
 pub(crate) fn start_workers(workers: usize) -> Result<Workers, crate::error::RunError> {

@@ -7,10 +7,36 @@
 
 use sessionizer_core::{DurationMs, Watermark};
 
-/// Per shard, the indexes of a batch's events it walks, in input order.
+/// One event of a shard's walk: what deciding whether it concerns the shard takes,
+/// kept beside its index so that a shard reads the record itself (written by another
+/// worker's decode, often on another core) only for the events of its own keys.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Step {
+    /// The event's index in the batch (or decode range).
+    pub at: u32,
+    /// The shard that owns its key.
+    pub owner: u32,
+    /// Its time, or the watermark after it (what the job listed).
+    pub mark: i64,
+    /// Its own gap; [`NO_GAP`]: the job's gap.
+    pub gap: i64,
+}
+
+/// [`Step::gap`] of an event without a gap of its own.
+pub(crate) const NO_GAP: i64 = i64::MIN;
+
+impl Step {
+    /// The event's own gap, if it has one.
+    #[inline]
+    pub fn own_gap(&self) -> Option<DurationMs> {
+        (self.gap != NO_GAP).then_some(DurationMs(self.gap))
+    }
+}
+
+/// Per shard, the events of a batch it walks, in input order.
 #[derive(Debug, Default)]
 pub(crate) struct Walks {
-    shards: Vec<Vec<u32>>,
+    shards: Vec<Vec<Step>>,
     max_mark: i64,
     max_gap: i64,
 }
@@ -30,8 +56,14 @@ impl Walks {
     /// owner's walk, and in every shard's if it is a peak.
     #[inline]
     pub fn list(&mut self, at: u32, owner: u32, mark: i64, gap: Option<i64>) {
+        let step = Step {
+            at,
+            owner,
+            mark,
+            gap: gap.unwrap_or(NO_GAP),
+        };
         if let [only] = &mut self.shards[..] {
-            only.push(at); // one shard walks every event: no peaks to track
+            only.push(step); // one shard walks every event: no peaks to track
             return;
         }
         let gap_peak = gap.is_some_and(|g| g > self.max_gap);
@@ -39,15 +71,15 @@ impl Walks {
             self.max_mark = self.max_mark.max(mark);
             self.max_gap = self.max_gap.max(gap.unwrap_or(i64::MIN));
             for w in &mut self.shards {
-                w.push(at);
+                w.push(step);
             }
         } else {
-            self.shards[owner as usize].push(at);
+            self.shards[owner as usize].push(step);
         }
     }
 
     /// The events shard `shard` walks.
-    pub fn of(&self, shard: u32) -> &[u32] {
+    pub fn of(&self, shard: u32) -> &[Step] {
         &self.shards[shard as usize]
     }
 }
@@ -65,9 +97,9 @@ pub(crate) struct Walked {
 
 /// A shard's operator and the batch it walks, seen by [`walk`].
 pub(crate) trait Walker {
-    /// Event `at` of the batch (a shard's copy of the job's watermark strategy
+    /// Event `step` of the batch (a shard's copy of the job's watermark strategy
     /// observes its time here).
-    fn event(&mut self, at: u32) -> Walked;
+    fn event(&mut self, step: &Step) -> Walked;
     /// The operator's watermark.
     fn watermark(&self) -> Watermark;
     /// Judges and applies event `at`, of one of this shard's keys.
@@ -78,7 +110,7 @@ pub(crate) trait Walker {
     fn advance(&mut self, at: u32, to: Watermark);
     /// The events after the current one (to ask for their state ahead).
     #[inline]
-    fn ahead(&mut self, _later: &[u32]) {}
+    fn ahead(&mut self, _later: &[Step]) {}
 }
 
 /// Walks shard `me`'s events of a batch ([`Walks::of`]), the rule of every job: the
@@ -87,18 +119,18 @@ pub(crate) trait Walker {
 /// event of its own) — so its watermark sequence is that of one operator over every
 /// event, and it emits, for its keys, just what that operator would.
 #[inline]
-pub(crate) fn walk(me: u32, events: &[u32], shard: &mut impl Walker) {
-    for (j, &at) in events.iter().enumerate() {
+pub(crate) fn walk(me: u32, events: &[Step], shard: &mut impl Walker) {
+    for (j, step) in events.iter().enumerate() {
         shard.ahead(&events[j + 1..]);
-        let e = shard.event(at);
+        let e = shard.event(step);
         let mine = e.owner == me;
         if mine {
-            shard.apply(at);
+            shard.apply(step.at);
         } else {
             shard.hear_gap(e.gap);
         }
         if mine || e.watermark > shard.watermark() {
-            shard.advance(at, e.watermark);
+            shard.advance(step.at, e.watermark);
         }
     }
 }

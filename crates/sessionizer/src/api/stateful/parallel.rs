@@ -69,7 +69,10 @@ impl Clock for Beat {
     }
 }
 
-/// An operator that follows the first, with its own copy of the function.
+/// An operator that follows the first, with its own copy of the function (written by
+/// its worker on every event: on cache lines of its own, see
+/// [`Padded`](crate::runtime::Padded)).
+#[repr(align(128))]
 pub(crate) struct Worker<E, S, F> {
     pub(crate) op: StatefulOperator<E, S, Beat, Beat>,
     pub(crate) f: F,

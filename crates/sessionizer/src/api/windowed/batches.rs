@@ -25,7 +25,8 @@ use super::{
 use crate::api::late::TIME_OUT_OF_RANGE;
 use crate::api::stream::time_is_valid;
 use crate::runtime::{
-    END_PART, Place, Walked, Walker, Walks, end_part_lens, merge_order, shard_of, walk,
+    END_PART, Padded, Place, Step, Walked, Walker, Walks, end_part_lens, merge_order, shard_of,
+    walk,
 };
 use sessionizer_core::{DurationMs, EventTime, Watermark};
 use sessionizer_window::aggregate::{Aggregator, Custom, CustomView};
@@ -46,15 +47,11 @@ type Op<A, E> = SessionOperator<Custom<A, E>>;
 /// One event of a batch as every worker sees it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Prep {
-    /// The owner of its key; `u32::MAX`: outside the valid time range (seen by none).
-    worker: u32,
     /// The key in the batch's key bytes.
     key: (usize, usize),
     time: EventTime,
     gap: DurationMs,
     seq: u64,
-    /// The watermark strategy's watermark after it.
-    w: Watermark,
 }
 
 /// What the workers do with a batch, or an advance of the watermark without events.
@@ -86,7 +83,9 @@ pub(super) enum Task<'a, E, C> {
     },
 }
 
-/// One worker's outputs of a task.
+/// One worker's outputs of a task (written by its worker on every event: on cache lines
+/// of its own, see [`Padded`](crate::runtime::Padded)).
+#[repr(align(128))]
 pub(super) struct Outputs<O> {
     records: Vec<WindowOutput<O>>,
     places: Vec<Place>,
@@ -119,7 +118,7 @@ impl<O> Default for Outputs<O> {
 type OnWorkers<E, A, C> = fn(
     &crate::runtime::Workers,
     &mut Op<A, E>,
-    &mut [Op<A, E>],
+    &mut [Padded<Op<A, E>>],
     &mut [Outputs<<A as Aggregator<E>>::Output>],
     &Task<'_, E, C>,
 );
@@ -149,7 +148,7 @@ where
 fn on_pool<E, A, C>(
     threads: &crate::runtime::Workers,
     first: &mut Op<A, E>,
-    rest: &mut [Op<A, E>],
+    rest: &mut [Padded<Op<A, E>>],
     outs: &mut [Outputs<A::Output>],
     task: &Task<'_, E, C>,
 ) where
@@ -160,7 +159,7 @@ fn on_pool<E, A, C>(
     C: Clock + Sync,
 {
     let mut parts: Vec<_> = std::iter::once(first)
-        .chain(rest.iter_mut())
+        .chain(rest.iter_mut().map(|op| &mut op.0))
         .zip(outs.iter_mut())
         .collect();
     threads.on_each(&mut parts, |i, (op, out)| work(i as u32, op, out, task));
@@ -266,12 +265,13 @@ struct BatchWalk<'a, 'e, E, A: Aggregator<E>, C> {
 }
 
 impl<E, A: Aggregator<E>, C: Clock> Walker for BatchWalk<'_, '_, E, A, C> {
-    fn event(&mut self, at: u32) -> Walked {
-        let p = &self.preps[at as usize];
+    fn event(&mut self, step: &Step) -> Walked {
+        // Listed with its own gap and the watermark after it: the record itself is
+        // read only by the worker that owns its key.
         Walked {
-            owner: p.worker,
-            gap: p.gap,
-            watermark: p.w,
+            owner: step.owner,
+            gap: step.own_gap().expect("every event is listed with its gap"),
+            watermark: Watermark(step.mark),
         }
     }
 
@@ -471,7 +471,7 @@ fn merge_end_part<O, S: Sink<WindowOutput<O>>>(
 fn run_task<E, A: Aggregator<E>, C: Clock>(
     parallel: Option<&Workers<E, A, C>>,
     first: &mut Op<A, E>,
-    rest: &mut [Op<A, E>],
+    rest: &mut [Padded<Op<A, E>>],
     outs: &mut [Outputs<A::Output>],
     task: &Task<'_, E, C>,
 ) {
@@ -527,12 +527,10 @@ where
             if !time_is_valid(self.valid, time) {
                 rejected.push((j, current, Outcome::OutOfRange));
                 preps.push(Prep {
-                    worker: u32::MAX,
                     key: (0, 0),
                     time,
                     gap: self.gap,
                     seq: 0,
-                    w: current,
                 });
                 continue;
             }
@@ -547,12 +545,10 @@ where
             let worker = shard_of(self.key_buf.as_bytes(), workers);
             let gap = self.gap_fn.gap_of(event).unwrap_or(self.gap);
             preps.push(Prep {
-                worker,
                 key,
                 time,
                 gap,
                 seq: self.seq,
-                w,
             });
             self.walks
                 .list(j as u32, worker, w.millis(), Some(gap.millis()));

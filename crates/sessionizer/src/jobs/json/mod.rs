@@ -34,7 +34,7 @@ pub(crate) mod shard;
 
 use crate::config::{CheckpointConfig, OutputFormat, PipelineConfig};
 use crate::error::RunError;
-use crate::runtime::{Workers, backend, durable, kafka_sink, shard_of, start_workers};
+use crate::runtime::{Padded, Workers, backend, durable, kafka_sink, shard_of, start_workers};
 use crate::stats::RunStats;
 use crate::telemetry::{KeyView, RestoreReport, TaskReport, Telemetry};
 use durable::{Durable, Start};
@@ -210,7 +210,7 @@ struct Job<'c> {
     inputs: Inputs,
     names: Vec<SourceName>,
     shards: Vec<Shard>,
-    decoders: Vec<Decoder>,
+    decoders: Vec<Padded<Decoder>>,
     parsed: Vec<Parsed>,
     sessions: RecordWriter,
     dead: RecordWriter,
@@ -267,7 +267,7 @@ impl<'c> Job<'c> {
                 .collect(),
             shards,
             decoders: (0..ranges)
-                .map(|_| Decoder::new(cfg.decoder_config()))
+                .map(|_| Padded(Decoder::new(cfg.decoder_config())))
                 .collect(),
             parsed: (0..ranges).map(|_| Parsed::default()).collect(),
             sessions,

@@ -37,8 +37,10 @@ pub(crate) struct Rec {
     pub values_at: u32,
 }
 
-/// The decoded records of one contiguous range of a batch.
+/// The decoded records of one contiguous range of a batch (each range's written by its
+/// own worker: on cache lines of its own, see [`Padded`](crate::runtime::Padded)).
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub(crate) struct Parsed {
     pub recs: Vec<Rec>,
     /// Per valid record, one span per aggregate (`None`: missing or null).

@@ -8,7 +8,7 @@ use crate::config::OnInvalid;
 use crate::error::RunError;
 use crate::runtime::kafka_sink::Side;
 use crate::runtime::tagged::Tag;
-use crate::runtime::{END_PART, merge_by, merge_order};
+use crate::runtime::{END_PART, Padded, merge_by, merge_order};
 use crate::telemetry::Telemetry;
 use sessionizer_connectors::Batch;
 use sessionizer_core::Watermark;
@@ -76,7 +76,7 @@ impl<'c> Job<'c> {
             names: &self.names,
             max_record: self.cfg.max_record,
         };
-        let work = |(i, (decoder, out)): (usize, (&mut Decoder, &mut Parsed))| {
+        let work = |(i, (decoder, out)): (usize, (&mut Padded<Decoder>, &mut Parsed))| {
             let range = (i * per).min(n)..((i + 1) * per).min(n);
             parse::parse_range(batch, range, decoder, settings, out);
         };

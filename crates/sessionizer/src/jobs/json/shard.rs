@@ -16,7 +16,7 @@ use crate::error::KeyStateError;
 use crate::jobs::json::parse::{Kind, Parsed};
 use crate::runtime::durable::CheckpointShard;
 use crate::runtime::tagged::{END_STEP, Tagged};
-use crate::runtime::{Walked, Walker, state, walk};
+use crate::runtime::{Step, Walked, Walker, state, walk};
 use crate::stats::RunStats;
 use crate::telemetry::TaskCounts;
 use sessionizer_checkpoint::{StateEntries, WatermarkState};
@@ -47,33 +47,32 @@ struct Range<'a> {
 
 impl Walker for Range<'_> {
     #[inline]
-    fn ahead(&mut self, later: &[u32]) {
+    fn ahead(&mut self, later: &[Step]) {
         // With many keys their state is not in cache: ask for it ahead, the index
         // entry first, the slot it names later.
         let recs = &self.part.recs;
         let me = self.shard.index;
-        if let Some(&r) = later.get(INDEX_AHEAD - 1)
-            && recs[r as usize].shard == me
+        if let Some(s) = later.get(INDEX_AHEAD - 1)
+            && s.owner == me
         {
-            self.shard.op.prefetch_index(recs[r as usize].hash);
+            self.shard.op.prefetch_index(recs[s.at as usize].hash);
         }
-        if let Some(&r) = later.get(STATE_AHEAD - 1)
-            && recs[r as usize].shard == me
+        if let Some(s) = later.get(STATE_AHEAD - 1)
+            && s.owner == me
         {
-            self.shard.op.prefetch_state(recs[r as usize].hash);
+            self.shard.op.prefetch_state(recs[s.at as usize].hash);
         }
     }
 
     #[inline]
-    fn event(&mut self, at: u32) -> Walked {
-        let rec = &self.part.recs[at as usize];
-        debug_assert_eq!(rec.kind, Kind::Valid);
+    fn event(&mut self, step: &Step) -> Walked {
+        debug_assert_eq!(self.part.recs[step.at as usize].kind, Kind::Valid);
         Walked {
-            owner: rec.shard,
-            gap: rec.gap.map_or(self.shard.default_gap, DurationMs),
+            owner: step.owner,
+            gap: step.own_gap().unwrap_or(self.shard.default_gap),
             watermark: match self.shard.follow_upstream {
                 true => self.shard.op.watermark(),
-                false => self.shard.watermark.observe(EventTime(rec.time)),
+                false => self.shard.watermark.observe(EventTime(step.mark)),
             },
         }
     }
@@ -147,7 +146,10 @@ impl Walker for Range<'_> {
 }
 
 /// One shard: an operator, its own copy of the watermark, its outputs for the batch.
+/// Written on every event by its worker: on cache lines of its own, see
+/// [`Padded`](crate::runtime::Padded).
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct Shard {
     pub index: u32,
     pub op: SessionOperator,

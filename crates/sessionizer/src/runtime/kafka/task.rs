@@ -107,7 +107,10 @@ impl UpstreamMark {
     }
 }
 
-/// One input partition: its operator, watermark, offsets and counters.
+/// One input partition: its operator, watermark, offsets and counters. The tasks sit
+/// side by side in the driver's map and several are processed at once on the workers:
+/// on cache lines of their own, see [`Padded`](crate::runtime::Padded).
+#[repr(align(128))]
 pub(super) struct Task<O> {
     pub(super) tp: TopicPartition,
     /// `topic/partition` of the task first, then those of the partitions its records
