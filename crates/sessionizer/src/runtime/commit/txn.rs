@@ -107,32 +107,12 @@ pub(crate) struct Pending {
 }
 
 impl Transactions {
-    /// Commits one step of the job (see the module's protocol): the changes and
-    /// progress records of `changed`, the positions `next` (`(partition, next offset,
-    /// metadata)`), and whatever outputs the open transaction holds.
-    pub fn commit(
-        &mut self,
-        producer: &mut TxnProducer,
-        consumer: &GroupConsumer,
-        changed: Vec<Changed<'_>>,
-        next: &[(TopicPartition, i64, &str)],
-        telemetry: &Telemetry,
-    ) -> Result<Outcome, RunError> {
-        let (began, bytes, keys) = send_changes(producer, changed)?;
-        let offsets = consumer.offsets(next)?;
-        let group = consumer.group_metadata();
-        let committed = producer.commit(group.map(|g| (&offsets, g)));
-        self.ended(
-            producer,
-            Started { began, bytes, keys },
-            committed,
-            telemetry,
-        )
-    }
-
-    /// [`commit`](Self::commit) with the commit itself on a thread of the producer:
-    /// the job goes on with its next batch, holding what it would send until
-    /// [`finish`](Self::finish) says how the commit ended.
+    /// Commits one step of the job (see the module's protocol): sends the changes and
+    /// progress records of `changed`, adds the positions `next` (`(partition, next
+    /// offset, metadata)`) to the open transaction, which holds the step's outputs
+    /// too, and starts its commit on a thread of the producer. The job may go on with
+    /// its next batch, holding what it would send, until [`finish`](Self::finish) says
+    /// how the commit ended; a commit that is waited for is finished at once.
     pub fn start(
         &mut self,
         producer: &mut TxnProducer,

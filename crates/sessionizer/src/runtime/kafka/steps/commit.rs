@@ -4,7 +4,7 @@
 //! outputs otherwise.
 
 use crate::error::RunError;
-use crate::runtime::commit::txn::{Changed, Outcome, Pending, Started, TxnTask, commit_error};
+use crate::runtime::commit::txn::{Changed, Outcome, Pending, TxnTask, commit_error};
 use crate::runtime::kafka::op::{TaskFactory, TaskOp};
 use crate::runtime::kafka::output::Out;
 use crate::runtime::kafka::snapshot::Snapshots;
@@ -116,17 +116,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                         task,
                     })
                     .collect();
-                let consumer = &self.consumer;
-                let committing = match in_background {
-                    true => Committing::Started(self.txns.start(p, consumer, changed, &next)?),
-                    false => Committing::Ended(self.txns.commit(
-                        p,
-                        consumer,
-                        changed,
-                        &next,
-                        &self.telemetry,
-                    )?),
-                };
+                let started = self.txns.start(p, &self.consumer, changed, &next)?;
                 // Every task's changes are in the transaction; what each had counted
                 // is what it commits.
                 let counters = self
@@ -137,24 +127,19 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                         (t.tp, t.counters())
                     })
                     .collect();
-                match committing {
-                    Committing::Started(started) => {
-                        self.pending = Some(Pending { started, counters });
-                        return Ok(());
-                    }
-                    Committing::Ended(outcome) => {
-                        if self.committed(outcome, counters)? {
-                            return self.rewind();
-                        }
-                        if self.snapshots.as_ref().is_some_and(Snapshots::due) {
-                            // Taken right after the commit: each holds exactly the
-                            // committed state.
-                            let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
-                            self.write_snapshots(&all);
-                        }
-                        return Ok(());
-                    }
+                self.pending = Some(Pending { started, counters });
+                // A commit that is waited for is one started and settled at once: one
+                // path commits, takes the outcome and rewinds after an abort.
+                if in_background || self.settle()? {
+                    return Ok(());
                 }
+                if self.snapshots.as_ref().is_some_and(Snapshots::due) {
+                    // Taken right after the commit: each holds exactly the committed
+                    // state.
+                    let all: Vec<TopicPartition> = self.tasks.keys().copied().collect();
+                    self.write_snapshots(&all);
+                }
+                return Ok(());
             }
             p.commit(None).map_err(commit_error)?;
         }
@@ -251,10 +236,4 @@ impl<O: TaskOp> TxnTask for TaskInTxn<'_, O> {
         serde_json::to_vec(&self.task.meta(self.options, self.format))
             .expect("progress record encodes")
     }
-}
-
-/// A transaction's commit, started or ended.
-enum Committing {
-    Started(Started),
-    Ended(Outcome),
 }
