@@ -235,10 +235,12 @@ impl GroupConsumer {
             // Fetch in large blocks: a record is a few hundred bytes.
             .set("fetch.min.bytes", "1")
             .set("fetch.wait.max.ms", "50")
-            // Prefetch: up to 16 MiB per partition (the default 64 MiB per partition
-            // makes a 4-partition job hold 256 MiB of records it has not asked for).
+            // Prefetch: up to 8 MiB per partition (the default 64 MiB per partition
+            // makes a 4-partition job hold 256 MiB of records it has not asked for; 16
+            // MiB took a 1M-record run to 161-185 MiB of peak RSS, 8 MiB to 123-138 MiB
+            // at the same speed, BENCHMARKS.md).
             .set("queued.min.messages", "100000")
-            .set("queued.max.messages.kbytes", "16384")
+            .set("queued.max.messages.kbytes", "8192")
             // When the prefetch queue is full, fetch again soon after it drains (the
             // default waits a whole second, which starves a fast consumer).
             .set("fetch.queue.backoff.ms", "5")
