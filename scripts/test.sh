@@ -92,3 +92,10 @@ PATH="$venv/bin:$PATH" MATURIN_PEP517_ARGS="--profile dev --features kafka,parqu
   "$venv/bin/python" -m pip install -q --no-build-isolation --force-reinstall --no-deps .
 SESSIONIZER_BIN="$(realpath "${CARGO_TARGET_DIR:-target}")/debug/sessionizer" \
   "$venv/bin/python" -m pytest -q tests/python
+
+# Everything passed: the brokers and the S3 server the Rust tests started are stopped
+# (their data with them), so that they do not idle on the machine's cores — under a
+# benchmark run next, say. After a failure they stay, with their logs, to be looked at.
+# (The Python tests' broker is wiped by their own fixture.)
+KAFKA_DEV_HOME=$SESSIONIZER_TEST_KAFKA_HOME scripts/kafka-dev.sh wipe
+S3_DEV_HOME=$SESSIONIZER_TEST_S3_HOME S3_DEV_PORT=28333 scripts/s3-dev.sh wipe
