@@ -396,22 +396,20 @@ impl TxnProducer {
         Ok(())
     }
 
-    /// Commits the open transaction with the consumed `offsets` of `group` (none without
-    /// a consumer group). On error the transaction is aborted (or the producer is dead);
-    /// either way nothing of it is visible.
-    pub fn commit(
-        &mut self,
-        offsets: Option<(&TopicPartitionList, ConsumerGroupMetadata)>,
-    ) -> Result<(), CommitError> {
+    /// Commits the open transaction, waiting for it, with no consumed offsets in it (a
+    /// job without a consumer group, or one that commits no offsets; a group's offsets
+    /// go through [`start_commit`](Self::start_commit)). On error the transaction is
+    /// aborted (or the producer is dead); either way nothing of it is visible.
+    pub fn commit(&mut self) -> Result<(), CommitError> {
         self.begin()?;
-        let offsets = offsets.map(|(tpl, group)| (tpl.clone(), group));
-        let result = commit_on(&self.producer, self.timeout, offsets);
+        let result = commit_on(&self.producer, self.timeout, None);
         self.ended((result, std::time::Instant::now()))
     }
 
-    /// [`commit`](Self::commit) on a thread of its own, so that the caller can go on
-    /// with its next batch meanwhile; [`finish_commit`](Self::finish_commit) waits for
-    /// it and says how it ended. Until then nothing can be sent (the producer has one
+    /// Commits the open transaction with the consumed `offsets` of a group (`None`:
+    /// none) on a thread of its own, so that the caller can go on with its next batch
+    /// meanwhile; [`finish_commit`](Self::finish_commit) waits for it and says how it
+    /// ended. Until then nothing can be sent (the producer has one
     /// transaction at a time): the caller holds what it has to send.
     pub fn start_commit(
         &mut self,

@@ -437,7 +437,7 @@ mod imp {
                 return Ok(());
             };
             if p.in_transaction() {
-                p.commit(None).map_err(|e| {
+                p.commit().map_err(|e| {
                     RunError::Kafka(KafkaError::Invalid(format!(
                         "the Kafka transaction did not commit ({e}); the records of earlier transactions stay committed. A run without --state-dir cannot be resumed: run it again into a new topic (or let a compacted topic keep one record per session_id), or use --state-dir for exactly once across failures"
                     )))
@@ -538,7 +538,7 @@ mod imp {
                 );
                 std::process::exit(EXIT_BEFORE_COMMIT_CODE);
             }
-            self.producer().commit(None).map_err(|e| {
+            self.producer().commit().map_err(|e| {
                 let what = format!(
                     "the Kafka transaction of checkpoint {epoch} did not commit; the checkpoint was written but its records are not committed: run the same command again, it resumes from the last committed checkpoint and writes them again (exactly once)"
                 );

@@ -141,7 +141,7 @@ impl<F: TaskFactory> KafkaJob<'_, F> {
                 }
                 return Ok(());
             }
-            p.commit(None).map_err(commit_error)?;
+            p.commit().map_err(commit_error)?;
         }
         if !self.durable {
             // Nothing is committed to Kafka: what the outputs were given is this
