@@ -465,7 +465,7 @@ impl<E, K, T, W, A: Aggregator<E>, G, C> SessionWindowJob<E, K, T, W, A, G, C> {
     /// The first failure of the state backend's store: the step that met it may have
     /// treated a key it could not read back as new, so the job stops.
     fn store_error(&mut self) -> Result<(), SpillError> {
-        for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut().map(|op| &mut op.0)) {
+        for op in self.operators_mut() {
             if let Some(e) = op.take_spill_error() {
                 return Err(e);
             }

@@ -114,7 +114,7 @@ where
         let json = JsonAcc::<A::Acc>(std::marker::PhantomData);
         let mut parts = Vec::with_capacity(1 + self.workers.len());
         let mut images = Vec::new();
-        for op in std::iter::once(&mut self.op).chain(self.workers.iter_mut().map(|op| &mut op.0)) {
+        for op in self.operators_mut() {
             let mut entries = StateEntries::default();
             let mut encode = |s: &KeySessions<A::Acc>, buf: &mut Vec<u8>| json.encode(s, buf);
             match state::encode_keys(op, base, &mut entries, &mut encode) {
